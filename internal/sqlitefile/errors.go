@@ -1,0 +1,110 @@
+package sqlitefile
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/mattn/go-sqlite3"
+)
+
+// Kinds of failure, matched with errors.Is. The root package re-exports them
+// under its own names.
+var (
+	// ErrForeign: the file is not one of ours (another program's SQLite
+	// database, or not SQLite at all).
+	ErrForeign = errors.New("not an idem file")
+	// ErrSchemaTooNew: the file was written by a newer build.
+	ErrSchemaTooNew = errors.New("schema is newer than this build supports")
+	// ErrCorrupt: SQLite found the file damaged.
+	ErrCorrupt = errors.New("file is corrupt")
+	// ErrBadPath: the path cannot hold a database (a directory, a missing
+	// parent, no permission to write).
+	ErrBadPath = errors.New("unusable path")
+	// ErrFull: the disk or the file system is full.
+	ErrFull = errors.New("disk full")
+	// ErrClosed: the database was closed.
+	ErrClosed = errors.New("closed")
+)
+
+// Error is a failure tied to one file. It says what went wrong and what to
+// do about it, and matches its Kind and its cause with errors.Is.
+type Error struct {
+	// What names the file's role, such as "journal".
+	What string
+	Path string
+	// Kind is one of the Err values of this package.
+	Kind error
+	// Err is the underlying cause, if any.
+	Err error
+	// Hint says what to do.
+	Hint string
+}
+
+func (e *Error) Error() string {
+	kind := e.Kind.Error()
+	if e.Kind == ErrForeign {
+		kind = "not an idem " + e.What
+	}
+	msg := fmt.Sprintf("idem %s %s: %s", e.What, e.Path, kind)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	if e.Hint != "" {
+		msg += "; " + e.Hint
+	}
+	return msg
+}
+
+// Unwrap returns the kind and the cause.
+func (e *Error) Unwrap() []error {
+	if e.Err == nil {
+		return []error{e.Kind}
+	}
+	return []error{e.Kind, e.Err}
+}
+
+// classify turns an SQLite or file-system failure into an *Error when it is
+// one of the kinds a caller must act on, and returns err unchanged
+// otherwise.
+func (db *DB) classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var fe *Error
+	if errors.As(err, &fe) {
+		return err
+	}
+	var se sqlite3.Error
+	if errors.As(err, &se) {
+		switch se.Code {
+		case sqlite3.ErrCorrupt:
+			return &Error{What: db.what, Path: db.path, Kind: ErrCorrupt, Err: err,
+				Hint: "stop every process using it, move it aside and restore a backup; idem never repairs a file"}
+		case sqlite3.ErrNotADB:
+			return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: err,
+				Hint: "the file is not an SQLite database or its header is damaged; check the path"}
+		case sqlite3.ErrFull:
+			return &Error{What: db.what, Path: db.path, Kind: ErrFull, Err: err,
+				Hint: "free space on the file system; nothing was written by the failed call"}
+		case sqlite3.ErrReadonly, sqlite3.ErrPerm, sqlite3.ErrCantOpen:
+			return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
+				Hint: "the file or its directory is not writable by this process; check ownership and permissions"}
+		case sqlite3.ErrIoErr:
+			if se.SystemErrno == syscall.ENOSPC || se.SystemErrno == syscall.EDQUOT {
+				return &Error{What: db.what, Path: db.path, Kind: ErrFull, Err: err,
+					Hint: "free space on the file system; nothing was written by the failed call"}
+			}
+		}
+	}
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return &Error{What: db.what, Path: db.path, Kind: ErrFull, Err: err,
+			Hint: "free space on the file system; nothing was written by the failed call"}
+	}
+	return err
+}
+
+func isBusy(err error) bool {
+	var se sqlite3.Error
+	return errors.As(err, &se) && (se.Code == sqlite3.ErrBusy || se.Code == sqlite3.ErrLocked)
+}

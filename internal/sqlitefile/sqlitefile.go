@@ -1,0 +1,381 @@
+// Package sqlitefile holds the conventions every idem SQLite file follows,
+// written once for the client's journal and the server's key store: the file
+// is created 0600; it is identified by its application_id and versioned by
+// its user_version, with migrations run on open; it runs in WAL mode with
+// synchronous=FULL unless the caller explicitly asks for NORMAL, and both
+// are read back after opening; one connection writes, through a group
+// committer, while a pool of connections reads; a checkpointer keeps the WAL
+// bounded and makes deferred writes durable.
+package sqlitefile
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
+)
+
+// Options describe one kind of file.
+type Options struct {
+	// What names the file's role in messages, such as "journal".
+	What string
+	// AppID is the application_id that marks a file as ours.
+	AppID int32
+	// Migrations[i] takes the schema from version i to i+1. The file's
+	// user_version is len(Migrations) once open.
+	Migrations []string
+	// SyncNormal commits with synchronous=NORMAL instead of FULL: a commit
+	// does not wait for fsync, and a power failure may lose the last commits.
+	SyncNormal bool
+	// BusyTimeout bounds how long a statement waits for another process's
+	// lock. Defaults to 10 s.
+	BusyTimeout time.Duration
+	// Readers is the size of the read pool. Defaults to 4.
+	Readers int
+	// MaxBatch is the most writes committed in one transaction. Defaults
+	// to 256.
+	MaxBatch int
+	// FlushInterval bounds how long a deferred write may wait for its fsync.
+	// Defaults to 1 s.
+	FlushInterval time.Duration
+	// WALLimit is the WAL size above which the checkpointer truncates the
+	// WAL, waiting for readers if it must. Defaults to 64 MiB.
+	WALLimit int64
+	// Closed is the error kind reported after Close. Defaults to ErrClosed.
+	Closed error
+}
+
+func (o *Options) withDefaults() {
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = 10 * time.Second
+	}
+	if o.Readers <= 0 {
+		o.Readers = 4
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 256
+	}
+	if o.FlushInterval <= 0 {
+		o.FlushInterval = time.Second
+	}
+	if o.WALLimit <= 0 {
+		o.WALLimit = 64 << 20
+	}
+	if o.Closed == nil {
+		o.Closed = ErrClosed
+	}
+}
+
+// DB is an open idem SQLite file. Writes go through Write; reads through
+// Reader. It is safe for concurrent use.
+type DB struct {
+	what, path string
+	opts       Options
+
+	writerDB *sql.DB
+	writer   *sql.Conn // owned by the commit loop
+	ckptDB   *sql.DB
+	// Reader is the read pool. Its connections refuse writes.
+	Reader *sql.DB
+
+	writes    chan *writeReq
+	closing   chan struct{}
+	closeMu   sync.RWMutex
+	closed    bool
+	closeOnce sync.Once
+	closeErr  error
+	wg        sync.WaitGroup
+
+	stats   Stats
+	statsMu sync.Mutex
+	dirty   chan struct{} // signalled after a deferred commit
+}
+
+// Path returns the file's path as given to Open, made absolute.
+func (db *DB) Path() string { return db.path }
+
+// Open opens or creates the file at path. It refuses, changing nothing, a
+// directory, a path whose directory does not exist or is not writable,
+// another program's database, a file that is not SQLite, and a schema newer
+// than opts.Migrations.
+func Open(ctx context.Context, path string, opts Options) (*DB, error) {
+	opts.withDefaults()
+	if path == "" {
+		return nil, &Error{What: opts.What, Path: `""`, Kind: ErrBadPath, Hint: "give the path of a file, such as ./idem.db"}
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err}
+	}
+	db := &DB{what: opts.What, path: abs, opts: opts}
+	if err := db.prepareFile(); err != nil {
+		return nil, err
+	}
+	if err := db.open(ctx); err != nil {
+		db.closeDBs()
+		return nil, err
+	}
+	db.writes = make(chan *writeReq, opts.MaxBatch)
+	db.closing = make(chan struct{})
+	db.dirty = make(chan struct{}, 1)
+	db.wg.Add(2)
+	go db.commitLoop()
+	go db.checkpointLoop()
+	return db, nil
+}
+
+// prepareFile checks the path and creates the file with mode 0600 when it
+// does not exist, so that SQLite never creates it with the process umask.
+// SQLite gives the -wal and -shm files the same mode as the database.
+func (db *DB) prepareFile() error {
+	bad := func(err error, hint string) error {
+		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err, Hint: hint}
+	}
+	fi, err := os.Stat(db.path)
+	switch {
+	case err == nil && fi.IsDir():
+		return bad(errors.New("is a directory"), "give the path of a file inside it, such as "+filepath.Join(db.path, "idem.db"))
+	case err == nil && !fi.Mode().IsRegular():
+		return bad(errors.New("is not a regular file"), "give the path of a regular file")
+	case err == nil:
+		f, err := os.OpenFile(db.path, os.O_RDWR, 0)
+		if err != nil {
+			return bad(err, "the file must be readable and writable by this process")
+		}
+		return f.Close()
+	case errors.Is(err, fs.ErrNotExist):
+		dir := filepath.Dir(db.path)
+		if di, err := os.Stat(dir); err != nil || !di.IsDir() {
+			if err == nil {
+				err = errors.New(dir + " is not a directory")
+			}
+			return bad(err, "create the directory first, or choose another path")
+		}
+		f, err := os.OpenFile(db.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			return nil // another process created it first
+		}
+		if err != nil {
+			return bad(err, "the directory must be writable by this process")
+		}
+		return f.Close()
+	default:
+		return bad(err, "check the path and its permissions")
+	}
+}
+
+func (db *DB) dsn(extra ...string) string {
+	sync := "FULL"
+	if db.opts.SyncNormal {
+		sync = "NORMAL"
+	}
+	q := url.Values{}
+	q.Set("_busy_timeout", fmt.Sprint(db.opts.BusyTimeout.Milliseconds()))
+	q.Set("_synchronous", sync)
+	q.Set("_stmt_cache_size", "64")
+	for i := 0; i+1 < len(extra); i += 2 {
+		q.Set(extra[i], extra[i+1])
+	}
+	u := url.URL{Scheme: "file", Path: db.path, RawQuery: q.Encode()}
+	return u.String()
+}
+
+func (db *DB) open(ctx context.Context) error {
+	var err error
+	if db.writerDB, err = sql.Open("sqlite3", db.dsn()); err != nil {
+		return db.classify(err)
+	}
+	db.writerDB.SetMaxOpenConns(1)
+	db.writerDB.SetConnMaxLifetime(0)
+	if db.writer, err = db.writerDB.Conn(ctx); err != nil {
+		return db.classify(err)
+	}
+	if err := db.checkIdentity(ctx); err != nil {
+		return err
+	}
+	// WAL is a property of the file: set it only once the file is known to
+	// be ours, so that a foreign file is left exactly as it was.
+	if err := db.setWAL(ctx, db.writer); err != nil {
+		return err
+	}
+	if err := db.migrate(ctx); err != nil {
+		return err
+	}
+	// Auto-checkpoints would run inside a batch's COMMIT and make its callers
+	// wait; the checkpointer runs them on its own connection instead.
+	if _, err := db.writer.ExecContext(ctx, "PRAGMA wal_autocheckpoint=0"); err != nil {
+		return db.classify(err)
+	}
+	if err := db.checkSync(ctx, db.writer); err != nil {
+		return err
+	}
+	// From here on the committer waits for other processes' write locks by
+	// itself (see begin): SQLite's busy handler sleeps up to 100 ms between
+	// tries, which lets a busy process starve another.
+	if _, err := db.writer.ExecContext(ctx, "PRAGMA busy_timeout=0"); err != nil {
+		return db.classify(err)
+	}
+	if db.ckptDB, err = sql.Open("sqlite3", db.dsn()); err != nil {
+		return db.classify(err)
+	}
+	db.ckptDB.SetMaxOpenConns(1)
+	if db.Reader, err = sql.Open("sqlite3", db.dsn("_query_only", "1")); err != nil {
+		return db.classify(err)
+	}
+	db.Reader.SetMaxOpenConns(db.opts.Readers)
+	db.Reader.SetMaxIdleConns(db.opts.Readers)
+	return nil
+}
+
+// checkIdentity refuses files that are not ours before anything writes to
+// them.
+func (db *DB) checkIdentity(ctx context.Context) error {
+	var appID int32
+	var version, tables int
+	row := db.writer.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
+		(SELECT user_version FROM pragma_user_version),
+		(SELECT count(*) FROM sqlite_schema)`)
+	if err := row.Scan(&appID, &version, &tables); err != nil {
+		return db.classify(err)
+	}
+	switch {
+	case appID == 0 && version == 0 && tables == 0:
+		return nil // empty: a new file
+	case appID != db.opts.AppID:
+		return &Error{What: db.what, Path: db.path, Kind: ErrForeign,
+			Err:  fmt.Errorf("SQLite database with application_id %#x and %d tables", appID, tables),
+			Hint: "it belongs to another program; choose another path"}
+	case version > len(db.opts.Migrations):
+		return &Error{What: db.what, Path: db.path, Kind: ErrSchemaTooNew,
+			Err:  fmt.Errorf("schema version %d, this build supports up to %d", version, len(db.opts.Migrations)),
+			Hint: "upgrade idem to a version that wrote it"}
+	}
+	return nil
+}
+
+func (db *DB) setWAL(ctx context.Context, c *sql.Conn) error {
+	var mode string
+	if err := c.QueryRowContext(ctx, "PRAGMA journal_mode=WAL").Scan(&mode); err != nil {
+		return db.classify(err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath,
+			Err:  fmt.Errorf("journal_mode is %q after asking for WAL", mode),
+			Hint: "the file system does not support SQLite's WAL mode (network file systems often do not); use a local disk"}
+	}
+	return nil
+}
+
+// checkSync reads synchronous back: the driver's own default is NORMAL,
+// which can lose a just-committed intent on power loss, so a connection
+// that is not what was asked for is refused.
+func (db *DB) checkSync(ctx context.Context, c *sql.Conn) error {
+	want := 2 // FULL
+	if db.opts.SyncNormal {
+		want = 1
+	}
+	var got int
+	if err := c.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&got); err != nil {
+		return db.classify(err)
+	}
+	if got != want {
+		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath,
+			Err:  fmt.Errorf("synchronous is %d after asking for %d", got, want),
+			Hint: "the SQLite driver did not apply the durability setting; this build cannot guarantee durable writes"}
+	}
+	return nil
+}
+
+// migrate brings the schema to len(Migrations) in one immediate
+// transaction, re-reading the version inside it so that two processes
+// opening a new file at once migrate it once.
+func (db *DB) migrate(ctx context.Context) (err error) {
+	if _, err := db.writer.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return db.classify(err)
+	}
+	defer func() {
+		if err != nil {
+			_, _ = db.writer.ExecContext(context.Background(), "ROLLBACK")
+		}
+	}()
+	var version int
+	if err := db.writer.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return db.classify(err)
+	}
+	if version > len(db.opts.Migrations) {
+		return &Error{What: db.what, Path: db.path, Kind: ErrSchemaTooNew,
+			Err:  fmt.Errorf("schema version %d, this build supports up to %d", version, len(db.opts.Migrations)),
+			Hint: "upgrade idem to a version that wrote it"}
+	}
+	if version == len(db.opts.Migrations) {
+		_, err := db.writer.ExecContext(ctx, "ROLLBACK")
+		return db.classify(err)
+	}
+	for v := version; v < len(db.opts.Migrations); v++ {
+		if _, err := db.writer.ExecContext(ctx, db.opts.Migrations[v]); err != nil {
+			return fmt.Errorf("idem %s %s: migrating schema %d to %d: %w", db.what, db.path, v, v+1, db.classify(err))
+		}
+	}
+	stmt := fmt.Sprintf("PRAGMA application_id=%d; PRAGMA user_version=%d", db.opts.AppID, len(db.opts.Migrations))
+	if _, err := db.writer.ExecContext(ctx, stmt); err != nil {
+		return db.classify(err)
+	}
+	if _, err := db.writer.ExecContext(ctx, "COMMIT"); err != nil {
+		return db.classify(err)
+	}
+	return nil
+}
+
+// Close stops the committer and the checkpointer, makes every deferred
+// write durable, and closes the connections. Writes queued behind Close
+// fail with ErrClosed.
+func (db *DB) Close() error {
+	db.closeOnce.Do(func() {
+		db.closeMu.Lock()
+		db.closed = true
+		db.closeMu.Unlock()
+		close(db.closing)
+		db.wg.Wait()
+		// A last checkpoint syncs what deferred commits left in the WAL.
+		_, err := db.ckptDB.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
+		db.closeErr = errors.Join(db.classify(err), db.closeDBs())
+	})
+	return db.closeErr
+}
+
+func (db *DB) closeDBs() error {
+	var errs []error
+	if db.writer != nil {
+		errs = append(errs, db.writer.Close())
+	}
+	for _, d := range []*sql.DB{db.writerDB, db.ckptDB, db.Reader} {
+		if d != nil {
+			errs = append(errs, d.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ErrIfClosed returns Options.Closed once Close has begun.
+func (db *DB) ErrIfClosed() error {
+	db.closeMu.RLock()
+	defer db.closeMu.RUnlock()
+	if db.closed {
+		return db.opts.Closed
+	}
+	return nil
+}
+
+// Classify maps err as the DB's own failures are mapped: corruption, a full
+// disk, a foreign file and permission problems become an *Error naming the
+// file and what to do.
+func (db *DB) Classify(err error) error { return db.classify(err) }

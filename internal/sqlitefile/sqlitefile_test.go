@@ -1,0 +1,269 @@
+package sqlitefile
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var testSchema = []string{`CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT NOT NULL)`}
+
+func openTest(t *testing.T, mod ...func(*Options)) *DB {
+	t.Helper()
+	o := Options{What: "test file", AppID: 0x74657374, Migrations: testSchema}
+	for _, m := range mod {
+		m(&o)
+	}
+	db, err := Open(context.Background(), filepath.Join(t.TempDir(), "t.db"), o)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func put(k, v string) func(*Tx) error {
+	return func(tx *Tx) error {
+		_, err := tx.Exec(`INSERT INTO kv (k, v) VALUES (?, ?)`, k, v)
+		return err
+	}
+}
+
+func get(t *testing.T, db *DB, k string) (string, bool) {
+	t.Helper()
+	var v string
+	err := db.Reader.QueryRow(`SELECT v FROM kv WHERE k = ?`, k).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false
+	}
+	require.NoError(t, err)
+	return v, true
+}
+
+// syncLevel reads PRAGMA synchronous on the writer connection as it stands
+// while a write of the given kind is being committed.
+func syncLevel(t *testing.T, db *DB, durable bool) int {
+	t.Helper()
+	var level int
+	require.NoError(t, db.Write(context.Background(), durable, func(tx *Tx) error {
+		return tx.QueryRow(`PRAGMA synchronous`).Scan(&level)
+	}))
+	return level
+}
+
+func TestDurableWritesCommitWithFullAndDeferredWithNormal(t *testing.T) {
+	t.Parallel()
+	db := openTest(t)
+	assert.Equal(t, 2, syncLevel(t, db, true), "a durable write must be committed with synchronous=FULL")
+	assert.Equal(t, 1, syncLevel(t, db, false), "a deferred write is committed with synchronous=NORMAL")
+	assert.Equal(t, 2, syncLevel(t, db, true), "the level goes back to FULL for the next durable write")
+	s := db.Stats()
+	assert.EqualValues(t, 2, s.DurableCommits)
+	assert.EqualValues(t, 1, s.DeferredCommits)
+}
+
+func TestSyncNormalOptionCommitsEverythingWithNormal(t *testing.T) {
+	t.Parallel()
+	db := openTest(t, func(o *Options) { o.SyncNormal = true })
+	assert.Equal(t, 1, syncLevel(t, db, true))
+	assert.Equal(t, 1, syncLevel(t, db, false))
+}
+
+func TestDeferredWriteIsFlushedWithinInterval(t *testing.T) {
+	t.Parallel()
+	db := openTest(t, func(o *Options) { o.FlushInterval = 20 * time.Millisecond })
+	require.NoError(t, db.Write(context.Background(), false, put("a", "1")))
+	v, ok := get(t, db, "a")
+	require.True(t, ok, "a deferred write is visible as soon as Write returns")
+	assert.Equal(t, "1", v)
+	require.Eventually(t, func() bool { return db.Stats().Flushes >= 1 }, 5*time.Second, 5*time.Millisecond,
+		"the WAL must be fsynced after a deferred commit")
+	flushes := db.Stats().Flushes
+	require.NoError(t, db.Write(context.Background(), true, put("b", "2")))
+	time.Sleep(60 * time.Millisecond)
+	assert.Equal(t, flushes, db.Stats().Flushes, "a durable commit needs no extra flush")
+}
+
+// block holds the committer inside a write until release is closed, so that
+// the writes queued meanwhile form one batch.
+func block(t *testing.T, db *DB) (release func(), done chan error) {
+	t.Helper()
+	started := make(chan struct{})
+	gate := make(chan struct{})
+	done = make(chan error, 1)
+	go func() {
+		done <- db.Write(context.Background(), true, func(tx *Tx) error {
+			close(started)
+			<-gate
+			return nil
+		})
+	}()
+	<-started
+	return func() { close(gate) }, done
+}
+
+func waitQueued(t *testing.T, db *DB, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(db.writes) == n }, 5*time.Second, time.Millisecond)
+}
+
+func TestFailingWriteInBatchFailsOnlyItsCaller(t *testing.T) {
+	t.Parallel()
+	db := openTest(t)
+	require.NoError(t, db.Write(context.Background(), true, put("taken", "x")))
+	release, blocked := block(t, db)
+
+	const n = 20
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = db.Write(context.Background(), true, func(tx *Tx) error {
+				if err := put(fmt.Sprint("k", i), "v")(tx); err != nil {
+					return err
+				}
+				if i%4 == 0 {
+					// a second statement that fails: the first must be rolled back too
+					return put("taken", "again")(tx)
+				}
+				return nil
+			})
+		}()
+	}
+	waitQueued(t, db, n)
+	release()
+	require.NoError(t, <-blocked)
+	wg.Wait()
+
+	for i := range n {
+		_, stored := get(t, db, fmt.Sprint("k", i))
+		if i%4 == 0 {
+			assert.Error(t, errs[i], "write %d hit a UNIQUE constraint", i)
+			assert.False(t, stored, "the failed write %d must leave nothing behind", i)
+		} else {
+			assert.NoError(t, errs[i], "write %d shared a batch with failing writes", i)
+			assert.True(t, stored, "write %d must be committed", i)
+		}
+	}
+	assert.GreaterOrEqual(t, db.Stats().MaxBatch, n, "the queued writes must have been committed as one batch")
+}
+
+func TestConcurrentDurableWritesShareCommits(t *testing.T) {
+	t.Parallel()
+	db := openTest(t)
+	const writers, each = 64, 10
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	start := make(chan struct{})
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for i := range each {
+				if err := db.Write(context.Background(), true, put(fmt.Sprint(w, "/", i), "v")); err != nil {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	require.Zero(t, failed.Load())
+	s := db.Stats()
+	assert.EqualValues(t, writers*each, s.Writes)
+	// One fsync per write would make DurableCommits equal Writes. Writers
+	// that arrive while a commit is being fsynced join the next one.
+	assert.Less(t, s.DurableCommits, s.Writes/2, "group commit must share fsyncs: %+v", s)
+}
+
+func TestWriteCanceledBeforeItsTurnIsSkipped(t *testing.T) {
+	t.Parallel()
+	db := openTest(t)
+	release, blocked := block(t, db)
+	ctx, cancel := context.WithCancel(context.Background())
+	res := make(chan error, 1)
+	go func() { res <- db.Write(ctx, true, put("late", "v")) }()
+	waitQueued(t, db, 1)
+	cancel()
+	release()
+	require.NoError(t, <-blocked)
+	assert.ErrorIs(t, <-res, context.Canceled)
+	_, stored := get(t, db, "late")
+	assert.False(t, stored)
+}
+
+func TestCloseCommitsAcceptedWritesAndRefusesNewOnes(t *testing.T) {
+	t.Parallel()
+	o := Options{What: "test file", AppID: 0x74657374, Migrations: testSchema}
+	path := filepath.Join(t.TempDir(), "t.db")
+	db, err := Open(context.Background(), path, o)
+	require.NoError(t, err)
+	release, blocked := block(t, db)
+	res := make(chan error, 1)
+	go func() { res <- db.Write(context.Background(), false, put("queued", "v")) }()
+	waitQueued(t, db, 1)
+	closed := make(chan error, 1)
+	go func() { closed <- db.Close() }()
+	require.Eventually(t, func() bool { return db.ErrIfClosed() != nil }, 5*time.Second, time.Millisecond)
+	assert.ErrorIs(t, db.Write(context.Background(), true, put("new", "v")), ErrClosed)
+	release()
+	require.NoError(t, <-blocked)
+	require.NoError(t, <-res, "a write accepted before Close is committed")
+	require.NoError(t, <-closed)
+
+	db, err = Open(context.Background(), path, o)
+	require.NoError(t, err)
+	defer db.Close()
+	_, stored := get(t, db, "queued")
+	assert.True(t, stored)
+	_, stored = get(t, db, "new")
+	assert.False(t, stored)
+}
+
+func TestWALStaysBoundedUnderConstantReaders(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes ~40 MB of WAL")
+	}
+	t.Parallel()
+	const limit = 1 << 20
+	db := openTest(t, func(o *Options) { o.WALLimit = limit })
+	ctx, stop := context.WithCancel(context.Background())
+	var readers sync.WaitGroup
+	var reads atomic.Int64
+	for range 4 {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			for ctx.Err() == nil {
+				var n int
+				if err := db.Reader.QueryRowContext(ctx, `SELECT count(*) FROM kv`).Scan(&n); err == nil {
+					reads.Add(1)
+				}
+			}
+		}()
+	}
+	value := string(make([]byte, 2000))
+	for i := range 10000 {
+		require.NoError(t, db.Write(context.Background(), false, put(fmt.Sprint(i), value)))
+	}
+	// Readers keep running: the WAL must still come back under the limit.
+	require.Eventually(t, func() bool {
+		fi, err := os.Stat(db.Path() + "-wal")
+		return err == nil && fi.Size() < limit
+	}, 20*time.Second, 10*time.Millisecond, "the WAL must be truncated while readers are active")
+	stop()
+	readers.Wait()
+	assert.Positive(t, reads.Load())
+	assert.Positive(t, db.Stats().Checkpoints)
+}

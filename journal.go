@@ -1,0 +1,291 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"iter"
+	"net/http"
+	"time"
+)
+
+// A Journal is the durable record of every operation: its key, the exact
+// request, and where it stands. The client writes to it before anything is
+// sent and after every answer, so that every retry and every restart reuses
+// the same key.
+//
+// Every method takes a context first and is safe for concurrent use. The
+// rules every implementation follows (which updates are legal, how leases
+// fence stale writers, which records are claimable) are written once, as the
+// functions NewRecord, ApplyUpdate and ApplyClaim, so that the SQLite, memory
+// and any other journal behave alike; the conformance suite in package
+// journaltest checks them.
+//
+// Times are stored with millisecond precision.
+type Journal interface {
+	// Create stores rec unless a record with the same (Scope, ID) exists.
+	// It returns the stored record and whether this call created it. When
+	// the existing record has another fingerprint it returns that record and
+	// an error matching ErrFingerprintMismatch, and changes nothing. A new
+	// record must be pending or in_flight; see NewRecord for what the journal
+	// fills in. Create is always durable.
+	Create(ctx context.Context, rec Record) (Record, bool, error)
+
+	// Get returns the record with the given key, or ErrNotFound.
+	Get(ctx context.Context, key string) (Record, error)
+
+	// Lookup returns the record for (scope, id), or ErrNotFound.
+	Lookup(ctx context.Context, scope, id string) (Record, error)
+
+	// Update is a compare-and-swap: it applies rec to the stored record with
+	// the same key if the stored Version equals rec.Version and rec.Lease
+	// still holds the stored lease (see ApplyUpdate for the exact rules), and
+	// appends one Event to the record's history. It returns the new record.
+	// Exactly one of two racing writers wins; the other gets ErrConflict,
+	// ErrLeaseLost or ErrLeased and nothing changes.
+	//
+	// d says when Update may return. Durable returns after the write is on
+	// disk. Deferred may return before, and the write becomes durable with
+	// the next durable write or within the journal's flush interval; use it
+	// only for writes whose loss is harmless because the previous state
+	// leads to the same end (an outcome recorded over in_flight: if lost, the
+	// record reads in_flight and resumes as a status check).
+	Update(ctx context.Context, rec Record, d Durability) (Record, error)
+
+	// Claim leases up to req.Limit active records whose NextAttemptAt has
+	// come and whose lease is free or expired, to req.Owner for req.Lease,
+	// oldest due first. Each claim increments the record's lease epoch, so
+	// a worker whose lease was taken over is fenced out.
+	Claim(ctx context.Context, req ClaimRequest) ([]Record, error)
+
+	// Acquire leases the record with the given key to owner for lease,
+	// whatever its NextAttemptAt. When another holder's lease is still live
+	// it returns the current record and ErrLeased; when the record is not
+	// active it returns the current record and ErrNotActive.
+	Acquire(ctx context.Context, key, owner string, lease time.Duration) (Record, error)
+
+	// Renew extends every live lease held by owner to now+lease and reports
+	// how many it extended. It does not change the records' versions, so a
+	// holder's next Update still succeeds. Renew is deferred: a lost renewal
+	// only lets a lease expire sooner.
+	Renew(ctx context.Context, owner string, lease time.Duration) (int, error)
+
+	// Release gives up the lease l on the record with the given key. It
+	// returns ErrLeaseLost if l is no longer the record's lease.
+	Release(ctx context.Context, key string, l Lease) error
+
+	// List iterates over the records that match f, oldest first. It reads
+	// in pages, so it never holds the whole journal in memory nor blocks
+	// writers for long; records written during the iteration may or may not
+	// be seen. Stop early by breaking out of the loop.
+	List(ctx context.Context, f Filter) iter.Seq2[Record, error]
+
+	// Count returns the number of records for every (scope, state) pair that
+	// has any, with the creation time of the oldest.
+	Count(ctx context.Context) ([]Count, error)
+
+	// History returns the record's events, oldest first, or ErrNotFound.
+	History(ctx context.Context, key string) ([]Event, error)
+
+	// Prune deletes terminal records (succeeded, rejected, canceled) last
+	// updated before the cut-off, with their history, and reports how many
+	// it deleted. Expired records wait for an operator and are kept.
+	Prune(ctx context.Context, before time.Time) (int, error)
+
+	// Close releases the journal's resources. Calls after Close fail with
+	// ErrJournalClosed.
+	Close() error
+}
+
+// A Record is one operation as the journal holds it.
+type Record struct {
+	// Key is the idempotency key sent with every attempt and status check.
+	Key string
+	// Scope is the tenant or namespace the operation belongs to.
+	Scope string
+	// ID is the caller's name for the logical operation, unique in Scope.
+	ID string
+
+	// Method, URL, Header and Body are the exact request, re-sent byte for
+	// byte on every attempt. Header never holds credentials: those are added
+	// on each attempt by the client's Authorize hook and never journaled.
+	Method string
+	URL    string
+	Header http.Header
+	Body   []byte
+	// Fingerprint is the hex SHA-256 that identifies the request's content
+	// (see Fingerprint). The same ID with another fingerprint is refused.
+	Fingerprint string
+
+	// State is where the operation stands.
+	State State
+	// Attempts counts the attempts started.
+	Attempts int
+	// NextAttemptAt is when the operation is next due; Claim skips records
+	// whose time has not come.
+	NextAttemptAt time.Time
+	// Lease says which worker drives the operation, until when.
+	Lease Lease
+
+	// Response is the server's answer once it is known.
+	Response *Response
+	// LastError says why the last attempt or status check did not settle the
+	// operation, or why an operator settled it.
+	LastError string
+	// Note is an operator's note, set by Reconcile.
+	Note string
+
+	// CreatedAt and UpdatedAt are set by the journal.
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// ExpiresAt is when the server may forget the key: it is set when a
+	// request first may reach the server, and an operation still unsettled
+	// after it is expired rather than re-sent. Zero while nothing was sent.
+	ExpiresAt time.Time
+	// Version increments on every change; Update compares it.
+	Version int64
+}
+
+// A Lease is a worker's exclusive right to drive an operation until
+// ExpiresAt. Epoch increments each time the record is claimed or acquired,
+// so a worker that lost its lease is fenced out even if it re-reads the
+// record. The zero Lease means nobody holds the record.
+type Lease struct {
+	Owner     string
+	Epoch     int64
+	ExpiresAt time.Time
+}
+
+// Held reports whether the lease is owned and not expired at now.
+func (l Lease) Held(now time.Time) bool { return l.Owner != "" && now.Before(l.ExpiresAt) }
+
+// A Response is the server's answer to an operation, as journaled.
+// Set-Cookie and the client's secret headers are never stored.
+type Response struct {
+	StatusCode int
+	Header     http.Header
+	Body       []byte
+	// Replayed reports that the server said it answered from its own store
+	// of keys (an Idempotent-Replayed header or a status check).
+	Replayed bool
+}
+
+// An Event is one entry of a record's append-only history: every Create and
+// Update appends one.
+type Event struct {
+	// Version is the record's version after the change.
+	Version int64
+	At      time.Time
+	// From is zero for the event that created the record.
+	From, To State
+	// Attempt is the record's attempt count after the change.
+	Attempt int
+	// StatusCode is the server's status when the change recorded an answer.
+	StatusCode int
+	// Error is the record's LastError, or the operator's note.
+	Error string
+	// Owner is the lease owner that made the change, if any.
+	Owner string
+}
+
+// Filter selects records for List. The zero Filter matches every record.
+type Filter struct {
+	// Scope, when not empty, restricts to one scope.
+	Scope string
+	// States, when not empty, restricts to these states.
+	States []State
+	// CreatedBefore, when not zero, restricts to records created before it.
+	CreatedBefore time.Time
+}
+
+// Match reports whether rec passes the filter.
+func (f Filter) Match(rec Record) bool {
+	if f.Scope != "" && rec.Scope != f.Scope {
+		return false
+	}
+	if !f.CreatedBefore.IsZero() && !rec.CreatedAt.Before(f.CreatedBefore) {
+		return false
+	}
+	if len(f.States) == 0 {
+		return true
+	}
+	for _, s := range f.States {
+		if rec.State == s {
+			return true
+		}
+	}
+	return false
+}
+
+// ClaimRequest asks Claim for work.
+type ClaimRequest struct {
+	// Owner names the worker; it must not be empty.
+	Owner string
+	// Limit is the most records to claim; it must be positive.
+	Limit int
+	// Lease is how long the claim holds; it must be positive.
+	Lease time.Duration
+	// Scope, when not empty, restricts the claim to one scope.
+	Scope string
+}
+
+// Count is the number of records in one scope and state.
+type Count struct {
+	Scope  string
+	State  State
+	N      int
+	Oldest time.Time
+}
+
+// Durability says when a journal write may return; see Journal.Update.
+// The zero value is Durable.
+type Durability uint8
+
+const (
+	// Durable returns only after the write is on disk.
+	Durable Durability = iota
+	// Deferred may return before the write is on disk; it becomes durable
+	// with the next durable write or the journal's next flush.
+	Deferred
+)
+
+func (d Durability) String() string {
+	if d == Deferred {
+		return "deferred"
+	}
+	return "durable"
+}
+
+// DefaultMaxBodySize is the largest request body a journal accepts unless
+// configured otherwise: 1 MiB.
+const DefaultMaxBodySize = 1 << 20
+
+// Errors shared by all journals. Journals wrap them with the key and what
+// was found, so match them with errors.Is.
+var (
+	// ErrNotFound: no record has that key or (scope, id).
+	ErrNotFound = errors.New("idem: operation not found in the journal")
+	// ErrFingerprintMismatch: the operation ID is already journaled with a
+	// different request. Nothing was sent and the first record is untouched.
+	ErrFingerprintMismatch = errors.New("idem: operation ID already used with a different request")
+	// ErrConflict: the record changed since it was read (its version moved
+	// on); read it again and decide again.
+	ErrConflict = errors.New("idem: journal record changed concurrently")
+	// ErrLeaseLost: the writer's lease was taken over or released; the
+	// writer must stop driving the operation.
+	ErrLeaseLost = errors.New("idem: lease lost to another worker")
+	// ErrLeased: another worker holds a live lease on the record.
+	ErrLeased = errors.New("idem: operation is leased by another worker")
+	// ErrNotActive: the record is not pending, in_flight or unknown, so it
+	// cannot be leased.
+	ErrNotActive = errors.New("idem: operation is not active")
+	// ErrIllegalTransition: the state machine does not allow the move.
+	ErrIllegalTransition = errors.New("idem: illegal state transition")
+	// ErrDuplicateKey: the key is already used by another operation.
+	ErrDuplicateKey = errors.New("idem: idempotency key already used by another operation")
+	// ErrBodyTooLarge: the request body exceeds the journal's limit.
+	ErrBodyTooLarge = errors.New("idem: request body too large for the journal")
+	// ErrInvalidRecord: a record is missing a required field.
+	ErrInvalidRecord = errors.New("idem: invalid journal record")
+	// ErrJournalClosed: the journal was closed.
+	ErrJournalClosed = errors.New("idem: journal is closed")
+)

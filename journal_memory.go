@@ -1,0 +1,343 @@
+package idem
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"iter"
+	"slices"
+	"sync"
+	"time"
+)
+
+// MemoryJournal is a Journal held in process memory. It is NOT durable: a
+// crash or a restart forgets every operation, so a retried operation after a
+// restart gets a new key. Use it in tests, or when all you want is key reuse
+// within one process's lifetime. Use OpenSQLite for anything that must
+// survive a crash.
+//
+// The zero value is not usable; call NewMemoryJournal. A MemoryJournal is
+// safe for concurrent use.
+type MemoryJournal struct {
+	mu      sync.Mutex
+	closed  bool
+	maxBody int
+	now     func() time.Time
+	seq     int64
+	byKey   map[string]*memEntry
+	byOp    map[scopeID]*memEntry
+}
+
+type scopeID struct{ scope, id string }
+
+type memEntry struct {
+	seq     int64 // insertion order, for List
+	rec     Record
+	history []Event
+}
+
+var _ Journal = (*MemoryJournal)(nil)
+
+// NewMemoryJournal returns an empty in-memory journal that accepts request
+// bodies up to DefaultMaxBodySize.
+func NewMemoryJournal() *MemoryJournal {
+	return &MemoryJournal{
+		maxBody: DefaultMaxBodySize,
+		now:     time.Now,
+		byKey:   make(map[string]*memEntry),
+		byOp:    make(map[scopeID]*memEntry),
+	}
+}
+
+func (m *MemoryJournal) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return ErrJournalClosed
+	}
+	return nil
+}
+
+// Create implements Journal.
+func (m *MemoryJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
+	if err := m.lock(ctx); err != nil {
+		return Record{}, false, err
+	}
+	defer m.mu.Unlock()
+	if e, ok := m.byOp[scopeID{rec.Scope, rec.ID}]; ok {
+		if e.rec.Fingerprint != rec.Fingerprint {
+			return CloneRecord(e.rec), false, fingerprintMismatch(e.rec)
+		}
+		return CloneRecord(e.rec), false, nil
+	}
+	out, ev, err := NewRecord(rec, m.now(), m.maxBody)
+	if err != nil {
+		return Record{}, false, err
+	}
+	if _, ok := m.byKey[out.Key]; ok {
+		return Record{}, false, fmt.Errorf("%w: %s", ErrDuplicateKey, out.Key)
+	}
+	m.seq++
+	e := &memEntry{seq: m.seq, rec: out, history: []Event{ev}}
+	m.byKey[out.Key] = e
+	m.byOp[scopeID{out.Scope, out.ID}] = e
+	return CloneRecord(out), true, nil
+}
+
+// fingerprintMismatch is the error every journal returns from Create when
+// the operation ID is taken by another request.
+func fingerprintMismatch(existing Record) error {
+	return fmt.Errorf("%w: %s/%s is journaled under key %s with fingerprint %.12s…; use a new operation ID for a different request",
+		ErrFingerprintMismatch, existing.Scope, existing.ID, existing.Key, existing.Fingerprint)
+}
+
+func notFound(what string) error { return fmt.Errorf("%w: %s", ErrNotFound, what) }
+
+// Get implements Journal.
+func (m *MemoryJournal) Get(ctx context.Context, key string) (Record, error) {
+	if err := m.lock(ctx); err != nil {
+		return Record{}, err
+	}
+	defer m.mu.Unlock()
+	e, ok := m.byKey[key]
+	if !ok {
+		return Record{}, notFound("key " + key)
+	}
+	return CloneRecord(e.rec), nil
+}
+
+// Lookup implements Journal.
+func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, error) {
+	if err := m.lock(ctx); err != nil {
+		return Record{}, err
+	}
+	defer m.mu.Unlock()
+	e, ok := m.byOp[scopeID{scope, id}]
+	if !ok {
+		return Record{}, notFound(scope + "/" + id)
+	}
+	return CloneRecord(e.rec), nil
+}
+
+// Update implements Journal. Durability is ignored: nothing is durable here.
+func (m *MemoryJournal) Update(ctx context.Context, rec Record, _ Durability) (Record, error) {
+	if err := m.lock(ctx); err != nil {
+		return Record{}, err
+	}
+	defer m.mu.Unlock()
+	e, ok := m.byKey[rec.Key]
+	if !ok {
+		return Record{}, notFound("key " + rec.Key)
+	}
+	out, ev, err := ApplyUpdate(e.rec, rec, m.now())
+	if err != nil {
+		return Record{}, err
+	}
+	e.rec = out
+	e.history = append(e.history, ev)
+	return CloneRecord(out), nil
+}
+
+// Claim implements Journal.
+func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, error) {
+	if err := checkClaimRequest(req); err != nil {
+		return nil, err
+	}
+	if err := m.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	now := m.now()
+	var due []*memEntry
+	for _, e := range m.byKey {
+		if Claimable(e.rec, now) && (req.Scope == "" || e.rec.Scope == req.Scope) {
+			due = append(due, e)
+		}
+	}
+	slices.SortFunc(due, func(a, b *memEntry) int {
+		return cmp.Or(a.rec.NextAttemptAt.Compare(b.rec.NextAttemptAt), cmp.Compare(a.seq, b.seq))
+	})
+	var out []Record
+	for _, e := range due[:min(len(due), req.Limit)] {
+		rec, err := ApplyClaim(e.rec, req.Owner, req.Lease, now)
+		if err != nil {
+			return nil, err
+		}
+		e.rec = rec
+		out = append(out, CloneRecord(rec))
+	}
+	return out, nil
+}
+
+func checkClaimRequest(req ClaimRequest) error {
+	if req.Owner == "" || req.Limit <= 0 || req.Lease <= 0 {
+		return fmt.Errorf("%w: a claim needs an owner, a positive limit and a positive lease (got %q, %d, %s)",
+			ErrInvalidRecord, req.Owner, req.Limit, req.Lease)
+	}
+	return nil
+}
+
+// Acquire implements Journal.
+func (m *MemoryJournal) Acquire(ctx context.Context, key, owner string, lease time.Duration) (Record, error) {
+	if err := m.lock(ctx); err != nil {
+		return Record{}, err
+	}
+	defer m.mu.Unlock()
+	e, ok := m.byKey[key]
+	if !ok {
+		return Record{}, notFound("key " + key)
+	}
+	rec, err := ApplyClaim(e.rec, owner, lease, m.now())
+	if err != nil {
+		return CloneRecord(e.rec), err
+	}
+	e.rec = rec
+	return CloneRecord(rec), nil
+}
+
+// Renew implements Journal.
+func (m *MemoryJournal) Renew(ctx context.Context, owner string, lease time.Duration) (int, error) {
+	if err := m.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	now := m.now()
+	n := 0
+	for _, e := range m.byKey {
+		if e.rec.Lease.Owner == owner && e.rec.Lease.Held(now) {
+			e.rec.Lease.ExpiresAt = journalTime(now.Add(lease))
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Release implements Journal.
+func (m *MemoryJournal) Release(ctx context.Context, key string, l Lease) error {
+	if err := m.lock(ctx); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	e, ok := m.byKey[key]
+	if !ok {
+		return notFound("key " + key)
+	}
+	rec, err := ApplyRelease(e.rec, l, m.now())
+	if err != nil {
+		return err
+	}
+	e.rec = rec
+	return nil
+}
+
+// List implements Journal. It copies the matching records under the lock,
+// which is what memory allows.
+func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, error] {
+	return func(yield func(Record, error) bool) {
+		if err := m.lock(ctx); err != nil {
+			yield(Record{}, err)
+			return
+		}
+		var match []*memEntry
+		for _, e := range m.byKey {
+			if f.Match(e.rec) {
+				match = append(match, e)
+			}
+		}
+		slices.SortFunc(match, func(a, b *memEntry) int { return cmp.Compare(a.seq, b.seq) })
+		recs := make([]Record, len(match))
+		for i, e := range match {
+			recs[i] = CloneRecord(e.rec)
+		}
+		m.mu.Unlock()
+		for _, r := range recs {
+			if err := ctx.Err(); err != nil {
+				yield(Record{}, err)
+				return
+			}
+			if !yield(r, nil) {
+				return
+			}
+		}
+	}
+}
+
+// Count implements Journal.
+func (m *MemoryJournal) Count(ctx context.Context) ([]Count, error) {
+	if err := m.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	type group struct {
+		scope string
+		state State
+	}
+	counts := map[group]*Count{}
+	for _, e := range m.byKey {
+		g := group{e.rec.Scope, e.rec.State}
+		c, ok := counts[g]
+		if !ok {
+			c = &Count{Scope: g.scope, State: g.state, Oldest: e.rec.CreatedAt}
+			counts[g] = c
+		}
+		c.N++
+		if e.rec.CreatedAt.Before(c.Oldest) {
+			c.Oldest = e.rec.CreatedAt
+		}
+	}
+	out := make([]Count, 0, len(counts))
+	for _, c := range counts {
+		out = append(out, *c)
+	}
+	SortCounts(out)
+	return out, nil
+}
+
+// SortCounts orders counts by scope, then state, as Journal.Count returns
+// them.
+func SortCounts(c []Count) {
+	slices.SortFunc(c, func(a, b Count) int {
+		return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.State, b.State))
+	})
+}
+
+// History implements Journal.
+func (m *MemoryJournal) History(ctx context.Context, key string) ([]Event, error) {
+	if err := m.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	e, ok := m.byKey[key]
+	if !ok {
+		return nil, notFound("key " + key)
+	}
+	return slices.Clone(e.history), nil
+}
+
+// Prune implements Journal.
+func (m *MemoryJournal) Prune(ctx context.Context, before time.Time) (int, error) {
+	if err := m.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	n := 0
+	for k, e := range m.byKey {
+		if Prunable(e.rec, before) {
+			delete(m.byKey, k)
+			delete(m.byOp, scopeID{e.rec.Scope, e.rec.ID})
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Close implements Journal.
+func (m *MemoryJournal) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	return nil
+}

@@ -1,0 +1,233 @@
+package idem
+
+import (
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// The functions in this file are the journal's rules, written once. Every
+// Journal implementation reads the stored record inside its write
+// transaction, calls the rule, and stores what it returns, so that all
+// journals agree on what a legal write is.
+
+// NewRecord checks a record given to Journal.Create and returns it as it must
+// be stored: version 1, CreatedAt and UpdatedAt set to now, the lease epoch
+// set to 1 when the record is created leased, times at millisecond
+// precision. It also returns the creation event. maxBody is the journal's
+// body limit; zero means DefaultMaxBodySize.
+func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
+	if maxBody <= 0 {
+		maxBody = DefaultMaxBodySize
+	}
+	for _, f := range []struct{ name, v string }{
+		{"Key", rec.Key}, {"Scope", rec.Scope}, {"ID", rec.ID},
+		{"Method", rec.Method}, {"URL", rec.URL}, {"Fingerprint", rec.Fingerprint},
+	} {
+		if f.v == "" {
+			return Record{}, Event{}, fmt.Errorf("%w: %s is empty", ErrInvalidRecord, f.name)
+		}
+	}
+	if rec.State != StatePending && rec.State != StateInFlight {
+		return Record{}, Event{}, fmt.Errorf("%w: a new record must be pending or in_flight, not %s", ErrInvalidRecord, rec.State)
+	}
+	if len(rec.Body) > maxBody {
+		return Record{}, Event{}, fmt.Errorf("%w: %d bytes, the limit is %d; send large payloads by reference", ErrBodyTooLarge, len(rec.Body), maxBody)
+	}
+	if rec.Attempts < 0 {
+		return Record{}, Event{}, fmt.Errorf("%w: negative attempt count", ErrInvalidRecord)
+	}
+	if rec.Response != nil {
+		return Record{}, Event{}, fmt.Errorf("%w: a new record has no response", ErrInvalidRecord)
+	}
+	now = journalTime(now)
+	out := CloneRecord(rec)
+	out.Version = 1
+	out.CreatedAt, out.UpdatedAt = now, now
+	out.NextAttemptAt = journalTime(out.NextAttemptAt)
+	out.ExpiresAt = journalTime(out.ExpiresAt)
+	if out.Lease.Owner != "" {
+		if !out.Lease.ExpiresAt.After(now) {
+			return Record{}, Event{}, fmt.Errorf("%w: a leased record needs a lease expiry in the future", ErrInvalidRecord)
+		}
+		out.Lease = Lease{Owner: out.Lease.Owner, Epoch: 1, ExpiresAt: journalTime(out.Lease.ExpiresAt)}
+	} else {
+		out.Lease = Lease{}
+	}
+	return out, eventFor(Record{}, out), nil
+}
+
+// ApplyUpdate applies next to stored as Journal.Update does and returns the
+// record to store with the event to append. It refuses the update, changing
+// nothing, when:
+//
+//   - next.Lease names an owner and that owner no longer holds the stored
+//     lease at the same epoch: ErrLeaseLost (a fenced write);
+//   - next.Lease is empty while another worker's lease is live: ErrLeased;
+//   - stored.Version differs from next.Version: ErrConflict;
+//   - the state machine forbids the move (see State.CanMoveTo):
+//     ErrIllegalTransition;
+//   - next.Attempts is lower than stored.Attempts: ErrInvalidRecord.
+//
+// Only the mutable fields are taken from next: State, Attempts,
+// NextAttemptAt, Response, LastError, Note, ExpiresAt and, for the lease
+// holder, Lease.ExpiresAt (zero keeps the stored expiry). The request itself
+// never changes. A record that leaves the active states loses its lease.
+func ApplyUpdate(stored, next Record, now time.Time) (Record, Event, error) {
+	now = journalTime(now)
+	if next.Lease.Owner != "" {
+		if stored.Lease.Owner != next.Lease.Owner || stored.Lease.Epoch != next.Lease.Epoch {
+			return Record{}, Event{}, fmt.Errorf("%w: operation %s is now leased by %q at epoch %d, the write came from %q at epoch %d",
+				ErrLeaseLost, stored.Key, stored.Lease.Owner, stored.Lease.Epoch, next.Lease.Owner, next.Lease.Epoch)
+		}
+	} else if stored.Lease.Held(now) {
+		return Record{}, Event{}, fmt.Errorf("%w: operation %s is leased by %q until %s",
+			ErrLeased, stored.Key, stored.Lease.Owner, stored.Lease.ExpiresAt.Format(time.RFC3339))
+	}
+	if stored.Version != next.Version {
+		return Record{}, Event{}, fmt.Errorf("%w: operation %s is at version %d, the write expected %d",
+			ErrConflict, stored.Key, stored.Version, next.Version)
+	}
+	if !stored.State.CanMoveTo(next.State) {
+		return Record{}, Event{}, fmt.Errorf("%w: operation %s cannot move from %s to %s",
+			ErrIllegalTransition, stored.Key, stored.State, next.State)
+	}
+	if next.Attempts < stored.Attempts {
+		return Record{}, Event{}, fmt.Errorf("%w: attempt count of %s cannot go down from %d to %d",
+			ErrInvalidRecord, stored.Key, stored.Attempts, next.Attempts)
+	}
+	out := CloneRecord(stored)
+	out.State = next.State
+	out.Attempts = next.Attempts
+	out.NextAttemptAt = journalTime(next.NextAttemptAt)
+	out.Response = cloneResponse(next.Response)
+	out.LastError = next.LastError
+	out.Note = next.Note
+	out.ExpiresAt = journalTime(next.ExpiresAt)
+	if next.Lease.Owner != "" && !next.Lease.ExpiresAt.IsZero() {
+		out.Lease.ExpiresAt = journalTime(next.Lease.ExpiresAt)
+	}
+	if !out.State.Active() {
+		out.Lease = Lease{Epoch: stored.Lease.Epoch}
+	}
+	out.Version = stored.Version + 1
+	out.UpdatedAt = now
+	ev := eventFor(stored, out)
+	ev.Owner = next.Lease.Owner
+	return out, ev, nil
+}
+
+// Claimable reports whether Claim may take rec at now: it is active, due,
+// and nobody holds a live lease on it.
+func Claimable(rec Record, now time.Time) bool {
+	return rec.State.Active() && !rec.NextAttemptAt.After(now) && !rec.Lease.Held(now)
+}
+
+// ApplyClaim leases stored to owner for lease, as Claim and Acquire do: the
+// epoch and the version increment. It returns ErrNotActive or ErrLeased when
+// the record cannot be leased. It does not look at NextAttemptAt; Claim
+// selects due records with Claimable first.
+func ApplyClaim(stored Record, owner string, lease time.Duration, now time.Time) (Record, error) {
+	now = journalTime(now)
+	if owner == "" || lease <= 0 {
+		return Record{}, fmt.Errorf("%w: a lease needs an owner and a positive duration", ErrInvalidRecord)
+	}
+	if !stored.State.Active() {
+		return Record{}, fmt.Errorf("%w: operation %s is %s", ErrNotActive, stored.Key, stored.State)
+	}
+	if stored.Lease.Held(now) {
+		return Record{}, fmt.Errorf("%w: operation %s is leased by %q until %s",
+			ErrLeased, stored.Key, stored.Lease.Owner, stored.Lease.ExpiresAt.Format(time.RFC3339))
+	}
+	out := CloneRecord(stored)
+	out.Lease = Lease{Owner: owner, Epoch: stored.Lease.Epoch + 1, ExpiresAt: journalTime(now.Add(lease))}
+	out.Version = stored.Version + 1
+	out.UpdatedAt = now
+	return out, nil
+}
+
+// ApplyRelease clears the lease l from stored, or returns ErrLeaseLost when
+// l is not the stored lease.
+func ApplyRelease(stored Record, l Lease, now time.Time) (Record, error) {
+	if l.Owner == "" || stored.Lease.Owner != l.Owner || stored.Lease.Epoch != l.Epoch {
+		return Record{}, fmt.Errorf("%w: operation %s is leased by %q at epoch %d, not %q at epoch %d",
+			ErrLeaseLost, stored.Key, stored.Lease.Owner, stored.Lease.Epoch, l.Owner, l.Epoch)
+	}
+	out := CloneRecord(stored)
+	out.Lease = Lease{Epoch: stored.Lease.Epoch}
+	out.Version = stored.Version + 1
+	out.UpdatedAt = journalTime(now)
+	return out, nil
+}
+
+// Prunable reports whether Prune deletes rec for the cut-off before.
+func Prunable(rec Record, before time.Time) bool {
+	return rec.State.Terminal() && rec.UpdatedAt.Before(before)
+}
+
+// CloneRecord returns a deep copy of rec: no slice or map is shared. Empty
+// bodies and headers come back nil, as every journal returns them.
+func CloneRecord(rec Record) Record {
+	rec.Header = cloneHeader(rec.Header)
+	rec.Body = cloneBytes(rec.Body)
+	rec.Response = cloneResponse(rec.Response)
+	return rec
+}
+
+func cloneResponse(r *Response) *Response {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Header = cloneHeader(r.Header)
+	c.Body = cloneBytes(r.Body)
+	return &c
+}
+
+func cloneBytes(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return slices.Clone(b)
+}
+
+func cloneHeader(h http.Header) http.Header {
+	if len(h) == 0 {
+		return nil
+	}
+	c := make(http.Header, len(h))
+	for k, v := range maps.All(h) {
+		c[k] = slices.Clone(v)
+	}
+	return c
+}
+
+func eventFor(before, after Record) Event {
+	ev := Event{
+		Version: after.Version,
+		At:      after.UpdatedAt,
+		From:    before.State,
+		To:      after.State,
+		Attempt: after.Attempts,
+		Error:   after.LastError,
+		Owner:   after.Lease.Owner,
+	}
+	if after.Response != nil {
+		ev.StatusCode = after.Response.StatusCode
+	}
+	if after.Note != "" && after.Note != before.Note {
+		ev.Error = after.Note
+	}
+	return ev
+}
+
+// journalTime is t at the journal's millisecond precision; the zero time
+// stays zero.
+func journalTime(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return time.UnixMilli(t.UnixMilli())
+}

@@ -1,0 +1,465 @@
+package idem_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	_ "github.com/mattn/go-sqlite3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+func openJournal(t *testing.T, path string, opts ...idem.SQLiteOption) *idem.SQLiteJournal {
+	t.Helper()
+	j, err := idem.OpenSQLite(path, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j.Close() })
+	return j
+}
+
+func TestSQLiteFilesAreCreatedPrivate(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ops.db")
+	j := openJournal(t, path)
+	_, _, err := j.Create(context.Background(), testRecord("s", "op-1", []byte("body")))
+	require.NoError(t, err)
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "%s must be readable by its owner only", p)
+	}
+}
+
+func TestSQLiteIsWALAndReopensWithData(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ops.db")
+	j, err := idem.OpenSQLite(path)
+	require.NoError(t, err)
+	rec, _, err := j.Create(context.Background(), testRecord("s", "op-1", []byte("body")))
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+
+	raw, err := sql.Open("sqlite3", path)
+	require.NoError(t, err)
+	var mode string
+	require.NoError(t, raw.QueryRow("PRAGMA journal_mode").Scan(&mode))
+	require.NoError(t, raw.Close())
+	assert.Equal(t, "wal", mode)
+
+	j = openJournal(t, path)
+	got, err := j.Get(context.Background(), rec.Key)
+	require.NoError(t, err)
+	assert.Equal(t, rec, got)
+}
+
+// fileBytes reads a file so a test can prove a refused open changed nothing.
+func fileBytes(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
+}
+
+func TestOpenSQLiteRefusesBadFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+
+	foreign := filepath.Join(dir, "foreign.db")
+	raw, err := sql.Open("sqlite3", foreign)
+	require.NoError(t, err)
+	_, err = raw.Exec(`CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO customers (name) VALUES ('a')`)
+	require.NoError(t, err)
+	require.NoError(t, raw.Close())
+
+	text := filepath.Join(dir, "notes.txt")
+	require.NoError(t, os.WriteFile(text, []byte(strings.Repeat("not a database. ", 200)), 0o600))
+
+	newer := filepath.Join(dir, "newer.db")
+	j, err := idem.OpenSQLite(newer)
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+	raw, err = sql.Open("sqlite3", newer)
+	require.NoError(t, err)
+	_, err = raw.Exec(`PRAGMA user_version = 99`)
+	require.NoError(t, err)
+	require.NoError(t, raw.Close())
+
+	notDir := filepath.Join(dir, "plain-file")
+	require.NoError(t, os.WriteFile(notDir, nil, 0o600))
+
+	cases := []struct {
+		name, path string
+		kind       error
+		says       []string
+	}{
+		{"another program's database", foreign, idem.ErrNotJournal, []string{foreign, "not an idem journal", "another program"}},
+		{"not SQLite at all", text, idem.ErrNotJournal, []string{text, "not an idem journal"}},
+		{"newer schema", newer, idem.ErrSchemaTooNew, []string{newer, "99", "upgrade idem"}},
+		{"a directory", dir, idem.ErrJournalPath, []string{dir, "is a directory", filepath.Join(dir, "idem.db")}},
+		{"missing directory", filepath.Join(dir, "nope", "ops.db"), idem.ErrJournalPath, []string{"create the directory"}},
+		{"parent is a file", filepath.Join(notDir, "ops.db"), idem.ErrJournalPath, []string{"not a directory"}},
+		{"empty path", "", idem.ErrJournalPath, []string{"give the path"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var before []byte
+			if fi, err := os.Stat(c.path); err == nil && fi.Mode().IsRegular() {
+				before = fileBytes(t, c.path)
+			}
+			j, err := idem.OpenSQLite(c.path)
+			if j != nil {
+				j.Close()
+			}
+			require.Error(t, err)
+			assert.ErrorIs(t, err, c.kind)
+			var fe *idem.FileError
+			assert.True(t, errors.As(err, &fe), "the error is a *FileError")
+			for _, s := range c.says {
+				assert.Contains(t, err.Error(), s)
+			}
+			if before != nil {
+				assert.Equal(t, before, fileBytes(t, c.path), "a refused file must be left exactly as it was")
+				_, err := os.Stat(c.path + "-wal")
+				assert.ErrorIs(t, err, os.ErrNotExist, "no WAL may be created next to a refused file")
+			}
+		})
+	}
+}
+
+func TestOpenSQLiteRefusesUnwritablePath(t *testing.T) {
+	t.Parallel()
+	path := "/sys/idem-journal.db" // not writable even by root
+	if os.Geteuid() != 0 {
+		dir := t.TempDir()
+		require.NoError(t, os.Chmod(dir, 0o500))
+		t.Cleanup(func() { _ = os.Chmod(dir, 0o700) })
+		path = filepath.Join(dir, "ops.db")
+	} else if _, err := os.Stat("/sys"); err != nil {
+		t.Skip("no /sys to stand for an unwritable directory")
+	}
+	_, err := idem.OpenSQLite(path)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, idem.ErrJournalPath)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), "writable")
+}
+
+func TestSQLiteReportsCorruptFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ops.db")
+	j, err := idem.OpenSQLite(path)
+	require.NoError(t, err)
+	for i := range 300 {
+		_, _, err := j.Create(context.Background(), testRecord("s", fmt.Sprint("op-", i), []byte(strings.Repeat("x", 300))))
+		require.NoError(t, err)
+	}
+	require.NoError(t, j.Close())
+
+	// Overwrite every page but the first (the header and schema) with noise.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	fi, err := f.Stat()
+	require.NoError(t, err)
+	noise := make([]byte, fi.Size()-4096)
+	for i := range noise {
+		noise[i] = byte(i*7 + 3)
+	}
+	_, err = f.WriteAt(noise, 4096)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	j, err = idem.OpenSQLite(path)
+	if err == nil {
+		defer j.Close()
+		for _, err = range j.List(context.Background(), idem.Filter{}) {
+			if err != nil {
+				break
+			}
+		}
+	}
+	require.Error(t, err, "a damaged journal must not read as healthy")
+	assert.ErrorIs(t, err, idem.ErrJournalCorrupt)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), "restore a backup")
+}
+
+func TestSQLiteSynchronousNormalIsOptIn(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	full := openJournal(t, filepath.Join(dir, "full.db"))
+	normal := openJournal(t, filepath.Join(dir, "normal.db"), idem.SQLiteSynchronousNormal())
+	for _, j := range []*idem.SQLiteJournal{full, normal} {
+		_, _, err := j.Create(context.Background(), testRecord("s", "op", nil))
+		require.NoError(t, err)
+	}
+	assert.EqualValues(t, 1, full.Stats().DurableCommits, "by default an intent is committed durably")
+	assert.EqualValues(t, 1, normal.Stats().DurableCommits)
+}
+
+// An intent (Create, a move into in_flight) waits for its fsync; an outcome
+// recorded over in_flight does not, and is flushed soon after.
+func TestSQLiteIntentIsDurableOutcomeIsDeferred(t *testing.T) {
+	t.Parallel()
+	j := openJournal(t, filepath.Join(t.TempDir(), "ops.db"), idem.SQLiteFlushInterval(20*time.Millisecond))
+	ctx := context.Background()
+	rec, _, err := j.Create(ctx, testRecord("s", "op", []byte("{}")))
+	require.NoError(t, err)
+	rec.State = idem.StateInFlight
+	rec.Attempts = 1
+	rec, err = j.Update(ctx, rec, idem.Durable)
+	require.NoError(t, err)
+	s := j.Stats()
+	assert.EqualValues(t, 2, s.DurableCommits)
+	assert.Zero(t, s.DeferredCommits)
+
+	rec.State = idem.StateSucceeded
+	rec.Response = &idem.Response{StatusCode: 201, Body: []byte(`{"id":1}`)}
+	_, err = j.Update(ctx, rec, idem.Deferred)
+	require.NoError(t, err)
+	s = j.Stats()
+	assert.EqualValues(t, 2, s.DurableCommits, "the outcome must not cost an fsync")
+	assert.EqualValues(t, 1, s.DeferredCommits)
+	got, err := j.Get(ctx, rec.Key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, got.State, "a deferred write is visible at once")
+	require.Eventually(t, func() bool { return j.Stats().Flushes > 0 }, 5*time.Second, 5*time.Millisecond,
+		"the deferred outcome must be fsynced within the flush interval")
+}
+
+// testRecord is a valid new pending record whose fingerprint is derived
+// from its body.
+func testRecord(scope, id string, body []byte) idem.Record {
+	sum := sha256.Sum256(body)
+	return idem.Record{
+		Key: uuid.NewString(), Scope: scope, ID: id, Method: "POST", URL: "http://127.0.0.1/orders",
+		Body: body, Fingerprint: hex.EncodeToString(sum[:]), State: idem.StatePending,
+	}
+}
+
+func init() {
+	children["journal-hammer"] = childHammer
+	children["journal-ack"] = childAck
+}
+
+// hammerReport is what a hammer child prints on stdout.
+type hammerReport struct {
+	Errors        []string
+	SharedCreated int
+	OwnCreated    int
+	Increments    map[string]int
+	Claimed       []string
+}
+
+// childHammer creates, transitions and claims records on a journal shared
+// with another process, and reports what it was acknowledged.
+func childHammer() error {
+	j, err := idem.OpenSQLite(os.Getenv("IDEM_JOURNAL"))
+	if err != nil {
+		return err
+	}
+	defer j.Close()
+	worker := os.Getenv("IDEM_WORKER")
+	var counters []string
+	if err := json.Unmarshal([]byte(os.Getenv("IDEM_COUNTERS")), &counters); err != nil {
+		return err
+	}
+	var start int64
+	if _, err := fmt.Sscan(os.Getenv("IDEM_START"), &start); err != nil {
+		return err
+	}
+	time.Sleep(time.Until(time.UnixMilli(start))) // both processes begin together
+	ctx := context.Background()
+	rep := hammerReport{Increments: map[string]int{}}
+	fail := func(err error) { rep.Errors = append(rep.Errors, err.Error()) }
+	deadline := time.Now().Add(2 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		// create-or-get on IDs both processes use
+		if _, created, err := j.Create(ctx, testRecord("shared", fmt.Sprint("op-", i%150), []byte("same"))); err != nil {
+			fail(err)
+		} else if created {
+			rep.SharedCreated++
+		}
+		if _, _, err := j.Create(ctx, testRecord(worker, fmt.Sprint("op-", i), []byte("own"))); err != nil {
+			fail(err)
+		} else {
+			rep.OwnCreated++
+		}
+		// compare-and-swap increments of a shared counter
+		key := counters[i%len(counters)]
+		for {
+			rec, err := j.Get(ctx, key)
+			if err != nil {
+				fail(err)
+				break
+			}
+			rec.Attempts++
+			if _, err = j.Update(ctx, rec, idem.Deferred); err == nil {
+				rep.Increments[key]++
+				break
+			}
+			if !errors.Is(err, idem.ErrConflict) {
+				fail(err)
+				break
+			}
+		}
+		// claims, settled by their holder
+		claimed, err := j.Claim(ctx, idem.ClaimRequest{Owner: worker, Limit: 1, Lease: time.Hour, Scope: "claim"})
+		if err != nil {
+			fail(err)
+		}
+		for _, rec := range claimed {
+			rep.Claimed = append(rep.Claimed, rec.Key)
+			rec.State = idem.StateCanceled
+			if _, err := j.Update(ctx, rec, idem.Deferred); err != nil {
+				fail(err)
+			}
+		}
+	}
+	return json.NewEncoder(os.Stdout).Encode(rep)
+}
+
+func TestSQLiteTwoProcessesShareOneJournal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two processes for two seconds")
+	}
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "shared.db")
+	j := openJournal(t, path)
+	ctx := context.Background()
+	var counters []string
+	for i := range 5 {
+		rec, _, err := j.Create(ctx, testRecord("counter", fmt.Sprint(i), nil))
+		require.NoError(t, err)
+		counters = append(counters, rec.Key)
+	}
+	const claimable = 1000
+	for i := range claimable {
+		_, _, err := j.Create(ctx, testRecord("claim", fmt.Sprint(i), nil))
+		require.NoError(t, err)
+	}
+	counterJSON, _ := json.Marshal(counters)
+
+	start := fmt.Sprint("IDEM_START=", time.Now().Add(time.Second).UnixMilli())
+	reports := make([]hammerReport, 2)
+	var wg sync.WaitGroup
+	for w := range reports {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cmd := childCommand(t, "journal-hammer", "IDEM_JOURNAL="+path, fmt.Sprint("IDEM_WORKER=w", w),
+				"IDEM_COUNTERS="+string(counterJSON), start)
+			out, err := cmd.Output()
+			assert.NoError(t, err)
+			assert.NoError(t, json.Unmarshal(out, &reports[w]), "child output: %s", out)
+		}()
+	}
+	wg.Wait()
+
+	shared, claimedBy := 0, map[string]int{}
+	for w, rep := range reports {
+		incs := 0
+		for _, n := range rep.Increments {
+			incs += n
+		}
+		t.Logf("worker %d: %d shared creates, %d own creates, %d increments, %d claims, %d errors",
+			w, rep.SharedCreated, rep.OwnCreated, incs, len(rep.Claimed), len(rep.Errors))
+		assert.Empty(t, rep.Errors, "worker %d saw errors (SQLITE_BUSY must never reach a caller)", w)
+		shared += rep.SharedCreated
+		n := 0
+		for range j.List(ctx, idem.Filter{Scope: fmt.Sprint("w", w)}) {
+			n++
+		}
+		assert.Equal(t, rep.OwnCreated, n, "every acknowledged create of worker %d is in the journal", w)
+		for _, k := range rep.Claimed {
+			claimedBy[k]++
+		}
+	}
+	nShared := 0
+	for range j.List(ctx, idem.Filter{Scope: "shared"}) {
+		nShared++
+	}
+	assert.Equal(t, nShared, shared, "each shared operation was created exactly once across both processes")
+	for _, key := range counters {
+		rec, err := j.Get(ctx, key)
+		require.NoError(t, err)
+		assert.Equal(t, reports[0].Increments[key]+reports[1].Increments[key], rec.Attempts,
+			"no acknowledged compare-and-swap may be lost")
+	}
+	for k, n := range claimedBy {
+		assert.Equal(t, 1, n, "record %s was claimed by both processes", k)
+	}
+	canceled := 0
+	for range j.List(ctx, idem.Filter{Scope: "claim", States: []idem.State{idem.StateCanceled}}) {
+		canceled++
+	}
+	assert.Equal(t, len(claimedBy), canceled)
+	assert.Positive(t, len(claimedBy))
+	assert.Positive(t, reports[0].Increments[counters[0]]+reports[1].Increments[counters[0]])
+}
+
+// childAck creates records as fast as it can and prints each key once
+// Create has returned, until it is killed.
+func childAck() error {
+	j, err := idem.OpenSQLite(os.Getenv("IDEM_JOURNAL"))
+	if err != nil {
+		return err
+	}
+	out := bufio.NewWriter(os.Stdout)
+	for i := 0; ; i++ {
+		id := fmt.Sprint("op-", i)
+		rec, _, err := j.Create(context.Background(), testRecord("s", id, []byte("body of "+id)))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(out, rec.Key, id)
+		if err := out.Flush(); err != nil {
+			return err
+		}
+	}
+}
+
+func TestSQLiteAcknowledgedCreatesSurviveSIGKILL(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ops.db")
+	cmd := childCommand(t, "journal-ack", "IDEM_JOURNAL="+path)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	acked := map[string]string{} // id -> key
+	lines := bufio.NewScanner(stdout)
+	for len(acked) < 300 && lines.Scan() {
+		f := strings.Fields(lines.Text())
+		require.Len(t, f, 2)
+		acked[f[1]] = f[0]
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_, _ = io.Copy(io.Discard, stdout)
+	_ = cmd.Wait()
+	require.Len(t, acked, 300, "the child must have acknowledged 300 creates before it was killed")
+
+	j := openJournal(t, path)
+	for id, key := range acked {
+		rec, err := j.Lookup(context.Background(), "s", id)
+		require.NoError(t, err, "acknowledged %s is missing after SIGKILL", id)
+		assert.Equal(t, key, rec.Key)
+		assert.Equal(t, "body of "+id, string(rec.Body))
+		assert.Equal(t, idem.StatePending, rec.State)
+	}
+}

@@ -54,13 +54,15 @@ type Journal interface {
 	// Claim leases up to req.Limit active records whose NextAttemptAt has
 	// come and whose lease is free or expired, to req.Owner for req.Lease,
 	// oldest due first. Each claim increments the record's lease epoch, so
-	// a worker whose lease was taken over is fenced out.
+	// a worker whose lease was taken over is fenced out. A request without
+	// an owner, a positive limit and a positive lease is ErrInvalidRecord.
 	Claim(ctx context.Context, req ClaimRequest) ([]Record, error)
 
 	// Acquire leases the record with the given key to owner for lease,
-	// whatever its NextAttemptAt. When another holder's lease is still live
-	// it returns the current record and ErrLeased; when the record is not
-	// active it returns the current record and ErrNotActive.
+	// whatever its NextAttemptAt. When a lease is still live (whoever holds
+	// it, this owner included) it returns the current record and ErrLeased;
+	// when the record is not active it returns the current record and
+	// ErrNotActive.
 	Acquire(ctx context.Context, key, owner string, lease time.Duration) (Record, error)
 
 	// Renew extends every live lease held by owner to now+lease and reports
@@ -70,7 +72,9 @@ type Journal interface {
 	Renew(ctx context.Context, owner string, lease time.Duration) (int, error)
 
 	// Release gives up the lease l on the record with the given key. It
-	// returns ErrLeaseLost if l is no longer the record's lease.
+	// returns ErrLeaseLost if l is no longer the record's lease, which is
+	// also the case once an Update has taken the record out of the active
+	// states.
 	Release(ctx context.Context, key string, l Lease) error
 
 	// List iterates over the records that match f, oldest first. It reads
@@ -80,7 +84,8 @@ type Journal interface {
 	List(ctx context.Context, f Filter) iter.Seq2[Record, error]
 
 	// Count returns the number of records for every (scope, state) pair that
-	// has any, with the creation time of the oldest.
+	// has any, with the creation time of the oldest, ordered by scope and
+	// then state.
 	Count(ctx context.Context) ([]Count, error)
 
 	// History returns the record's events, oldest first, or ErrNotFound.
@@ -147,8 +152,9 @@ type Record struct {
 
 // A Lease is a worker's exclusive right to drive an operation until
 // ExpiresAt. Epoch increments each time the record is claimed or acquired,
-// so a worker that lost its lease is fenced out even if it re-reads the
-// record. The zero Lease means nobody holds the record.
+// so a worker that lost its lease is fenced out as long as it writes with
+// the lease it was given (see ApplyUpdate). The zero Lease means nobody
+// holds the record.
 type Lease struct {
 	Owner     string
 	Epoch     int64

@@ -49,7 +49,7 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 	out.NextAttemptAt = journalTime(out.NextAttemptAt)
 	out.ExpiresAt = journalTime(out.ExpiresAt)
 	if out.Lease.Owner != "" {
-		if !out.Lease.ExpiresAt.After(now) {
+		if !journalTime(out.Lease.ExpiresAt).After(now) {
 			return Record{}, Event{}, fmt.Errorf("%w: a leased record needs a lease expiry in the future", ErrInvalidRecord)
 		}
 		out.Lease = Lease{Owner: out.Lease.Owner, Epoch: 1, ExpiresAt: journalTime(out.Lease.ExpiresAt)}
@@ -71,10 +71,16 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 //     ErrIllegalTransition;
 //   - next.Attempts is lower than stored.Attempts: ErrInvalidRecord.
 //
+// Fencing is by owner and epoch, not by expiry: a holder whose lease has
+// expired may still write until another worker takes the record over. A
+// writer must therefore put in next.Lease the lease it was given by Claim or
+// Acquire, never one read back from the journal.
+//
 // Only the mutable fields are taken from next: State, Attempts,
 // NextAttemptAt, Response, LastError, Note, ExpiresAt and, for the lease
-// holder, Lease.ExpiresAt (zero keeps the stored expiry). The request itself
-// never changes. A record that leaves the active states loses its lease.
+// holder, a later Lease.ExpiresAt (an earlier one is ignored, so a stale
+// copy never undoes a Renew). The request itself never changes. A record
+// that leaves the active states loses its lease.
 func ApplyUpdate(stored, next Record, now time.Time) (Record, Event, error) {
 	now = journalTime(now)
 	if next.Lease.Owner != "" {
@@ -106,8 +112,10 @@ func ApplyUpdate(stored, next Record, now time.Time) (Record, Event, error) {
 	out.LastError = next.LastError
 	out.Note = next.Note
 	out.ExpiresAt = journalTime(next.ExpiresAt)
-	if next.Lease.Owner != "" && !next.Lease.ExpiresAt.IsZero() {
-		out.Lease.ExpiresAt = journalTime(next.Lease.ExpiresAt)
+	// The holder may extend its lease but never shorten it: a stale copy
+	// of the lease must not undo a Renew.
+	if exp := journalTime(next.Lease.ExpiresAt); next.Lease.Owner != "" && exp.After(out.Lease.ExpiresAt) {
+		out.Lease.ExpiresAt = exp
 	}
 	if !out.State.Active() {
 		out.Lease = Lease{Epoch: stored.Lease.Epoch}
@@ -127,7 +135,9 @@ func Claimable(rec Record, now time.Time) bool {
 
 // ApplyClaim leases stored to owner for lease, as Claim and Acquire do: the
 // epoch and the version increment. It returns ErrNotActive or ErrLeased when
-// the record cannot be leased. It does not look at NextAttemptAt; Claim
+// the record cannot be leased; a live lease is never taken, not even by its
+// own owner (holders are told apart by epoch, not by name). A missing owner
+// or a non-positive lease is ErrInvalidRecord. It does not look at NextAttemptAt; Claim
 // selects due records with Claimable first.
 func ApplyClaim(stored Record, owner string, lease time.Duration, now time.Time) (Record, error) {
 	now = journalTime(now)

@@ -159,6 +159,13 @@ func SQLiteFlushInterval(d time.Duration) SQLiteOption {
 	return func(c *sqliteConfig) { c.file.FlushInterval = d }
 }
 
+// SQLiteMaxBatch sets the most writes committed in one transaction by
+// group commit. 1 commits every write on its own, which is slower under
+// concurrency and exists for comparison. Defaults to 256.
+func SQLiteMaxBatch(n int) SQLiteOption {
+	return func(c *sqliteConfig) { c.file.MaxBatch = n }
+}
+
 // SQLiteWALLimit sets the WAL size at which the journal truncates the WAL,
 // waiting for readers if it must. Defaults to 64 MiB.
 func SQLiteWALLimit(n int64) SQLiteOption {

@@ -23,8 +23,8 @@ const (
 	// StateInFlight: an attempt is being sent. Found after a crash, it means
 	// the same as StateUnknown.
 	StateInFlight
-	// StateUnknown: the request may have reached the server. Only a status
-	// check (or a replay of the same key) may move it on.
+	// StateUnknown: the request may have reached the server. The client
+	// moves it on only after a status check (or a replay of the same key).
 	StateUnknown
 	// StateSucceeded: terminal; the server answered 2xx.
 	StateSucceeded
@@ -77,10 +77,12 @@ func (s State) Active() bool {
 	return s == StatePending || s == StateInFlight || s == StateUnknown
 }
 
-// CanMoveTo reports whether the state machine allows a move from s to t.
+// CanMoveTo reports whether the journal allows a move from s to t.
 // Terminal states never change; canceled is reachable only from pending;
-// expired may only be settled as succeeded or rejected. Journals enforce this
-// on every update.
+// expired may only be settled as succeeded or rejected (or rewritten as
+// expired, to update its note). Among the active states every move is
+// allowed: which one the client makes is its policy, not the journal's.
+// Journals enforce this on every update.
 func (s State) CanMoveTo(t State) bool {
 	if !s.Valid() || !t.Valid() || s.Terminal() {
 		return false

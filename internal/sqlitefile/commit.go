@@ -302,15 +302,20 @@ const passiveCheckpointAt = 1000 * 4096
 
 func (db *DB) checkpointIfLarge() {
 	fi, err := os.Stat(db.path + "-wal")
-	if err != nil || fi.Size() < passiveCheckpointAt {
+	if err != nil {
 		return
 	}
 	// PASSIVE never waits. When readers keep it from finishing and the WAL
 	// keeps growing, TRUNCATE waits for them (through the busy handler) and
 	// resets the WAL to zero bytes.
-	mode := "PASSIVE"
-	if fi.Size() >= db.opts.WALLimit {
+	var mode string
+	switch {
+	case fi.Size() >= db.opts.WALLimit:
 		mode = "TRUNCATE"
+	case fi.Size() >= passiveCheckpointAt:
+		mode = "PASSIVE"
+	default:
+		return
 	}
 	if _, err := db.ckptDB.ExecContext(batchCtx, "PRAGMA wal_checkpoint("+mode+")"); err != nil && !isBusy(err) {
 		return

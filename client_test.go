@@ -1,0 +1,202 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+// scripted answers request n (from 1) with script(n, r) and records every
+// key it received.
+type scripted struct {
+	*httptest.Server
+	mu   sync.Mutex
+	keys []string
+}
+
+func newScripted(t *testing.T, script func(n int, w http.ResponseWriter, r *http.Request)) *scripted {
+	t.Helper()
+	s := &scripted{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		s.keys = append(s.keys, r.Header.Get("Idempotency-Key"))
+		n := len(s.keys)
+		s.mu.Unlock()
+		script(n, w, r)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *scripted) received() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.keys...)
+}
+
+func fastRetry() idem.RetryPolicy {
+	return idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxRetryAfter: 20 * time.Millisecond}
+}
+
+func TestRetryAfterIsHonouredWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.Header().Set("Retry-After", "30") // capped by MaxRetryAfter
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry()})
+	res, err := c.Do(context.Background(), idem.Op{ID: "a", URL: "/orders"})
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, res.State)
+	keys := srv.received()
+	require.Len(t, keys, 2)
+	assert.Equal(t, res.Key, keys[0])
+	assert.Equal(t, keys[0], keys[1], "a retry carries the same key")
+	assert.Equal(t, 2, res.Attempts)
+}
+
+func TestNoWaitRunsPastTheContextDeadline(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "60")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	policy := fastRetry()
+	policy.MaxRetryAfter = time.Minute
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Status: idem.StatusEndpoint(srv.URL + "/status")})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := c.Do(ctx, idem.Op{ID: "a", URL: "/orders"})
+	require.Error(t, err)
+	assert.NoError(t, ctx.Err(), "Do must return before the deadline instead of sleeping into it")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown, "a 503 may have been applied")
+	assert.Contains(t, err.Error(), "after the context's deadline")
+	assert.Len(t, srv.received(), 1, "the second attempt would have started after the deadline")
+}
+
+func TestServerDownLeavesTheOperationPending(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close() // nothing listens there now: every dial is refused
+	c, j := newClient(t, idem.Config{BaseURL: url, Retry: fastRetry()})
+	_, err := c.Do(context.Background(), idem.Op{ID: "a", URL: "/orders"})
+	require.ErrorIs(t, err, idem.ErrNotSent)
+	var oe *idem.OperationError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, idem.StatePending, oe.State)
+	assert.Equal(t, 5, oe.Attempts)
+	rec, err := j.Lookup(context.Background(), "default", "a")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, rec.State)
+	assert.True(t, rec.ExpiresAt.IsZero(), "nothing reached the server: no retention clock runs")
+	assert.Contains(t, rec.LastError, "refused")
+}
+
+func TestRetryBudgetStopsARetryStorm(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+	})
+	policy := fastRetry()
+	policy.MinRetriesPerSecond = 0.5 // a bucket of 5 tokens, refilled slowly
+	policy.RetryRatio = 0.01
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Status: idem.StatusEndpoint(srv.URL + "/status")})
+	exhausted := 0
+	const ops = 20
+	for i := range ops {
+		_, err := c.Do(context.Background(), idem.Op{ID: fmt.Sprint("op-", i), URL: "/orders"})
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+		if errors.Is(err, idem.ErrRetryBudgetExhausted) {
+			exhausted++
+		}
+	}
+	// Without a budget: 20 operations x 5 attempts. With it: 20 first
+	// attempts and about 5 retries.
+	assert.Less(t, len(srv.received()), ops+15)
+	assert.Greater(t, exhausted, ops/2)
+}
+
+// Secrets: a token added by Authorize reaches the server on every attempt
+// and status check, and never the journal file nor the logs.
+func TestAuthorizeTokensNeverReachTheJournalOrLogs(t *testing.T) {
+	t.Parallel()
+	const token = "tok_9f8e7d6c5b4a39281706"
+	const marker = "card-number-4242424242424242"
+	var authorized, unauthorized atomic.Int32
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			unauthorized.Add(1)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		authorized.Add(1)
+		switch {
+		case r.Method == http.MethodGet: // the status endpoint
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, `{"key":%q,"state":"not_found"}`, r.PathValue("key"))
+		case n == 1: // the first attempt times out after being written
+			time.Sleep(300 * time.Millisecond)
+		default:
+			w.Header().Set("Set-Cookie", "session="+token)
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, `{"id":"ord_1"}`)
+		}
+	})
+	mux := http.NewServeMux()
+	mux.Handle("/", srv.Config.Handler)
+	srv.Config.Handler = mux
+	var logs bytes.Buffer
+	var calls atomic.Int32
+	c, j := newClient(t, idem.Config{
+		BaseURL:        srv.URL,
+		Status:         idem.StatusEndpoint(srv.URL + "/status"),
+		AttemptTimeout: 100 * time.Millisecond,
+		Retry:          fastRetry(),
+		Logger:         slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Authorize: func(r *http.Request) error {
+			calls.Add(1)
+			r.Header.Set("Authorization", "Bearer "+token)
+			return nil
+		},
+	})
+	res, err := c.Do(context.Background(), idem.Op{ID: "a", URL: "/orders", Body: []byte(marker)})
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, res.StatusCode)
+	assert.Zero(t, unauthorized.Load())
+	assert.Equal(t, int32(3), authorized.Load(), "attempt, status check, resend")
+	assert.Equal(t, int32(3), calls.Load(), "Authorize runs on every attempt and status check")
+	assert.Empty(t, res.Header.Values("Set-Cookie"), "Set-Cookie is never journaled")
+	require.NoError(t, j.Close())
+
+	for _, path := range []string{j.Path(), j.Path() + "-wal"} {
+		b, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		require.NoError(t, err)
+		assert.NotContains(t, string(b), token, "%s holds the token", path)
+	}
+	assert.NotEmpty(t, logs.String())
+	assert.NotContains(t, logs.String(), token)
+	assert.NotContains(t, logs.String(), marker, "logs carry no bodies")
+}

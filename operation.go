@@ -1,0 +1,281 @@
+package idem
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// Op is one logical operation as the caller asks for it. Calling Do or
+// Begin again with the same Scope and ID reuses the journaled key and, once
+// the operation is settled, returns the journaled result without sending.
+type Op struct {
+	// Scope is the tenant or namespace the operation belongs to; keys are
+	// minted per (Scope, ID). Defaults to Config.Scope.
+	Scope string
+	// ID is the caller's stable name for the logical operation, such as
+	// "checkout/cart-42" or a tool-call ID; unique within Scope. Required.
+	// It is journaled in clear: keep personal data out of it.
+	ID string
+	// Method defaults to POST.
+	Method string
+	// URL is absolute, or relative to Config.BaseURL.
+	URL string
+	// Header is sent with every attempt and journaled. Credentials are
+	// refused here (Authorization, Proxy-Authorization, Cookie and
+	// Config.SecretHeaders): add them with Config.Authorize.
+	Header http.Header
+	// Body is sent byte for byte on every attempt.
+	Body []byte
+	// SignificantHeaders names headers of Header that are part of the
+	// fingerprint, such as a Content-Type whose change changes the meaning.
+	SignificantHeaders []string
+}
+
+// Result is a definitive answer: the server's response to the operation.
+type Result struct {
+	Key   string
+	Scope string
+	ID    string
+	// State is StateSucceeded (2xx) or StateRejected (any other definitive
+	// answer, such as a 4xx).
+	State      State
+	StatusCode int
+	Header     http.Header
+	Body       []byte
+	// Replayed reports that the server answered from its store of keys
+	// rather than executing the request.
+	Replayed bool
+	// Attempts is the number of attempts journaled for the operation.
+	Attempts int
+}
+
+// Succeeded reports whether the server answered 2xx.
+func (r *Result) Succeeded() bool { return r.State == StateSucceeded }
+
+func resultFrom(rec Record) *Result {
+	r := &Result{Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State, Attempts: rec.Attempts}
+	if rec.Response != nil {
+		r.StatusCode = rec.Response.StatusCode
+		r.Header = rec.Response.Header
+		r.Body = rec.Response.Body
+		r.Replayed = rec.Response.Replayed
+	}
+	return r
+}
+
+// KeyKind chooses how keys are minted.
+type KeyKind uint8
+
+const (
+	// KeyRandom mints a random UUIDv4. It is the default.
+	KeyRandom KeyKind = iota
+	// KeyTimeOrdered mints a UUIDv7, which sorts by creation time.
+	KeyTimeOrdered
+	// KeyDeterministic derives a UUIDv5 from Config.KeyNamespace, the
+	// scope and the operation ID, so a batch re-run on a machine that lost
+	// its journal still sends the same keys. The key is a hash: it does not
+	// reveal the ID, but an ID with little entropy can be guessed from it.
+	KeyDeterministic
+)
+
+// DefaultKeyNamespace is the UUIDv5 namespace of deterministic keys when
+// Config.KeyNamespace is not set.
+var DefaultKeyNamespace = uuid.MustParse("3f1c9a4e-6d2b-5e8f-9a7c-1b2d3e4f5a6b")
+
+func (c *Client) mintKey(scope, id string) (string, error) {
+	switch c.cfg.Keys {
+	case KeyTimeOrdered:
+		u, err := uuid.NewV7()
+		return u.String(), err
+	case KeyDeterministic:
+		return uuid.NewSHA1(c.cfg.KeyNamespace, []byte(scope+"\x00"+id)).String(), nil
+	default:
+		u, err := uuid.NewRandom()
+		return u.String(), err
+	}
+}
+
+// Fingerprint returns the hex SHA-256 that identifies a request's content:
+// the same operation ID with another fingerprint is refused with
+// ErrFingerprintMismatch. It covers, in this order, a version tag, the
+// method, the resolved URL, each significant header (canonical name and
+// values, sorted by name) and the body, each written as an 8-byte
+// big-endian length followed by its bytes, so that no two different
+// requests share an encoding.
+func Fingerprint(method, url string, header http.Header, significant []string, body []byte) string {
+	h := sha256.New()
+	field := func(b []byte) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	field([]byte("idem-fingerprint-v1"))
+	field([]byte(method))
+	field([]byte(url))
+	names := make([]string, 0, len(significant))
+	for _, n := range significant {
+		names = append(names, http.CanonicalHeaderKey(n))
+	}
+	slices.Sort(names)
+	for _, n := range slices.Compact(names) {
+		field([]byte(n))
+		field([]byte(strings.Join(header.Values(n), "\x00")))
+	}
+	field(body)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Limits on what an Op may name.
+const (
+	maxIDLength    = 512
+	maxScopeLength = 256
+)
+
+// prepared is a validated Op, ready to be journaled.
+type prepared struct {
+	scope, id, method, url string
+	header                 http.Header
+	body                   []byte
+	fingerprint            string
+}
+
+// prepare validates op. Every problem is reported before anything is
+// journaled or sent.
+func (c *Client) prepare(op Op) (prepared, error) {
+	p := prepared{scope: op.Scope, id: op.ID, method: op.Method, body: op.Body}
+	if p.scope == "" {
+		p.scope = c.cfg.Scope
+	}
+	if err := checkName("Op.ID", p.id, maxIDLength, `give each logical operation a stable ID, such as "checkout/cart-42"`); err != nil {
+		return prepared{}, err
+	}
+	if err := checkName("Op.Scope", p.scope, maxScopeLength, "use a tenant or namespace name"); err != nil {
+		return prepared{}, err
+	}
+	if p.method == "" {
+		p.method = http.MethodPost
+	}
+	if !validMethod(p.method) {
+		return prepared{}, invalidOp("Op.Method %q is not an HTTP method", p.method)
+	}
+	u, err := c.resolve(op.URL)
+	if err != nil {
+		return prepared{}, err
+	}
+	p.url = u
+	p.header = make(http.Header, len(op.Header))
+	for name, values := range op.Header {
+		canon := http.CanonicalHeaderKey(name)
+		if c.secretHeader(canon) {
+			return prepared{}, invalidOp("Op.Header carries %s, a credential; credentials are never journaled: add them in Config.Authorize, which runs on every attempt", canon)
+		}
+		if canon == c.keyHeader {
+			return prepared{}, invalidOp("Op.Header sets %s; the client sets the idempotency key itself", canon)
+		}
+		p.header[canon] = slices.Clone(values)
+	}
+	p.fingerprint = Fingerprint(p.method, p.url, p.header, op.SignificantHeaders, p.body)
+	return p, nil
+}
+
+func checkName(field, v string, limit int, hint string) error {
+	switch {
+	case v == "":
+		return invalidOp("%s is empty; %s", field, hint)
+	case len(v) > limit:
+		return invalidOp("%s is %d bytes, the limit is %d; %s", field, len(v), limit, hint)
+	case !utf8.ValidString(v):
+		return invalidOp("%s is not valid UTF-8", field)
+	case strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return invalidOp("%s %q contains control characters", field, v)
+	}
+	return nil
+}
+
+func validMethod(m string) bool {
+	if m == "" {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		c := m[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?={}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// resolve makes ref absolute against Config.BaseURL and checks it.
+func (c *Client) resolve(ref string) (string, error) {
+	if ref == "" && c.base == nil {
+		return "", invalidOp("Op.URL is empty and Config.BaseURL is not set")
+	}
+	u, err := url.Parse(ref)
+	if err != nil {
+		return "", invalidOp("Op.URL %q does not parse: %v", ref, err)
+	}
+	if !u.IsAbs() {
+		if c.base == nil {
+			return "", invalidOp("Op.URL %q is relative and Config.BaseURL is not set; give an absolute URL or set BaseURL", ref)
+		}
+		u = c.base.ResolveReference(u)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return "", invalidOp("Op.URL %q: scheme %q is not http or https", ref, u.Scheme)
+	}
+	if u.Host == "" {
+		return "", invalidOp("Op.URL %q has no host", ref)
+	}
+	if u.User != nil {
+		return "", invalidOp("Op.URL carries user credentials; credentials are never journaled: add them in Config.Authorize")
+	}
+	u.Fragment, u.RawFragment = "", ""
+	return u.String(), nil
+}
+
+func (p prepared) record(key string) Record {
+	return Record{Key: key, Scope: p.scope, ID: p.id, Method: p.method, URL: p.url,
+		Header: p.header, Body: p.body, Fingerprint: p.fingerprint}
+}
+
+// Operation is a journaled operation, returned by Begin, that has not
+// necessarily been sent. Its key is stable: an application may store it
+// (in its own database, say) before calling Send. It is safe for concurrent
+// use; concurrent Sends put at most one attempt on the wire at a time.
+type Operation struct {
+	c     *Client
+	key   string
+	scope string
+	id    string
+}
+
+// Key returns the operation's idempotency key.
+func (o *Operation) Key() string { return o.key }
+
+// Scope returns the operation's scope.
+func (o *Operation) Scope() string { return o.scope }
+
+// ID returns the operation's ID.
+func (o *Operation) ID() string { return o.id }
+
+// Send drives the operation to a definitive answer, exactly as Do does for
+// an operation that is already journaled.
+func (o *Operation) Send(ctx context.Context) (*Result, error) {
+	return o.c.run(ctx, o.scope, o.id, func(ctx context.Context) (*Result, error) {
+		rec, err := o.c.journal.Get(ctx, o.key)
+		if err != nil {
+			return nil, err
+		}
+		return o.c.continueExisting(ctx, rec)
+	})
+}

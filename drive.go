@@ -83,8 +83,11 @@ func (d *driver) run(ctx context.Context) (*Result, error) {
 	}
 }
 
+// pastRetention reports whether the server may have forgotten the key. Not
+// for a record about to be sent for the first time, nor after the server
+// said (within retention) that it never saw the key.
 func (d *driver) pastRetention() bool {
-	return !d.rec.ExpiresAt.IsZero() && d.c.now().After(d.rec.ExpiresAt) && !d.sendNow
+	return !d.rec.ExpiresAt.IsZero() && d.c.now().After(d.rec.ExpiresAt) && !d.sendNow && !d.resend
 }
 
 // update journals next under this driver's lease, extending the lease.
@@ -109,10 +112,7 @@ func outcomeCtx(ctx context.Context) context.Context { return context.WithoutCan
 // (the outcome is unknown) or when the operation is settled, and an
 // *OperationError when this call must stop.
 func (d *driver) sendRound(ctx context.Context) error {
-	prevExpires := d.rec.ExpiresAt
-	if d.sendNow {
-		prevExpires = time.Time{} // created by Do: never sent before
-	} else {
+	if !d.sendNow {
 		if d.sends >= d.c.retry.MaxAttempts {
 			return d.stop(ctx, d.gaveUp)
 		}
@@ -150,11 +150,12 @@ func (d *driver) sendRound(ctx context.Context) error {
 		PrepareRetry:   d.prepareRetry,
 		ErrorHandler:   retryablehttp.PassthroughErrorHandler,
 	}
+	before := d.sends
 	resp, err := rc.Do(req)
 	if resp != nil {
 		resp.Body.Close()
 	}
-	if d.sends == 0 {
+	if d.sends == before {
 		// No attempt finished: the request could not even be prepared.
 		return d.stop(ctx, err)
 	}
@@ -170,7 +171,7 @@ func (d *driver) sendRound(ctx context.Context) error {
 		return d.settle(ctx, v, d.stored(d.last.Response, d.last.Body))
 	case Retry:
 		if !d.maybeApplied {
-			return d.stopPending(ctx, prevExpires, cmpErr(d.gaveUp, errors.New(v.Reason)))
+			return d.stopPending(ctx, cmpErr(d.gaveUp, errors.New(v.Reason)))
 		}
 	case InProgress:
 		d.statusWait = min(v.RetryAfter, d.c.retry.MaxRetryAfter)
@@ -358,12 +359,13 @@ func (d *driver) stopUnknown(ctx context.Context, cause error) error {
 }
 
 // stopPending records that nothing took effect: the operation is pending
-// again, safe to send, and its retention clock is what it was before this
-// round.
-func (d *driver) stopPending(ctx context.Context, prevExpires time.Time, cause error) error {
+// again, safe to send. The server has not seen the key (this round reached
+// it with nothing it applied, and any earlier round either never left or
+// was answered not_found), so no retention clock runs.
+func (d *driver) stopPending(ctx context.Context, cause error) error {
 	next := d.rec
 	next.State = StatePending
-	next.ExpiresAt = prevExpires
+	next.ExpiresAt = time.Time{}
 	next.LastError = cause.Error()
 	next.NextAttemptAt = d.c.now().Add(d.c.retry.MaxBackoff)
 	if err := d.update(outcomeCtx(ctx), next, Deferred); err != nil {

@@ -159,6 +159,13 @@ func SQLiteFlushInterval(d time.Duration) SQLiteOption {
 	return func(c *sqliteConfig) { c.file.FlushInterval = d }
 }
 
+// SQLiteMustExist makes OpenSQLite fail, with an error matching
+// ErrJournalPath and fs.ErrNotExist, instead of creating a missing journal:
+// for tools that only inspect one.
+func SQLiteMustExist() SQLiteOption {
+	return func(c *sqliteConfig) { c.file.MustExist = true }
+}
+
 // SQLiteMaxBatch sets the most writes committed in one transaction by
 // group commit. 1 commits every write on its own, which is slower under
 // concurrency and exists for comparison. Defaults to 256.

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -141,6 +142,23 @@ func TestOpenSQLiteRefusesBadFiles(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestOpenSQLiteMustExistNeverCreates(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "missing.db")
+	_, err := idem.OpenSQLite(path, idem.SQLiteMustExist())
+	require.Error(t, err)
+	assert.ErrorIs(t, err, idem.ErrJournalPath)
+	assert.ErrorIs(t, err, fs.ErrNotExist)
+	assert.Contains(t, err.Error(), path)
+	_, err = os.Stat(path)
+	assert.ErrorIs(t, err, fs.ErrNotExist, "the file must not have been created")
+
+	openJournal(t, path).Close()
+	j, err := idem.OpenSQLite(path, idem.SQLiteMustExist())
+	require.NoError(t, err, "an existing journal opens")
+	require.NoError(t, j.Close())
 }
 
 func TestOpenSQLiteRefusesUnwritablePath(t *testing.T) {

@@ -52,6 +52,9 @@ type Options struct {
 	WALLimit int64
 	// Closed is the error kind reported after Close. Defaults to ErrClosed.
 	Closed error
+	// MustExist refuses to create the file: opening a missing file fails
+	// with ErrBadPath wrapping fs.ErrNotExist.
+	MustExist bool
 }
 
 func (o *Options) withDefaults() {
@@ -152,6 +155,8 @@ func (db *DB) prepareFile() error {
 			return bad(err, "the file must be readable and writable by this process")
 		}
 		return f.Close()
+	case errors.Is(err, fs.ErrNotExist) && db.opts.MustExist:
+		return bad(fs.ErrNotExist, "check the path; it is not created when it is missing")
 	case errors.Is(err, fs.ErrNotExist):
 		dir := filepath.Dir(db.path)
 		if di, err := os.Stat(dir); err != nil || !di.IsDir() {

@@ -17,9 +17,13 @@ import (
 // KeyHeader is the default request header carrying the idempotency key.
 const KeyHeader = "Idempotency-Key"
 
+// ReplayedHeader is the header the server package sets, to "true", on a
+// response replayed from its store of keys (Stripe's name).
+const ReplayedHeader = "Idempotent-Replayed"
+
 // ReplayHeaders are the response headers by which servers mark an answer
-// replayed from their store of keys. The server package sets the first.
-var ReplayHeaders = []string{"Idempotent-Replayed", "Idempotency-Replayed", "X-Idempotent-Replayed"}
+// replayed from their store of keys.
+var ReplayHeaders = []string{ReplayedHeader, "Idempotency-Replayed", "X-Idempotent-Replayed"}
 
 // Replayed reports whether h carries any replay header set to true.
 func Replayed(h http.Header) bool {

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/wire"
+)
+
+func TestRun(t *testing.T) {
+	*addr = "127.0.0.1:0"
+	*dataDir = t.TempDir()
+	ready := make(chan string, 1)
+	listening = func(a string) { ready <- a }
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	var base string
+	select {
+	case a := <-ready:
+		base = "http://" + a
+	case err := <-done:
+		t.Fatalf("run returned before listening: %v", err)
+	}
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	send := func(method, path string) (int, http.Header, string) {
+		var body io.Reader
+		if method == http.MethodPost {
+			body = strings.NewReader(`{"item":"book","quantity":2}`)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, base+path, body)
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "9f1c2a4e-3b7d-4c8e-a1f0-5d6e7b8c9a0b")
+		req.Header.Set("X-Tenant", "acme")
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, resp.Header, string(b)
+	}
+
+	code, h, first := send(http.MethodPost, "/orders")
+	assert.Equal(t, http.StatusCreated, code)
+	assert.Equal(t, `{"order_id":"ord_1","item":"book","quantity":2}`, first)
+	assert.Empty(t, h.Get("Idempotent-Replayed"))
+
+	code, h, replay := send(http.MethodPost, "/orders")
+	assert.Equal(t, http.StatusCreated, code)
+	assert.Equal(t, "true", h.Get("Idempotent-Replayed"))
+	assert.Equal(t, first, replay)
+
+	code, _, body := send(http.MethodGet, "/idempotency/9f1c2a4e-3b7d-4c8e-a1f0-5d6e7b8c9a0b")
+	s, stored, err := wire.DecodeStatus(code, []byte(body), "9f1c2a4e-3b7d-4c8e-a1f0-5d6e7b8c9a0b")
+	require.NoError(t, err)
+	assert.Equal(t, wire.StateCompleted, s.State)
+	assert.Equal(t, first, string(stored))
+
+	cancel()
+	require.NoError(t, <-done, "run shuts down cleanly when its context ends")
+}

@@ -1,0 +1,76 @@
+package server
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+)
+
+// capture is the ResponseWriter a handler on an idempotent route writes
+// to. It buffers the whole response, because the response must be stored
+// before any of it reaches the client. It deliberately implements neither
+// http.Flusher nor http.Hijacker nor Unwrap: http.ResponseController's
+// Flush and Hijack then report http.ErrNotSupported instead of letting a
+// handler send bytes that were never stored.
+type capture struct {
+	header      http.Header
+	status      int
+	sentHeader  http.Header // the header as it was when the status was set
+	body        bytes.Buffer
+	wroteHeader bool
+}
+
+func newCapture() *capture { return &capture{header: make(http.Header)} }
+
+func (c *capture) Header() http.Header { return c.header }
+
+func (c *capture) WriteHeader(code int) {
+	// The same checks as net/http: a bad code is the handler's bug.
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
+	if c.wroteHeader {
+		return
+	}
+	// Informational answers (103 Early Hints) would reach the client before
+	// the final response is stored; they are dropped.
+	if code < 200 {
+		return
+	}
+	c.wroteHeader = true
+	c.status = code
+	// As with net/http, changes to the header after WriteHeader are not
+	// part of the response.
+	c.sentHeader = c.header.Clone()
+}
+
+func (c *capture) Write(p []byte) (int, error) {
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	return c.body.Write(p)
+}
+
+// response returns what the handler wrote, as it is stored: with the
+// Content-Type net/http would have sniffed, and without Set-Cookie, which
+// belongs to the caller that got the first response only.
+func (c *capture) response() *StoredResponse {
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	h := c.sentHeader
+	body := c.body.Bytes()
+	if _, set := h["Content-Type"]; !set && len(body) > 0 && bodyAllowed(c.status) {
+		h.Set("Content-Type", http.DetectContentType(body))
+	}
+	stored := h.Clone()
+	stored.Del("Set-Cookie")
+	return &StoredResponse{Status: c.status, Header: stored, Body: body}
+}
+
+// cookies returns the Set-Cookie values the handler wrote.
+func (c *capture) cookies() []string { return c.sentHeader.Values("Set-Cookie") }
+
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}

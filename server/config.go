@@ -1,0 +1,215 @@
+package server
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem/internal/wire"
+)
+
+// Config configures a Middleware. Only Store is required; every other
+// field's zero value means its default.
+type Config struct {
+	// Store keeps the entries. Required. The middleware never closes it.
+	Store Store
+
+	// Methods are the methods whose requests carry a key and are made
+	// idempotent; requests with other methods pass straight through.
+	// Defaults to POST and PATCH.
+	Methods []string
+
+	// Header is the request header carrying the key. Defaults to
+	// wire.KeyHeader ("Idempotency-Key").
+	Header string
+
+	// MaxKeyLength is the longest key accepted, in bytes of the unquoted
+	// key. Defaults to wire.MaxKeyLength (255).
+	MaxKeyLength int
+
+	// Scope names the caller a request comes from: its tenant, account or
+	// credential, never anything the caller can choose freely. Keys are
+	// looked up per scope, so that one caller's key never reaches another's
+	// stored response and two callers may use the same key independently.
+	// Defaults to putting every request in one scope "", which is only
+	// right for a service with a single caller: real multi-tenant services
+	// MUST set it, or one tenant can read another's replayed responses by
+	// guessing their keys.
+	Scope func(*http.Request) string
+
+	// Retention is how long an entry counts: from its claim while it is in
+	// progress, and from the moment its response was stored once complete.
+	// After that it is swept, and a request reusing the key is a new
+	// request. Defaults to 24 h. Must be longer than LockTimeout.
+	Retention time.Duration
+
+	// LockTimeout is how long an in-progress entry keeps its lock without
+	// a heartbeat. While a handler runs, the middleware renews the lock
+	// every LockTimeout/3, so a lock only goes stale when the process that
+	// held it died; the next request with the same key and payload then
+	// takes the entry over and runs the handler again, instead of getting
+	// 409 forever. Defaults to 1 min.
+	LockTimeout time.Duration
+
+	// RetryAfter is the Retry-After sent with 409 (in progress) and 503
+	// (store unavailable), rounded up to whole seconds. Defaults to 1 s.
+	RetryAfter time.Duration
+
+	// StorePolicy decides which executed responses are stored. Defaults to
+	// StoreAll.
+	StorePolicy StorePolicy
+
+	// MaxBodyBytes is the largest request body accepted on an idempotent
+	// method; a larger one gets 413 and nothing runs. Defaults to 1 MiB.
+	MaxBodyBytes int64
+
+	// SweepInterval is how often expired entries are deleted. Defaults to
+	// 1 min.
+	SweepInterval time.Duration
+
+	// Logger receives the middleware's diagnostics: store failures, lock
+	// take-overs, sweeps. It never receives request or response bodies nor
+	// header values; keys appear only as a short hash. Defaults to
+	// discarding everything.
+	Logger *slog.Logger
+
+	// now is the clock; tests replace it.
+	now func() time.Time
+}
+
+// StorePolicy decides which responses of an executed handler are stored and
+// replayed. The zero value is StoreAll.
+type StorePolicy int
+
+const (
+	// StoreAll stores every response the handler wrote, 5xx included, as
+	// Stripe does: a retry gets the same 500 instead of running the
+	// handler again. Right when a 5xx may follow a partial effect.
+	StoreAll StorePolicy = iota
+	// SkipServerErrors stores no 5xx response: the entry is released, so a
+	// retry with the same key runs the handler again. Right when handlers
+	// are transactional, so that a 5xx means nothing was done.
+	SkipServerErrors
+)
+
+func (p StorePolicy) String() string {
+	switch p {
+	case StoreAll:
+		return "StoreAll"
+	case SkipServerErrors:
+		return "SkipServerErrors"
+	}
+	return fmt.Sprintf("StorePolicy(%d)", int(p))
+}
+
+// Defaults of Config's fields.
+const (
+	DefaultRetention     = 24 * time.Hour
+	DefaultLockTimeout   = time.Minute
+	DefaultRetryAfter    = time.Second
+	DefaultMaxBodyBytes  = 1 << 20
+	DefaultSweepInterval = time.Minute
+)
+
+// ConfigError reports a Config field that New cannot accept.
+type ConfigError struct {
+	// Field is the name of the Config field, such as "Retention".
+	Field string
+	// Problem says what is wrong with it.
+	Problem string
+}
+
+func (e *ConfigError) Error() string {
+	return "idem server: Config." + e.Field + ": " + e.Problem
+}
+
+// withDefaults returns c with every zero field set to its default, or the
+// first field that is wrong.
+func (c Config) withDefaults() (Config, error) {
+	bad := func(field, format string, args ...any) (Config, error) {
+		return Config{}, &ConfigError{Field: field, Problem: fmt.Sprintf(format, args...)}
+	}
+	if c.Store == nil {
+		return bad("Store", "required; use NewMemoryStore or OpenSQLiteStore")
+	}
+	if len(c.Methods) == 0 {
+		c.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	methods := make([]string, len(c.Methods))
+	for i, m := range c.Methods {
+		if !isToken(m) {
+			return bad("Methods", "%q is not an HTTP method", m)
+		}
+		methods[i] = strings.ToUpper(m)
+	}
+	c.Methods = methods
+	if c.Header == "" {
+		c.Header = wire.KeyHeader
+	}
+	if !isToken(c.Header) {
+		return bad("Header", "%q is not a valid header name", c.Header)
+	}
+	if c.MaxKeyLength == 0 {
+		c.MaxKeyLength = wire.MaxKeyLength
+	}
+	if c.MaxKeyLength < 0 {
+		return bad("MaxKeyLength", "%d is negative", c.MaxKeyLength)
+	}
+	if c.Scope == nil {
+		c.Scope = func(*http.Request) string { return "" }
+	}
+	durations := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"Retention", &c.Retention, DefaultRetention},
+		{"LockTimeout", &c.LockTimeout, DefaultLockTimeout},
+		{"RetryAfter", &c.RetryAfter, DefaultRetryAfter},
+		{"SweepInterval", &c.SweepInterval, DefaultSweepInterval},
+	}
+	for _, d := range durations {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+		if *d.v < 0 {
+			return bad(d.name, "%s is negative", *d.v)
+		}
+	}
+	if c.Retention <= c.LockTimeout {
+		return bad("Retention", "%s must be longer than LockTimeout (%s), or entries would expire while their handler runs", c.Retention, c.LockTimeout)
+	}
+	switch c.StorePolicy {
+	case StoreAll, SkipServerErrors:
+	default:
+		return bad("StorePolicy", "unknown policy %d", int(c.StorePolicy))
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxBodyBytes < 0 {
+		return bad("MaxBodyBytes", "%d is negative", c.MaxBodyBytes)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	return c, nil
+}
+
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}

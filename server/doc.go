@@ -1,0 +1,123 @@
+// Package server is net/http middleware that makes a service's
+// state-changing routes safe to retry: it implements the IETF httpapi draft
+// "The Idempotency-Key HTTP Header Field" and the status endpoint that idem
+// clients ask when an outcome is unknown.
+//
+//	mw, err := server.New(server.Config{
+//		Store: store, // server.OpenSQLiteStore("keys.db")
+//		Scope: func(r *http.Request) string { return tenantOf(r) },
+//	})
+//	defer mw.Close()
+//	mux.Handle("POST /orders", mw.Handler(createOrder))
+//	mux.Handle("GET /idempotency/{key}", mw.StatusHandler())
+//
+// # Model
+//
+// A client sends one key per logical operation, in the Idempotency-Key
+// header, as a bare token (abc) or an RFC 8941 string ("abc"): both are the
+// same key. The middleware keeps one entry per (scope, key), where the scope
+// is the caller's tenant or credential (Config.Scope). The entry holds the
+// request's fingerprint, a SHA-256 of its method, path with raw query, and
+// body, and, once the handler has answered, the response.
+//
+// For a request with a key on an idempotent method (POST and PATCH by
+// default):
+//
+//   - no entry: the key is claimed atomically (one of any number of
+//     concurrent requests wins), the handler runs once, and its response is
+//     stored, then sent;
+//   - an entry with another fingerprint: 422 problem, type
+//     urn:idem:problem:key-reused. A key used on one route never replays
+//     there a result of another route: the detail names the route it was
+//     first used on;
+//   - an entry in progress: 409 problem, type urn:idem:problem:in-progress,
+//     with Retry-After;
+//   - a completed entry: the stored response, status, headers and body byte
+//     for byte, with Idempotent-Replayed: true.
+//
+// A request without a key gets 400 (urn:idem:problem:key-missing), a
+// malformed or too long key 400 (urn:idem:problem:key-invalid), a body over
+// MaxBodyBytes 413 (urn:idem:problem:body-too-large). When the store cannot
+// record the claim the answer is 503 (urn:idem:problem:store-unavailable)
+// with Retry-After, and the handler does not run. Every error is an RFC 9457
+// application/problem+json body; none of them is stored.
+//
+// # Store first, then send
+//
+// The handler writes into a buffer. The middleware stores the response and
+// only then writes it to the client, so any response a client could have
+// seen is replayable: a client whose connection dropped after the server
+// answered, or whose timeout fired just before the answer arrived, retries
+// with the same key and gets that very response. The price is that a
+// handler's response is buffered in full: handlers on idempotent routes
+// cannot stream, and http.ResponseController's Flush and Hijack report
+// http.ErrNotSupported. Set-Cookie goes to the first caller only and is
+// never stored. If the store fails to record the response, the response is
+// not sent: the client gets 503 with Retry-After, and the entry is released
+// (or, if the store is still failing, its lock goes stale), so that a retry
+// runs the handler again and the second guard below answers it.
+//
+// For the same reason the handler's context is not canceled when the client
+// disconnects: the work the client started finishes and is stored for its
+// retry.
+//
+// # Policies
+//
+// Config.StorePolicy decides what is stored. StoreAll (the default, as
+// Stripe does) stores every response the handler wrote, 5xx included: a
+// retry gets the same 500 instead of running a handler that may have half
+// acted. SkipServerErrors releases the entry after a 5xx so that a retry
+// runs again; choose it when handlers are transactional. A handler that
+// panics releases its entry in any case, and the panic goes on.
+//
+// Entries are kept for Config.Retention (24 h by default; counted from the
+// claim while in progress, from the stored response once complete). An
+// expired entry reads as absent at once, and the sweeper deletes it every
+// SweepInterval: a request reusing the key after that is a new request.
+// Publish the retention to clients: idem clients stop resending before it
+// ends.
+//
+// # Stale locks and fencing
+//
+// While a handler runs, its lock is renewed every LockTimeout/3. A lock
+// older than LockTimeout therefore means the process that held it died. The
+// next request with the same key and payload takes the entry over with a
+// new fencing token and runs the handler; should the old handler come back
+// after all, its token no longer holds the lock, its response is neither
+// stored nor sent, and its client gets 409 and finds the taker's result.
+//
+// # The status endpoint
+//
+// StatusHandler answers GET …/{key} in the caller's scope with
+// {"key","state"}: "processing" while a handler runs, "completed" with the
+// stored response, and 404 "not_found" when there is no entry — never seen
+// within the retention, swept, or released. An entry whose lock is stale
+// also reads as not_found: its handler is dead, and a request sent now with
+// the key will run it, which is exactly what not_found tells a client to
+// do. A store failure is a 503, never not_found, so that a client never
+// takes "could not look" for "never happened".
+//
+// # The second guard
+//
+// The middleware is one guard. A handler can still run twice for one key:
+// after a take-over of a handler that died past its own commit, or after a
+// power failure lost a stored response (see SQLiteStore). KeyFromContext
+// gives the handler the key; store it in the application's own table under
+// a UNIQUE (tenant, key) constraint, in the same transaction as the effect,
+// and answer a constraint violation with the record that is already there.
+//
+// # Scope
+//
+// Config.Scope defaults to one scope for every request, which is only right
+// for a service with a single caller. Real services MUST set it to the
+// authenticated tenant or credential: keys are looked up per scope, so one
+// tenant can neither replay nor query another's responses, and two tenants
+// may use the same key independently.
+//
+// # Stores
+//
+// NewMemoryStore keeps entries in memory, for tests and single instances
+// that may forget keys on restart. OpenSQLiteStore keeps them in an SQLite
+// file shared by every process on the machine, claims durable before the
+// handler runs. Any other Store must pass package storetest.
+package server

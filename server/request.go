@@ -1,0 +1,105 @@
+package server
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/idemkit/idem/internal/wire"
+)
+
+// readKey reads the request's key in either syntax, or answers 400.
+func (m *Middleware) readKey(w http.ResponseWriter, r *http.Request) (string, bool) {
+	values := r.Header.Values(m.header)
+	if len(values) > 1 {
+		writeProblem(w, wire.Problem{Type: wire.ProblemKeyInvalid, Status: http.StatusBadRequest, Title: "Invalid idempotency key",
+			Detail: fmt.Sprintf("The request carries %d %s headers; send exactly one.", len(values), m.header)})
+		return "", false
+	}
+	var raw string
+	if len(values) == 1 {
+		raw = values[0]
+	}
+	key, err := wire.ParseKey(raw)
+	switch {
+	case errors.Is(err, wire.ErrKeyMissing):
+		writeProblem(w, wire.Problem{Type: wire.ProblemKeyMissing, Status: http.StatusBadRequest, Title: "Idempotency key missing",
+			Detail: fmt.Sprintf("%s %s requires an %s header: one unique key (a UUID) per operation, the same on every retry.", r.Method, r.URL.Path, m.header)})
+		return "", false
+	case err != nil:
+		writeProblem(w, wire.Problem{Type: wire.ProblemKeyInvalid, Status: http.StatusBadRequest, Title: "Invalid idempotency key",
+			Detail: fmt.Sprintf("%s: %v.", m.header, err)})
+		return "", false
+	case len(key) > m.cfg.MaxKeyLength:
+		writeProblem(w, wire.Problem{Type: wire.ProblemKeyInvalid, Status: http.StatusBadRequest, Title: "Invalid idempotency key",
+			Detail: fmt.Sprintf("%s is %d bytes long; at most %d are accepted.", m.header, len(key), m.cfg.MaxKeyLength)})
+		return "", false
+	}
+	return key, true
+}
+
+// readBody reads the whole request body, which the fingerprint covers, or
+// answers 413 or 400.
+func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request, key string) ([]byte, bool) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, true
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeProblem(w, wire.Problem{Type: wire.ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Title: "Request body too large",
+			Detail: fmt.Sprintf("The request body is over %d bytes, the most this idempotent route accepts.", m.cfg.MaxBodyBytes), Key: key})
+		return nil, false
+	case err != nil:
+		writeProblem(w, wire.Problem{Status: http.StatusBadRequest,
+			Detail: "The request body could not be read to the end; nothing was run.", Key: key})
+		return nil, false
+	}
+	return body, true
+}
+
+// problemKeyReused answers a request whose key is held by an entry of
+// another request: another route, or the same route with another query or
+// body.
+func (m *Middleware) problemKeyReused(w http.ResponseWriter, r *http.Request, key string, e *Entry) {
+	detail := "This idempotency key was already used with a different request body or query; use a new key for a new operation."
+	if e.Method != r.Method || e.Path != r.URL.Path {
+		detail = fmt.Sprintf("This idempotency key was first used on %s %s; a key belongs to one operation on one route.", e.Method, e.Path)
+	}
+	writeProblem(w, wire.Problem{Type: wire.ProblemKeyReused, Status: http.StatusUnprocessableEntity,
+		Title: "Idempotency key reused", Detail: detail, Key: key})
+}
+
+// target is the request's path and raw query, as the client sent them.
+func target(u *url.URL) string {
+	if u.RawQuery == "" {
+		return u.EscapedPath()
+	}
+	return u.EscapedPath() + "?" + u.RawQuery
+}
+
+// fingerprint is a digest of what makes a request the same request: its
+// method, target and body, each length-prefixed so that no two different
+// requests hash the same bytes.
+func fingerprint(method, target string, body []byte) string {
+	h := sha256.New()
+	var n [8]byte
+	for _, part := range [][]byte{[]byte(method), []byte(target), body} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write(part)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// keyHash names a key in logs without revealing it.
+func keyHash(scope, key string) string {
+	sum := sha256.Sum256([]byte(scope + "\x00" + key))
+	return hex.EncodeToString(sum[:6])
+}

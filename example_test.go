@@ -16,8 +16,15 @@ import (
 )
 
 // ordersAPI is a server that honours idempotency keys: package server's
-// middleware in front of a handler that creates orders.
-func ordersAPI() (*httptest.Server, *atomic.Int32) {
+// middleware in front of a handler that creates orders. Close closes both.
+type api struct {
+	*httptest.Server
+	mw *server.Middleware
+}
+
+func (a api) Close() { a.Server.Close(); a.mw.Close() }
+
+func ordersAPI() (api, *atomic.Int32) {
 	var created atomic.Int32
 	mw, err := server.New(server.Config{Store: server.NewMemoryStore()})
 	if err != nil {
@@ -31,7 +38,7 @@ func ordersAPI() (*httptest.Server, *atomic.Int32) {
 		fmt.Fprintf(w, `{"order_id":"ord_%d"}`, n)
 	})))
 	mux.Handle("GET /idempotency/{key}", mw.StatusHandler())
-	return httptest.NewServer(mux), &created
+	return api{httptest.NewServer(mux), mw}, &created
 }
 
 // tempJournal opens a journal in a new temporary directory.
@@ -51,15 +58,15 @@ func tempJournal() (*idem.SQLiteJournal, func()) {
 // answer. Calling it again for the same operation ID returns the journaled
 // answer without sending anything.
 func Example() {
-	api, created := ordersAPI()
-	defer api.Close()
+	orders, created := ordersAPI()
+	defer orders.Close()
 	j, cleanup := tempJournal()
 	defer cleanup()
 
 	c, err := idem.New(idem.Config{
 		Journal: j,
-		BaseURL: api.URL,
-		Status:  idem.StatusEndpoint(api.URL + "/idempotency"),
+		BaseURL: orders.URL,
+		Status:  idem.StatusEndpoint(orders.URL + "/idempotency"),
 	})
 	if err != nil {
 		panic(err)
@@ -88,11 +95,11 @@ func Example() {
 // can record its key first; Send sends it later, from this process or after
 // a restart.
 func ExampleClient_Begin() {
-	api, created := ordersAPI()
-	defer api.Close()
+	orders, created := ordersAPI()
+	defer orders.Close()
 	j, cleanup := tempJournal()
 	defer cleanup()
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: api.URL})
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: orders.URL})
 	if err != nil {
 		panic(err)
 	}
@@ -170,14 +177,14 @@ func ExampleOperationError() {
 // operations are sent, and operations whose outcome is unknown get a status
 // check before anything is re-sent.
 func ExampleClient_Resume() {
-	api, created := ordersAPI()
-	defer api.Close()
+	orders, created := ordersAPI()
+	defer orders.Close()
 	j, cleanup := tempJournal()
 	defer cleanup()
 	ctx := context.Background()
 
 	// A process journals two operations, then stops before sending them.
-	before, err := idem.New(idem.Config{Journal: j, BaseURL: api.URL})
+	before, err := idem.New(idem.Config{Journal: j, BaseURL: orders.URL})
 	if err != nil {
 		panic(err)
 	}
@@ -189,7 +196,7 @@ func ExampleClient_Resume() {
 	before.Close()
 
 	// The restarted process resumes them.
-	after, err := idem.New(idem.Config{Journal: j, BaseURL: api.URL, Status: idem.StatusEndpoint(api.URL + "/idempotency")})
+	after, err := idem.New(idem.Config{Journal: j, BaseURL: orders.URL, Status: idem.StatusEndpoint(orders.URL + "/idempotency")})
 	if err != nil {
 		panic(err)
 	}

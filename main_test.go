@@ -5,6 +5,8 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // Crash and multi-process tests run this test binary again as a child
@@ -25,7 +27,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every goroutine a client or journal starts must be stopped by its
+	// Close.
+	goleak.VerifyTestMain(m)
 }
 
 // childCommand returns a command that runs the child function name in a new

@@ -200,3 +200,73 @@ func TestAuthorizeTokensNeverReachTheJournalOrLogs(t *testing.T) {
 	assert.NotContains(t, logs.String(), token)
 	assert.NotContains(t, logs.String(), marker, "logs carry no bodies")
 }
+
+func TestCancelWithdrawsOnlyAPendingOperation(t *testing.T) {
+	t.Parallel()
+	srv, hits, _ := countingServer(t)
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL})
+	ctx := context.Background()
+	op, err := c.Begin(ctx, idem.Op{ID: "refund/1", URL: "/refunds"})
+	require.NoError(t, err)
+	require.NoError(t, c.Cancel(ctx, op.Key()))
+	_, err = op.Send(ctx)
+	require.ErrorIs(t, err, idem.ErrCanceled)
+	_, err = c.Do(ctx, idem.Op{ID: "refund/1", URL: "/refunds"})
+	require.ErrorIs(t, err, idem.ErrCanceled)
+	assert.Zero(t, hits.Load(), "a canceled operation is never sent")
+
+	res, err := c.Do(ctx, idem.Op{ID: "refund/2", URL: "/refunds"})
+	require.NoError(t, err)
+	err = c.Cancel(ctx, res.Key)
+	require.ErrorIs(t, err, idem.ErrIllegalTransition)
+	assert.Contains(t, err.Error(), "only a pending operation")
+	rec, err := j.Get(ctx, res.Key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State, "a refused Cancel changes nothing")
+	assert.ErrorIs(t, c.Cancel(ctx, "no-such-key"), idem.ErrNotFound)
+}
+
+func TestOnTransitionSeesEveryStateChange(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	var mu sync.Mutex
+	var seen []string
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), OnTransition: func(tr idem.Transition) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, fmt.Sprintf("%s→%s %d", tr.From, tr.To, tr.StatusCode))
+	}})
+	_, err := c.Do(context.Background(), idem.Op{ID: "a", URL: "/"})
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"State(0)→in_flight 0", "in_flight→succeeded 201"}, seen,
+		"a retry within in_flight is journaled but is not a state change")
+}
+
+func TestClassifierCanBeReplaced(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.WriteHeader(http.StatusNotFound) // this API answers 404 while a resource replicates
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), Classify: func(a idem.Attempt) idem.Decision {
+		if a.Response != nil && a.Response.StatusCode == http.StatusNotFound {
+			return idem.Decision{Verdict: idem.Retry, Reason: "not replicated yet"}
+		}
+		return idem.Classify(a)
+	}})
+	res, err := c.Do(context.Background(), idem.Op{ID: "a", URL: "/"})
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, res.StatusCode)
+	assert.Len(t, srv.received(), 2)
+}

@@ -411,7 +411,7 @@ func (c *Client) Reconcile(ctx context.Context, key string, state State, note st
 		return fmt.Errorf("%w: Reconcile needs a note saying what the decision is based on", ErrInvalidOp)
 	}
 	return c.settle(ctx, key, func(rec *Record) error {
-		if rec.State != StateUnknown && rec.State != StateExpired && rec.State != StateInFlight {
+		if rec.State != StateUnknown && rec.State != StateExpired {
 			return fmt.Errorf("%w: operation %s is %s; only unknown or expired operations are reconciled", ErrIllegalTransition, key, rec.State)
 		}
 		rec.State = state
@@ -452,6 +452,9 @@ func (c *Client) settle(ctx context.Context, key string, change func(*Record) er
 		if err := change(&next); err != nil {
 			return err
 		}
+		// An operator's write holds no lease: the journal refuses it with
+		// ErrLeased while a live worker drives the operation.
+		next.Lease = Lease{}
 		stored, err := c.journal.Update(ctx, next, Durable)
 		if errors.Is(err, ErrConflict) {
 			continue

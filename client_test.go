@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -269,4 +270,75 @@ func TestClassifierCanBeReplaced(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusCreated, res.StatusCode)
 	assert.Len(t, srv.received(), 2)
+}
+
+func TestReconcileAndCancelRespectALiveLease(t *testing.T) {
+	t.Parallel()
+	c, j := newClient(t, idem.Config{})
+	ctx := context.Background()
+	rec := testRecord("default", "op", nil)
+	rec.State = idem.StateInFlight
+	rec.Lease = idem.Lease{Owner: "worker-1", ExpiresAt: time.Now().Add(time.Hour)}
+	rec, _, err := j.Create(ctx, rec)
+	require.NoError(t, err)
+	rec.State = idem.StateUnknown
+	rec, err = j.Update(ctx, rec, idem.Durable) // the holder's own write
+	require.NoError(t, err)
+
+	err = c.Reconcile(ctx, rec.Key, idem.StateSucceeded, "found it")
+	require.ErrorIs(t, err, idem.ErrLeased, "a worker is driving it")
+	got, err := j.Get(ctx, rec.Key)
+	require.NoError(t, err)
+	assert.Equal(t, rec, got, "nothing changed")
+
+	pending, _, err := j.Create(ctx, idem.Record{Key: "k2", Scope: "default", ID: "op2", Method: "POST",
+		URL: "http://127.0.0.1/x", Fingerprint: "f", State: idem.StatePending})
+	require.NoError(t, err)
+	_, err = j.Acquire(ctx, pending.Key, "worker-1", time.Hour)
+	require.NoError(t, err)
+	require.ErrorIs(t, c.Cancel(ctx, pending.Key), idem.ErrLeased)
+}
+
+func TestReconcileRefusesInFlight(t *testing.T) {
+	t.Parallel()
+	c, j := newClient(t, idem.Config{})
+	rec := testRecord("default", "op", nil)
+	rec.State = idem.StateInFlight
+	rec, _, err := j.Create(context.Background(), rec)
+	require.NoError(t, err)
+	err = c.Reconcile(context.Background(), rec.Key, idem.StateSucceeded, "guess")
+	require.ErrorIs(t, err, idem.ErrIllegalTransition)
+	assert.Contains(t, err.Error(), "only unknown or expired")
+}
+
+// A client resumes only the operations meant for its own API: its
+// credentials never go to another origin.
+func TestResumeClaimsOnlyItsOrigin(t *testing.T) {
+	t.Parallel()
+	ours, ourHits, _ := countingServer(t)
+	theirs, theirHits, _ := countingServer(t)
+	j := openJournal(t, filepath.Join(t.TempDir(), "ops.db"))
+	ctx := context.Background()
+	for _, base := range []string{ours.URL, theirs.URL} {
+		c, err := idem.New(idem.Config{Journal: j, BaseURL: base})
+		require.NoError(t, err)
+		_, err = c.Begin(ctx, idem.Op{ID: "op-for-" + base, URL: "/x"})
+		require.NoError(t, err)
+		require.NoError(t, c.Close())
+	}
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: ours.URL, Authorize: func(r *http.Request) error {
+		r.Header.Set("Authorization", "Bearer ours")
+		return nil
+	}})
+	require.NoError(t, err)
+	defer c.Close()
+	rep, err := c.Resume(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.Claimed)
+	assert.Equal(t, 1, rep.Succeeded)
+	assert.Equal(t, int32(1), ourHits.Load())
+	assert.Zero(t, theirHits.Load(), "another API's operation must not be claimed")
+	rec, err := j.Lookup(ctx, "default", "op-for-"+theirs.URL)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, rec.State)
 }

@@ -375,11 +375,16 @@ func (d *driver) stopPending(ctx context.Context, cause error) error {
 }
 
 // stop ends this call with the operation where it is, due again for Resume
-// after a backoff.
+// after a backoff. An in_flight record becomes unknown: no attempt of this
+// driver is on the wire any more, and whether the last one arrived is what
+// the next status check must tell.
 func (d *driver) stop(ctx context.Context, cause error) error {
 	cause = cmpErr(cause, d.cause)
 	if d.rec.State.Active() {
 		next := d.rec
+		if next.State == StateInFlight {
+			next.State = StateUnknown
+		}
 		next.NextAttemptAt = d.c.now().Add(d.c.retry.MaxBackoff)
 		if cause != nil {
 			next.LastError = cause.Error()

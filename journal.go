@@ -232,6 +232,10 @@ type ClaimRequest struct {
 	Lease time.Duration
 	// Scope, when not empty, restricts the claim to one scope.
 	Scope string
+	// URLPrefix, when not empty, restricts the claim to records whose URL
+	// starts with it, such as "https://api.example.com/": a client claims
+	// only the operations meant for the API it holds credentials for.
+	URLPrefix string
 }
 
 // Count is the number of records in one scope and state.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -153,7 +154,8 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 	now := m.now()
 	var due []*memEntry
 	for _, e := range m.byKey {
-		if Claimable(e.rec, now) && (req.Scope == "" || e.rec.Scope == req.Scope) {
+		if Claimable(e.rec, now) && (req.Scope == "" || e.rec.Scope == req.Scope) &&
+			strings.HasPrefix(e.rec.URL, req.URLPrefix) {
 			due = append(due, e)
 		}
 	}

@@ -380,6 +380,10 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 			q += ` AND scope = ?`
 			args = append(args, req.Scope)
 		}
+		if req.URLPrefix != "" {
+			q += ` AND substr(url, 1, length(?)) = ?`
+			args = append(args, req.URLPrefix, req.URLPrefix)
+		}
 		q += ` ORDER BY next_attempt_at, id LIMIT ?`
 		args = append(args, req.Limit)
 		rows, err := tx.Query(q, args...)

@@ -155,6 +155,12 @@ func TestOpenSQLiteMustExistNeverCreates(t *testing.T) {
 	_, err = os.Stat(path)
 	assert.ErrorIs(t, err, fs.ErrNotExist, "the file must not have been created")
 
+	empty := filepath.Join(t.TempDir(), "empty.db")
+	require.NoError(t, os.WriteFile(empty, nil, 0o600))
+	_, err = idem.OpenSQLite(empty, idem.SQLiteMustExist())
+	require.ErrorIs(t, err, idem.ErrNotJournal, "an empty file is not adopted as a journal")
+	assert.Empty(t, fileBytes(t, empty))
+
 	openJournal(t, path).Close()
 	j, err := idem.OpenSQLite(path, idem.SQLiteMustExist())
 	require.NoError(t, err, "an existing journal opens")

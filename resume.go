@@ -50,7 +50,8 @@ func (r *ResumeReport) add(res *Result, err error) {
 
 // Resume finishes what was left unfinished, typically after a restart: it
 // claims the journal's due operations (pending, in_flight and unknown) with
-// a lease, at most Config.ResumeConcurrency at a time, and drives each as
+// a lease — when Config.BaseURL is set, only those whose URL has its origin,
+// so that Authorize's credentials only ever go to the API they are for — at most Config.ResumeConcurrency at a time, and drives each as
 // Do would, except that an operation found in_flight or unknown gets a
 // status check before anything is re-sent. It returns when no due operation
 // is left, or when ctx ends, with the counts by outcome; an operation that
@@ -98,7 +99,8 @@ func (c *Client) Resume(ctx context.Context) (ResumeReport, error) {
 			}
 			break
 		}
-		recs, err := c.journal.Claim(ctx, ClaimRequest{Owner: c.cfg.Owner, Limit: n, Lease: c.cfg.LeaseDuration})
+		recs, err := c.journal.Claim(ctx, ClaimRequest{Owner: c.cfg.Owner, Limit: n, Lease: c.cfg.LeaseDuration,
+			URLPrefix: c.resumePrefix()})
 		for range n - len(recs) {
 			<-slots
 		}
@@ -140,4 +142,13 @@ func (c *Client) Resume(ctx context.Context) (ResumeReport, error) {
 		return rep, claimErr
 	}
 	return rep, ctx.Err()
+}
+
+// resumePrefix is the origin of Config.BaseURL ("https://api.example.com/"),
+// or "" (every operation) when it is not set.
+func (c *Client) resumePrefix() string {
+	if c.base == nil {
+		return ""
+	}
+	return c.base.Scheme + "://" + c.base.Host + "/"
 }

@@ -100,6 +100,7 @@ var groups = []group{
 		{"ClaimSelection", testClaimSelection},
 		{"ClaimLimitOrder", testClaimLimitOrder},
 		{"ClaimScope", testClaimScope},
+		{"ClaimURLPrefix", testClaimURLPrefix},
 		{"ClaimInvalidRequest", testClaimInvalid},
 		{"ClaimAfterExpiry", testClaimAfterExpiry},
 		{"Acquire", testAcquire},

@@ -141,6 +141,22 @@ func testClaimScope(t *testing.T, j idem.Journal) {
 	assert.ElementsMatch(t, keysOf(b...), keysOf(got...), "Claim in every scope")
 }
 
+func testClaimURLPrefix(t *testing.T, j idem.Journal) {
+	ours := createDue(t, j, "tenant-a", time.Time{}) // https://api.example.test/v1/orders
+	other := newRecord("tenant-a")
+	other.URL = "https://payments.example.test/v1/charges"
+	other = create(t, j, other)
+	lookalike := newRecord("tenant-a")
+	lookalike.URL = "https://api.example.test.evil.example/v1/orders"
+	lookalike = create(t, j, lookalike)
+
+	got := claim(t, j, idem.ClaimRequest{Owner: "worker-1", Limit: 10, Lease: longLease, URLPrefix: "https://api.example.test/"})
+	assert.ElementsMatch(t, keysOf(ours), keysOf(got...), "only records under the prefix are claimed")
+	assert.Empty(t, get(t, j, other.Key).Lease.Owner)
+	assert.Empty(t, get(t, j, lookalike.Key).Lease.Owner, "a prefix match is exact, byte for byte")
+	assert.Empty(t, claim(t, j, idem.ClaimRequest{Owner: "worker-1", Limit: 10, Lease: longLease, URLPrefix: "https://api.example.test/v2/"}))
+}
+
 func testClaimInvalid(t *testing.T, j idem.Journal) {
 	rec := createDue(t, j, "tenant-a", time.Time{})
 	for _, req := range []idem.ClaimRequest{

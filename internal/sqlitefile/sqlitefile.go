@@ -149,6 +149,13 @@ func (db *DB) prepareFile() error {
 		return bad(errors.New("is a directory"), "give the path of a file inside it, such as "+filepath.Join(db.path, "idem.db"))
 	case err == nil && !fi.Mode().IsRegular():
 		return bad(errors.New("is not a regular file"), "give the path of a regular file")
+	case err == nil && db.opts.MustExist && fi.Size() == 0 && !nonEmpty(db.path+"-wal"):
+		// SQLite would take an empty file for a new database; a tool that
+		// must not create one must not adopt one either. (A file that was
+		// just created holds nothing until its WAL is checkpointed, so a
+		// non-empty WAL beside it counts.)
+		return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: errors.New("the file is empty"),
+			Hint: "check the path; an empty file is not a " + db.what}
 	case err == nil:
 		f, err := os.OpenFile(db.path, os.O_RDWR, 0)
 		if err != nil {
@@ -176,6 +183,11 @@ func (db *DB) prepareFile() error {
 	default:
 		return bad(err, "check the path and its permissions")
 	}
+}
+
+func nonEmpty(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Size() > 0
 }
 
 func (db *DB) dsn(extra ...string) string {

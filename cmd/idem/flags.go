@@ -1,0 +1,198 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// newFlagSet returns a flag set that reports errors to its caller only:
+// the caller prints them as one line.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parseInterspersed parses flags that may come before, between or after
+// the positional arguments, which it returns. "--" ends the flags.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// wantArgs checks the number of positional arguments.
+func wantArgs(cmd string, args []string, names ...string) error {
+	switch {
+	case len(args) < len(names):
+		return usagef("%s: missing %s (see 'idem help %s')", cmd, names[len(args)], cmd)
+	case len(args) > len(names):
+		return usagef("%s: unexpected argument %q (see 'idem help %s')", cmd, args[len(names)], cmd)
+	}
+	return nil
+}
+
+// stateList is a flag of comma-separated states that may be repeated.
+type stateList []idem.State
+
+func (s *stateList) String() string {
+	names := make([]string, len(*s))
+	for i, st := range *s {
+		names[i] = st.String()
+	}
+	return strings.Join(names, ",")
+}
+
+func (s *stateList) Set(v string) error {
+	for name := range strings.SplitSeq(v, ",") {
+		if strings.TrimSpace(name) == "" {
+			return errors.New("empty state name")
+		}
+		st, err := idem.ParseState(name)
+		if err != nil {
+			return errors.New(strings.TrimPrefix(err.Error(), "idem: "))
+		}
+		*s = append(*s, st)
+	}
+	return nil
+}
+
+// ageFlag is a non-negative duration: a Go duration such as 90m or 36h, or
+// days such as 7d or 1d12h.
+type ageFlag struct {
+	d   time.Duration
+	set bool
+}
+
+func (a *ageFlag) String() string {
+	if !a.set {
+		return ""
+	}
+	return a.d.String()
+}
+
+func (a *ageFlag) Set(v string) error {
+	d, err := parseAge(v)
+	if err != nil {
+		return err
+	}
+	a.d, a.set = d, true
+	return nil
+}
+
+func parseAge(v string) (time.Duration, error) {
+	s := strings.TrimSpace(v)
+	bad := func(why string) error {
+		return fmt.Errorf("bad duration %q: %s (want a Go duration such as 90m or 36h, or days such as 7d)", v, why)
+	}
+	if s == "" {
+		return 0, bad("empty")
+	}
+	if strings.HasPrefix(s, "-") {
+		return 0, bad("negative")
+	}
+	var total time.Duration
+	if i := strings.IndexByte(s, 'd'); i >= 0 {
+		days, err := strconv.ParseFloat(s[:i], 64)
+		if err != nil || s[:i] == "" || math.IsNaN(days) || math.IsInf(days, 0) || days < 0 {
+			return 0, bad("the number of days does not parse")
+		}
+		if days*24*float64(time.Hour) > math.MaxInt64/2 {
+			return 0, bad("too long")
+		}
+		total = time.Duration(days * 24 * float64(time.Hour))
+		s = s[i+1:]
+		if s == "" {
+			return total, nil
+		}
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, bad(strings.TrimPrefix(err.Error(), "time: "))
+	}
+	if d < 0 || total > math.MaxInt64-d {
+		return 0, bad("out of range")
+	}
+	return total + d, nil
+}
+
+// headerEnv is one --header-env NAME=ENV: header NAME takes the value of
+// environment variable ENV.
+type headerEnv struct {
+	header string // canonical
+	env    string
+}
+
+type headerEnvList []headerEnv
+
+func (l *headerEnvList) String() string {
+	parts := make([]string, len(*l))
+	for i, h := range *l {
+		parts[i] = h.header + "=" + h.env
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *headerEnvList) Set(v string) error {
+	name, envName, ok := strings.Cut(v, "=")
+	if !ok || name == "" || envName == "" {
+		return fmt.Errorf("want NAME=ENV, the header and the environment variable that holds its value, not %q", v)
+	}
+	if !validToken(name) {
+		return fmt.Errorf("%q is not a valid header name", name)
+	}
+	if strings.ContainsAny(envName, "= \t") {
+		return fmt.Errorf("%q is not an environment variable name", envName)
+	}
+	canon := http.CanonicalHeaderKey(name)
+	if canon == "Idempotency-Key" {
+		return fmt.Errorf("%s is the idempotency key, which comes from the journal, never from the environment", canon)
+	}
+	for _, h := range *l {
+		if h.header == canon {
+			return fmt.Errorf("header %s is given twice", canon)
+		}
+	}
+	*l = append(*l, headerEnv{header: canon, env: envName})
+	return nil
+}
+
+// validToken reports whether s is an HTTP token (RFC 9110), as header
+// names are.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}

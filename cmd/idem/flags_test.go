@@ -1,0 +1,144 @@
+package main
+
+import (
+	"flag"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+func TestParseAge(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{
+		"0s":     0,
+		"0":      0,
+		"90m":    90 * time.Minute,
+		"36h":    36 * time.Hour,
+		"7d":     7 * 24 * time.Hour,
+		"0d":     0,
+		"1.5d":   36 * time.Hour,
+		"1d12h":  36 * time.Hour,
+		" 2d ":   48 * time.Hour,
+		"1h30m":  90 * time.Minute,
+		"250ms":  250 * time.Millisecond,
+		"365d":   365 * 24 * time.Hour,
+		"1d1ms":  24*time.Hour + time.Millisecond,
+		"10d10h": 250 * time.Hour,
+	} {
+		got, err := parseAge(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "7x", "d", "xd", "-1h", "-7d", "7dd", "1d-1h", "NaNd", "Infd", "1e300d", "7 d", "h"} {
+		_, err := parseAge(in)
+		assert.Error(t, err, in)
+	}
+}
+
+func TestParseInterspersed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		pos  []string
+		body bool
+		as   string
+	}{
+		{[]string{"k"}, []string{"k"}, false, ""},
+		{[]string{"--body", "k"}, []string{"k"}, true, ""},
+		{[]string{"k", "--body"}, []string{"k"}, true, ""},
+		{[]string{"--as", "x", "k", "--body"}, []string{"k"}, true, "x"},
+		{[]string{"k", "--", "--body"}, []string{"k", "--body"}, false, ""},
+		{[]string{"--", "-k"}, []string{"-k"}, false, ""},
+		{[]string{"a", "b", "--as=y"}, []string{"a", "b"}, false, "y"},
+		{nil, nil, false, ""},
+	} {
+		fs := newFlagSet("t")
+		body := fs.Bool("body", false, "")
+		as := fs.String("as", "", "")
+		pos, err := parseInterspersed(fs, tc.args)
+		require.NoError(t, err, tc.args)
+		assert.Equal(t, tc.pos, pos, tc.args)
+		assert.Equal(t, tc.body, *body, tc.args)
+		assert.Equal(t, tc.as, *as, tc.args)
+	}
+	fs := newFlagSet("t")
+	_, err := parseInterspersed(fs, []string{"k", "--nope"})
+	assert.ErrorContains(t, err, "flag provided but not defined: -nope")
+	_, err = parseInterspersed(newFlagSet("t"), []string{"-h"})
+	assert.ErrorIs(t, err, flag.ErrHelp)
+}
+
+func TestStateList(t *testing.T) {
+	t.Parallel()
+	var s stateList
+	require.NoError(t, s.Set("pending,in-flight"))
+	require.NoError(t, s.Set(" Unknown "))
+	assert.Equal(t, stateList{idem.StatePending, idem.StateInFlight, idem.StateUnknown}, s)
+	assert.Equal(t, "pending,in_flight,unknown", s.String())
+	assert.ErrorContains(t, s.Set("done"), `unknown state "done"`)
+	assert.ErrorContains(t, s.Set(","), "empty state name")
+}
+
+func TestHeaderEnvList(t *testing.T) {
+	t.Parallel()
+	var l headerEnvList
+	require.NoError(t, l.Set("authorization=API_TOKEN"))
+	require.NoError(t, l.Set("X-Tenant=TENANT"))
+	assert.Equal(t, headerEnvList{{"Authorization", "API_TOKEN"}, {"X-Tenant", "TENANT"}}, l)
+	for _, bad := range []string{"Authorization", "=X", "Authorization=", "Bad Header=X", "Ok=BAD VAR", "AUTHORIZATION=OTHER", "idempotency-key=KEY"} {
+		assert.Error(t, l.Set(bad), bad)
+	}
+	assert.Len(t, l, 2)
+}
+
+func TestOutputHelpers(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, "abc", cut("abc", 3))
+	assert.Equal(t, "ab…", cut("abcd", 3))
+	assert.Equal(t, "héllo wo…", cut("héllo world", 9))
+	assert.Equal(t, "abcdef", cutMiddle("abcdef", 6))
+	assert.Equal(t, "ab…fg", cutMiddle("abcdefg", 5))
+	assert.Equal(t, "-", clean(""))
+	assert.Equal(t, "a?b?c", clean("a\tb\x1bc"))
+
+	for d, want := range map[time.Duration]string{
+		-time.Second:                      "0s",
+		42 * time.Second:                  "42s",
+		5*time.Minute + 3*time.Second:     "5m03s",
+		3*time.Hour + 7*time.Minute:       "3h07m",
+		47*time.Hour + 59*time.Minute:     "47h59m",
+		12*24*time.Hour + 4*time.Hour + 1: "12d04h",
+	} {
+		assert.Equal(t, want, formatAge(d), d.String())
+	}
+	assert.Equal(t, "512 B", formatBytes(512))
+	assert.Equal(t, "1.5 KiB", formatBytes(1536))
+	assert.Equal(t, "3.0 MiB", formatBytes(3<<20))
+
+	assert.True(t, isText([]byte("line\n\ttab\r\n")))
+	assert.False(t, isText([]byte{0xff}))
+	assert.False(t, isText([]byte("bell\x07")))
+
+	assert.Equal(t, "operation not found", oneLine("idem: operation not found"))
+	assert.Equal(t, "journal /x: unusable path", oneLine("idem journal /x: unusable path"))
+	assert.Equal(t, "a b  c", oneLine("a\nb  c\r\n"))
+}
+
+func TestOrigin(t *testing.T) {
+	t.Parallel()
+	o := func(s string) string {
+		u, err := url.Parse(s)
+		require.NoError(t, err)
+		return origin(u)
+	}
+	assert.Equal(t, "https://api.example.com:443", o("https://API.example.com/v1/orders"))
+	assert.Equal(t, o("https://api.example.com"), o("https://api.example.com:443/x"))
+	assert.Equal(t, "http://127.0.0.1:8080", o("http://127.0.0.1:8080/idempotency"))
+	assert.NotEqual(t, o("http://api.example.com"), o("https://api.example.com"))
+	assert.NotEqual(t, o("https://api.example.com"), o("https://api.example.com.evil.test"))
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// Column widths of the ls table, in runes; show prints everything whole.
+const (
+	lsScopeWidth = 20
+	lsIDWidth    = 40
+	lsErrorWidth = 60
+	// lsFlushEvery bounds what the table holds in memory: column widths
+	// are settled per block of rows.
+	lsFlushEvery = 1000
+)
+
+var lsCommand = &command{
+	name:    "ls",
+	args:    "[--state S[,S...]] [--scope S] [--older-than D] [--json]",
+	summary: "list operations, oldest first",
+	help: `
+Lists operations, oldest first: key, scope, operation ID, state, attempts,
+age and last error, in a table (long IDs and errors are shortened; "idem
+show" prints them whole) or, with --json, one JSON object per line (no
+bodies).`,
+	setup: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+		var (
+			states stateList
+			scope  string
+			older  ageFlag
+			asJSON bool
+		)
+		fs.Var(&states, "state", "only operations in these `STATES`, comma-separated: pending, in_flight, unknown, succeeded, rejected, expired, canceled; may be repeated")
+		fs.StringVar(&scope, "scope", "", "only operations of `SCOPE`")
+		fs.Var(&older, "older-than", "only operations created more than `D` ago: a Go duration (90m, 36h) or days (7d)")
+		fs.BoolVar(&asJSON, "json", false, "print one JSON object per line")
+		return func(ctx context.Context, e *env, args []string) error {
+			if err := wantArgs("ls", args); err != nil {
+				return err
+			}
+			now := e.now()
+			f := idem.Filter{Scope: scope, States: states}
+			if older.set {
+				f.CreatedBefore = now.Add(-older.d)
+			}
+			return withJournal(e, func(j *idem.SQLiteJournal) error {
+				if asJSON {
+					return listJSON(ctx, e, j, f)
+				}
+				return listTable(ctx, e, j, f, now)
+			})
+		}
+	},
+}
+
+func listJSON(ctx context.Context, e *env, j idem.Journal, f idem.Filter) error {
+	for rec, err := range j.List(ctx, f) {
+		if err != nil {
+			return err
+		}
+		if err := writeJSON(e.stdout, newJSONRecord(rec)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func listTable(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now time.Time) error {
+	tw := newTable(e.stdout)
+	n := 0
+	for rec, err := range j.List(ctx, f) {
+		if err != nil {
+			tw.Flush()
+			return err
+		}
+		switch {
+		case n == 0:
+			row(tw, "KEY", "SCOPE", "ID", "STATE", "ATTEMPTS", "AGE", "LAST ERROR")
+		case n%lsFlushEvery == 0:
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+		}
+		n++
+		row(tw, rec.Key, cutMiddle(rec.Scope, lsScopeWidth), cutMiddle(rec.ID, lsIDWidth), rec.State.String(),
+			strconv.Itoa(rec.Attempts), formatAge(now.Sub(rec.CreatedAt)), cut(lastError(rec), lsErrorWidth))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if n == 0 {
+		_, err := fmt.Fprintln(e.stdout, "no operations")
+		return err
+	}
+	return nil
+}
+
+// lastError is the record's last error, or its note when an operator
+// settled it.
+func lastError(rec idem.Record) string {
+	switch {
+	case rec.Note == "":
+		return rec.LastError
+	case rec.LastError == "":
+		return rec.Note
+	}
+	return rec.LastError + ": " + rec.Note
+}

@@ -1,0 +1,312 @@
+// Command idem is the operator's tool for an idem journal: the local SQLite
+// file in which the idem SDK records every state-changing HTTP operation
+// (its idempotency key, the exact request, its state and history) before
+// sending it. It lists and inspects operations, resumes the unfinished ones,
+// records an operator's decision about those whose outcome could not be
+// confirmed, withdraws pending ones, and prunes settled ones.
+//
+// Install it with
+//
+//	go install github.com/idemkit/idem/cmd/idem
+//
+// # Usage
+//
+//	idem [--journal PATH] COMMAND [flags] [arguments]
+//
+// The journal is --journal PATH (given before or after the command), else
+// $IDEM_JOURNAL, else ./idem.db. It is never created: a missing file, an
+// empty file, a directory or a file that is not an idem journal is an
+// error, and the file is left as it was. It is safe to run any command
+// while an application is using the journal: readers never block the
+// application, and writes wait for its lock.
+//
+// Flags may come before or after the arguments; "--" ends the flags.
+//
+// # Commands
+//
+//	idem ls [--state S[,S...]] [--scope S] [--older-than D] [--json]
+//
+// Lists operations, oldest first: key, scope, operation ID, state,
+// attempts, age and last error, in a table (long IDs and errors are
+// shortened; "idem show" prints them whole) or, with --json, one JSON
+// object per line (no bodies). --state takes one or more comma-separated
+// states (pending, in_flight, unknown, succeeded, rejected, expired,
+// canceled) and may be repeated; --scope keeps one scope; --older-than D
+// keeps operations created more than D ago, D being a Go duration such as
+// 90m or 36h, or a number of days such as 7d.
+//
+//	idem show KEY|SCOPE/ID [--body] [--json]
+//
+// Prints one operation: every field of its record, the server's stored
+// response (status and headers) and its history of state changes. The
+// request and response bodies are printed only with --body: as text when
+// they are UTF-8 text, else in base64 (which is said). The argument is
+// first tried as a key; if no operation has that key and it contains "/",
+// it is split at its first "/" into a scope and an operation ID, so that
+// "default/checkout/cart-42" is operation "checkout/cart-42" of scope
+// "default".
+//
+//	idem stats [--json]
+//
+// Prints the number of operations by state and by scope, the age of the
+// oldest operation not yet settled (pending, in_flight, unknown or
+// expired), and the journal's size on disk (the file and its -wal).
+//
+//	idem reconcile KEY|SCOPE/ID --as succeeded|rejected --note TEXT
+//
+// Records an operator's decision about an operation whose outcome could not
+// be confirmed (unknown or expired, or in_flight left by a crashed
+// process), after checking the business records: nothing is sent. The note
+// says what the decision is based on and is required. An operation that a
+// live process is driving is refused.
+//
+//	idem cancel KEY|SCOPE/ID
+//
+// Withdraws a pending operation that was never sent; it ends canceled and
+// is never sent. An operation that may have reached the server cannot be
+// canceled: reconcile it instead.
+//
+//	idem resume --base-url URL (--status-url URL | --replay) [--header-env NAME=ENV ...]
+//	            [--concurrency N] [--timeout D]
+//
+// Drives every due pending, in_flight and unknown operation to a definitive
+// answer, as the application would after a restart: operations whose
+// outcome is unknown get a status check (GET URL/KEY on --status-url, or a
+// replay of the same key with --replay) before anything is re-sent, and
+// every send reuses the journaled key. --base-url names the API: requests
+// to any other origin than --base-url and --status-url are refused (they
+// stay journaled), so that credentials never go elsewhere. Each
+// --header-env NAME=ENV sets header NAME, on every request, to the value
+// of environment variable ENV, read at each request: credentials come only
+// from the environment, never from the command line (which shell history
+// and ps keep) nor from the journal (which never holds them). An unset or
+// empty ENV is an error before anything is done. --concurrency bounds the
+// operations driven at once (default 8); --timeout bounds the whole run
+// (default none). On a terminal a progress line is updated in place; a
+// summary (claimed, succeeded, rejected, pending, unknown, expired,
+// skipped, failed) is always printed. Interrupting it (Ctrl-C) stops it
+// cleanly: every operation stays journaled.
+//
+//	idem prune --older-than D [--dry-run]
+//
+// Deletes settled operations (succeeded, rejected, canceled) last updated
+// more than D ago, with their history, and prints how many. Expired
+// operations wait for an operator and are kept. With --dry-run it only
+// counts them.
+//
+//	idem help [COMMAND]
+//
+// Prints the usage of every command, or of one; so does -h.
+//
+// # Exit status
+//
+//	0  success
+//	1  error: a missing, empty or foreign journal file, a directory, an
+//	   unknown operation, an illegal state change, an unset environment
+//	   variable, a journal or network failure
+//	2  usage error: an unknown command or flag, a missing argument or
+//	   required flag, a bad state name, duration or URL
+//	3  resume finished, but operations remain unsettled (pending, unknown,
+//	   expired or failed), or it was stopped by --timeout or a signal
+//
+// Every error is one line on stderr, prefixed "idem: ", and changes nothing
+// in the journal.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// Exit statuses.
+const (
+	exitOK        = 0
+	exitError     = 1
+	exitUsage     = 2
+	exitUnsettled = 3
+)
+
+// env is what a command runs with.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	// journal is the journal file's path, resolved from --journal,
+	// $IDEM_JOURNAL or the default.
+	journal string
+	now     func() time.Time
+}
+
+// A command is one subcommand. setup defines its flags on fs and returns
+// the function that runs it with its positional arguments.
+type command struct {
+	name    string
+	args    string // synopsis of flags and arguments
+	summary string // one line
+	help    string // what it does, wrapped at 72 columns
+	setup   func(fs *flag.FlagSet) func(ctx context.Context, e *env, args []string) error
+}
+
+// commands lists the subcommands in the order help shows them.
+var commands = []*command{lsCommand, showCommand, statsCommand, reconcileCommand, cancelCommand,
+	resumeCommand, pruneCommand}
+
+func lookupCommand(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// run is the whole program, minus the process: it returns the exit status.
+func run(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	e := &env{stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now}
+	return report(dispatch(ctx, e, args), stderr)
+}
+
+// usageError is an error in the command line itself: exit status 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// exitStatus ends the program with a status and no message of its own.
+type exitStatus int
+
+func (s exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(s)) }
+
+// report prints err as one line on stderr and returns the exit status.
+func report(err error, stderr io.Writer) int {
+	if err == nil {
+		return exitOK
+	}
+	var st exitStatus
+	if errors.As(err, &st) {
+		return int(st)
+	}
+	code := exitError
+	var ue usageError
+	if errors.As(err, &ue) {
+		code = exitUsage
+	}
+	fmt.Fprintln(stderr, "idem: "+oneLine(err.Error()))
+	return code
+}
+
+var lineBreaks = strings.NewReplacer("\r\n", " ", "\n", " ", "\r", " ")
+
+// oneLine makes an error message fit on one line without a second "idem"
+// prefix: the root package's errors start with "idem: " or "idem journal".
+func oneLine(msg string) string {
+	msg = strings.TrimPrefix(msg, "idem: ")
+	if strings.HasPrefix(msg, "idem journal ") {
+		msg = strings.TrimPrefix(msg, "idem ")
+	}
+	return strings.TrimSpace(lineBreaks.Replace(msg))
+}
+
+func dispatch(ctx context.Context, e *env, args []string) error {
+	var journal journalFlag
+	global := newFlagSet("idem")
+	global.Var(&journal, "journal", journalUsage)
+	if err := global.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(e.stdout)
+			return nil
+		}
+		return usagef("%v (see 'idem help')", err)
+	}
+	rest := global.Args()
+	if len(rest) == 0 {
+		return usagef("no command given (see 'idem help')")
+	}
+	name, rest := rest[0], rest[1:]
+	if name == "help" {
+		return helpCommand(e, rest)
+	}
+	cmd := lookupCommand(name)
+	if cmd == nil {
+		return usagef("unknown command %q (see 'idem help')", name)
+	}
+	fs := newFlagSet("idem " + name)
+	fs.Var(&journal, "journal", journalUsage)
+	runCmd := cmd.setup(fs)
+	pos, err := parseInterspersed(fs, rest)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printCommandUsage(e.stdout, cmd)
+			return nil
+		}
+		return usagef("%s: %v (see 'idem help %s')", name, err, name)
+	}
+	e.journal = journal.path(e.getenv)
+	return runCmd(ctx, e, pos)
+}
+
+const journalUsage = "journal file `PATH` (default $IDEM_JOURNAL, else ./idem.db)"
+
+// journalFlag is --journal, which every command accepts too, so that it
+// may come before or after the command.
+type journalFlag struct {
+	value string
+	set   bool
+}
+
+func (j *journalFlag) String() string { return j.value }
+
+func (j *journalFlag) Set(v string) error {
+	j.value, j.set = v, true
+	return nil
+}
+
+func (j *journalFlag) path(getenv func(string) string) string {
+	switch {
+	case j.set:
+		return j.value
+	case getenv("IDEM_JOURNAL") != "":
+		return getenv("IDEM_JOURNAL")
+	default:
+		return "idem.db"
+	}
+}
+
+// openJournal opens the existing journal; it never creates one.
+// openJournal opens an existing journal: SQLiteMustExist refuses a missing
+// or empty file instead of creating a journal there.
+func openJournal(e *env) (*idem.SQLiteJournal, error) {
+	return idem.OpenSQLite(e.journal, idem.SQLiteMustExist())
+}
+
+// withJournal opens the journal, runs fn and closes it.
+func withJournal(e *env, fn func(j *idem.SQLiteJournal) error) error {
+	j, err := openJournal(e)
+	if err != nil {
+		return err
+	}
+	err = fn(j)
+	if cerr := j.Close(); err == nil && cerr != nil {
+		return cerr
+	}
+	return err
+}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem"
+)
+
+// newTable returns a tabwriter for aligned columns; Flush it.
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+}
+
+// row writes one table row of cells, each made safe to print.
+func row(w io.Writer, cells ...string) {
+	for i, c := range cells {
+		cells[i] = clean(c)
+	}
+	fmt.Fprintln(w, strings.Join(cells, "\t"))
+}
+
+// clean replaces control characters, which could break the table or
+// drive the terminal, and empty cells, which would shift columns.
+func clean(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || r == utf8.RuneError {
+			return '?'
+		}
+		return r
+	}, s)
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// cut shortens s to n runes, replacing its end with an ellipsis.
+func cut(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// cutMiddle shortens s to n runes, replacing its middle with an ellipsis:
+// for names whose end tells them apart, such as "checkout/cart-42".
+func cutMiddle(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	head := (n - 1) / 2
+	tail := n - 1 - head
+	return string(r[:head]) + "…" + string(r[len(r)-tail:])
+}
+
+// formatAge prints a duration with its two largest units: 42s, 5m03s,
+// 3h07m, 12d04h.
+func formatAge(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	default:
+		return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+	}
+}
+
+// formatTime prints a journal time in UTC with milliseconds, and how long
+// ago it was (or is to come).
+func formatTime(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	s := t.UTC().Format("2006-01-02 15:04:05.000Z07:00")
+	if d := now.Sub(t); d >= 0 {
+		return s + " (" + formatAge(d) + " ago)"
+	} else {
+		return s + " (in " + formatAge(-d) + ")"
+	}
+}
+
+// isText reports whether b prints safely as text on a terminal: UTF-8
+// without control characters other than tab and line breaks.
+func isText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if unicode.IsControl(r) && r != '\n' && r != '\r' && r != '\t' {
+			return false
+		}
+	}
+	return true
+}
+
+// writeJSON writes v as one line of JSON.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// jsonRecord is a record as ls --json and show --json print it. ls leaves
+// the fields marked "show" empty.
+type jsonRecord struct {
+	Key           string     `json:"key"`
+	Scope         string     `json:"scope"`
+	ID            string     `json:"id"`
+	State         string     `json:"state"`
+	Method        string     `json:"method"`
+	URL           string     `json:"url"`
+	Attempts      int        `json:"attempts"`
+	StatusCode    int        `json:"status_code,omitempty"`
+	LastError     string     `json:"last_error,omitempty"`
+	Note          string     `json:"note,omitempty"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	ExpiresAt     *time.Time `json:"expires_at,omitempty"`
+	Lease         *jsonLease `json:"lease,omitempty"`
+	Version       int64      `json:"version"`
+
+	// show
+	Fingerprint  string        `json:"fingerprint,omitempty"`
+	Header       http.Header   `json:"header,omitempty"`
+	BodyBytes    *int          `json:"body_bytes,omitempty"`
+	Body         *string       `json:"body,omitempty"`
+	BodyEncoding string        `json:"body_encoding,omitempty"`
+	Response     *jsonResponse `json:"response,omitempty"`
+	History      []jsonEvent   `json:"history,omitempty"`
+}
+
+type jsonLease struct {
+	Owner     string    `json:"owner"`
+	Epoch     int64     `json:"epoch"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+type jsonResponse struct {
+	Status       int         `json:"status"`
+	Header       http.Header `json:"header,omitempty"`
+	Replayed     bool        `json:"replayed"`
+	BodyBytes    int         `json:"body_bytes"`
+	Body         *string     `json:"body,omitempty"`
+	BodyEncoding string      `json:"body_encoding,omitempty"`
+}
+
+type jsonEvent struct {
+	Version    int64     `json:"version"`
+	At         time.Time `json:"at"`
+	From       string    `json:"from,omitempty"`
+	To         string    `json:"to"`
+	Attempt    int       `json:"attempt"`
+	StatusCode int       `json:"status_code,omitempty"`
+	Error      string    `json:"error,omitempty"`
+	Owner      string    `json:"owner,omitempty"`
+}
+
+func utc(t time.Time) time.Time { return t.UTC() }
+
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// newJSONRecord is the summary of rec, without its request or response.
+func newJSONRecord(rec idem.Record) jsonRecord {
+	j := jsonRecord{
+		Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State.String(),
+		Method: rec.Method, URL: rec.URL, Attempts: rec.Attempts,
+		LastError: rec.LastError, Note: rec.Note,
+		CreatedAt: utc(rec.CreatedAt), UpdatedAt: utc(rec.UpdatedAt),
+		NextAttemptAt: optTime(rec.NextAttemptAt), ExpiresAt: optTime(rec.ExpiresAt),
+		Version: rec.Version,
+	}
+	if rec.Response != nil {
+		j.StatusCode = rec.Response.StatusCode
+	}
+	if rec.Lease.Owner != "" {
+		j.Lease = &jsonLease{Owner: rec.Lease.Owner, Epoch: rec.Lease.Epoch, ExpiresAt: utc(rec.Lease.ExpiresAt)}
+	}
+	return j
+}
+
+// jsonBody encodes a body for JSON: as a string when it is UTF-8, else as
+// base64 with encoding "base64".
+func jsonBody(b []byte) (body *string, encoding string) {
+	if utf8.Valid(b) {
+		s := string(b)
+		return &s, ""
+	}
+	s := base64.StdEncoding.EncodeToString(b)
+	return &s, "base64"
+}
+
+// sortedHeader returns h's names in order.
+func sortedHeader(h http.Header) []string {
+	names := make([]string, 0, len(h))
+	for k := range h {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	return names
+}

@@ -97,7 +97,9 @@ type Config struct {
 	// secrets. Defaults to discarding them.
 	Logger *slog.Logger
 	// OnTransition is called after every journaled state change, for
-	// metrics and tracing. It runs on the caller's goroutine: keep it fast.
+	// metrics and tracing, on the goroutine that made the change: it may be
+	// called concurrently (Resume drives several operations at once), and
+	// it delays the call it reports on, so keep it fast.
 	OnTransition func(Transition)
 	// OnResumeProgress is called by Resume after each operation it
 	// finished, with the counts so far.
@@ -110,8 +112,9 @@ type Config struct {
 // Transition is a journaled state change, as OnTransition sees it.
 type Transition struct {
 	Key, Scope, ID string
-	From, To       State
-	Attempt        int
+	// From is zero (it prints as "none") when the record was just created.
+	From, To State
+	Attempt  int
 	// StatusCode is the HTTP status that caused the change, if any.
 	StatusCode int
 	// Reason says why, as journaled in Record.LastError.
@@ -393,6 +396,11 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 // Lookup returns what the journal holds for (scope, id); an empty scope
 // means Config.Scope. It returns ErrNotFound when nothing is journaled.
 func (c *Client) Lookup(ctx context.Context, scope, id string) (Record, error) {
+	ctx, done, err := c.enter(ctx)
+	if err != nil {
+		return Record{}, err
+	}
+	defer done()
 	if scope == "" {
 		scope = c.cfg.Scope
 	}

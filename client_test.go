@@ -247,7 +247,7 @@ func TestOnTransitionSeesEveryStateChange(t *testing.T) {
 	require.NoError(t, err)
 	mu.Lock()
 	defer mu.Unlock()
-	assert.Equal(t, []string{"State(0)→in_flight 0", "in_flight→succeeded 201"}, seen,
+	assert.Equal(t, []string{"none→in_flight 0", "in_flight→succeeded 201"}, seen,
 		"a retry within in_flight is journaled but is not a state change")
 }
 
@@ -341,4 +341,39 @@ func TestResumeClaimsOnlyItsOrigin(t *testing.T) {
 	rec, err := j.Lookup(ctx, "default", "op-for-"+theirs.URL)
 	require.NoError(t, err)
 	assert.Equal(t, idem.StatePending, rec.State)
+}
+
+// An operation interrupted by its caller (or by Close) is due again at once,
+// so that a process that restarts right away resumes it; one that failed
+// on the server's side waits a backoff, so that Resume does not spin.
+func TestInterruptedOperationIsDueAtOnce(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+	})
+	defer close(release)
+	policy := fastRetry()
+	policy.MaxBackoff = time.Hour
+	policy.MaxAttempts = 1
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Status: idem.StatusEndpoint(srv.URL + "/status")})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		require.Eventually(t, func() bool { return len(srv.received()) == 1 }, 5*time.Second, time.Millisecond)
+		cancel()
+	}()
+	_, err := c.Do(ctx, idem.Op{ID: "interrupted", URL: "/slow"})
+	require.ErrorIs(t, err, context.Canceled)
+	rec, err := j.Lookup(context.Background(), "default", "interrupted")
+	require.NoError(t, err)
+	assert.False(t, rec.NextAttemptAt.After(time.Now()), "due at once")
+
+	_, err = c.Do(context.Background(), idem.Op{ID: "failed", URL: "/fast"})
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	rec, err = j.Lookup(context.Background(), "default", "failed")
+	require.NoError(t, err)
+	assert.True(t, rec.NextAttemptAt.After(time.Now().Add(30*time.Minute)), "due after MaxBackoff")
 }

@@ -346,12 +346,24 @@ func (d *driver) markUnknown(ctx context.Context) error {
 	return nil
 }
 
+// dueAgain is when an operation this call leaves unsettled is due for
+// Resume: after a backoff when the server or the network failed it, so that
+// Resume does not spin on it; at once when the call was merely interrupted
+// (its context ended, or the client was closed), so that a process that
+// restarts right away resumes it.
+func (d *driver) dueAgain(ctx context.Context) time.Time {
+	if ctx.Err() != nil {
+		return d.c.now()
+	}
+	return d.c.now().Add(d.c.retry.MaxBackoff)
+}
+
 // stopUnknown records that the outcome is unknown and ends this call.
 func (d *driver) stopUnknown(ctx context.Context, cause error) error {
 	next := d.rec
 	next.State = StateUnknown
 	next.LastError = cause.Error()
-	next.NextAttemptAt = d.c.now().Add(d.c.retry.MaxBackoff)
+	next.NextAttemptAt = d.dueAgain(ctx)
 	if err := d.update(outcomeCtx(ctx), next, Deferred); err != nil {
 		return d.journalFailed(err)
 	}
@@ -367,7 +379,7 @@ func (d *driver) stopPending(ctx context.Context, cause error) error {
 	next.State = StatePending
 	next.ExpiresAt = time.Time{}
 	next.LastError = cause.Error()
-	next.NextAttemptAt = d.c.now().Add(d.c.retry.MaxBackoff)
+	next.NextAttemptAt = d.dueAgain(ctx)
 	if err := d.update(outcomeCtx(ctx), next, Deferred); err != nil {
 		return d.journalFailed(err)
 	}
@@ -385,7 +397,7 @@ func (d *driver) stop(ctx context.Context, cause error) error {
 		if next.State == StateInFlight {
 			next.State = StateUnknown
 		}
-		next.NextAttemptAt = d.c.now().Add(d.c.retry.MaxBackoff)
+		next.NextAttemptAt = d.dueAgain(ctx)
 		if cause != nil {
 			next.LastError = cause.Error()
 		}

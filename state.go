@@ -55,9 +55,13 @@ func States() []State {
 }
 
 // String returns the state's wire and journal name, such as "in_flight".
+// The zero State, which no record has, prints as "none".
 func (s State) String() string {
 	if s.Valid() {
 		return stateNames[s]
+	}
+	if s == 0 {
+		return "none"
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
 }

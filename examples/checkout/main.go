@@ -1,0 +1,281 @@
+// Checkout is the first idem program to run. It places two orders with a
+// demo shop whose network misbehaves and shows, step by step, how one
+// idempotency key per logical operation keeps every order single:
+//
+//  1. the shop creates order checkout/cart-42 and the answer is lost on the
+//     way back: the client asks the shop's status endpoint and returns the
+//     original order instead of placing a second one;
+//  2. calling Do again for the same operation returns the journaled result
+//     without sending anything;
+//  3. the process "crashes" while order checkout/cart-43 is on the wire; a
+//     new client on the same journal file finds it and Resume finishes it,
+//     again without a second order;
+//  4. the shop's own count: one order per logical operation.
+//
+// Run it with
+//
+//	go run ./examples/checkout
+//
+// or keep the journal, to look at it afterwards with the operator CLI:
+//
+//	go run ./examples/checkout -journal /tmp/ops.db
+//	go run ./cmd/idem --journal /tmp/ops.db ls
+//
+// Start from this program when your code calls an HTTP API that changes
+// something (creates an order, charges a card, books a slot) and a timeout
+// or a restart must never turn into a duplicate. main.go is what your
+// application would contain; demo_server.go is the in-process shop and its
+// injected faults.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+var journalFlag = flag.String("journal", "", "journal file to create and keep (default: a temporary file, removed at the end)")
+
+func main() {
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "checkout:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, out io.Writer) error {
+	out = &syncWriter{w: out}
+	tmp, err := os.MkdirTemp("", "idem-checkout-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	journalPath := filepath.Join(tmp, "ops.db")
+	if *journalFlag != "" {
+		journalPath = *journalFlag
+		if _, err := os.Stat(journalPath); err == nil {
+			return fmt.Errorf("journal %s already exists: the demo starts from an empty journal; name a new file", journalPath)
+		}
+	}
+
+	shop, err := startShop(tmp)
+	if err != nil {
+		return err
+	}
+	defer shop.Close()
+	fmt.Fprintf(out, "demo shop on %s, journal %s\n", shop.URL, journalPath)
+
+	// The journal is where every operation is written, with its key and
+	// its exact request, before anything is sent.
+	journal, err := idem.OpenSQLite(journalPath)
+	if err != nil {
+		return err
+	}
+	defer journal.Close()
+	client, err := newClient(journal, shop.URL, out)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	// 1. The answer is lost after the shop created the order.
+	fmt.Fprintln(out, "\n1. Place order checkout/cart-42. The shop creates it, then the connection drops before the answer.")
+	shop.DropNextAnswer()
+	res, err := client.Do(ctx, placeOrder("checkout/cart-42", "book", 1))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   → order %s, key %s, replayed: %t\n", orderID(res.Body), res.Key, res.Replayed)
+	fmt.Fprintf(out, "     The shop saw %d POST /orders and %d status request: the status endpoint handed back the order it had created.\n",
+		shop.OrderRequests(), shop.StatusRequests())
+	firstKey := res.Key
+
+	// 2. The same operation again: the journal answers, nothing is sent.
+	// This is what a retry by your caller, a double click or a re-run of
+	// the same code path gets.
+	fmt.Fprintln(out, "\n2. Call Do again for checkout/cart-42.")
+	before := shop.OrderRequests()
+	res, err = client.Do(ctx, placeOrder("checkout/cart-42", "book", 1))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   → order %s, key %s, from the journal: POST /orders requests at the shop: %d before, %d after\n",
+		orderID(res.Body), res.Key, before, shop.OrderRequests())
+	if res.Key != firstKey {
+		return fmt.Errorf("the second Do used key %s, not %s", res.Key, firstKey)
+	}
+
+	// 3. A crash while an order is on the wire.
+	fmt.Fprintln(out, "\n3. Place order checkout/cart-43. The shop creates it and holds the answer; meanwhile the process \"crashes\".")
+	held := shop.HoldNextAnswer()
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Do(ctx, placeOrder("checkout/cart-43", "lamp", 2))
+		done <- err
+	}()
+	select {
+	case <-held:
+	case err := <-done:
+		return fmt.Errorf("checkout/cart-43 returned before the shop held its answer: %v", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	// Close interrupts the calls in progress, as a crash would; the
+	// operation stays in the journal. (examples/resume kills a real
+	// process instead.)
+	client.Close()
+	err = <-done
+	if !errors.Is(err, idem.ErrOutcomeUnknown) {
+		return fmt.Errorf("checkout/cart-43 after the crash: want ErrOutcomeUnknown, got %v", err)
+	}
+	fmt.Fprintln(out, "   Do returned ErrOutcomeUnknown: the request was sent, so the order may exist; the journal keeps the operation.")
+	journal.Close()
+
+	if err := restart(ctx, out, journalPath, shop); err != nil {
+		return err
+	}
+
+	// 4. The shop's own count.
+	n, err := shop.Orders(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\n4. 2 logical operations, %d orders on the server.\n", n)
+	if n != 2 {
+		return fmt.Errorf("the shop holds %d orders for 2 logical operations", n)
+	}
+	return nil
+}
+
+// restart is what a restarted process does: it opens the same journal file
+// and calls Resume, which finishes whatever was left unfinished.
+func restart(ctx context.Context, out io.Writer, journalPath string, shop *shop) error {
+	fmt.Fprintln(out, "\n   Restart: a new client on the same journal file.")
+	journal, err := idem.OpenSQLite(journalPath)
+	if err != nil {
+		return err
+	}
+	defer journal.Close()
+	client, err := newClient(journal, shop.URL, out)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	rec, err := client.Lookup(ctx, "", "checkout/cart-43")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   journal: checkout/cart-43, key %s, state %s after %d attempt(s) (%s)\n", rec.Key, rec.State, rec.Attempts, rec.LastError)
+	// An interrupted operation is due again at once. A real service calls
+	// Resume at start-up and then every little while (an operation whose
+	// server kept failing is due again only after a backoff).
+	before, statusBefore := shop.OrderRequests(), shop.StatusRequests()
+	rep, err := client.Resume(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   Resume: claimed %d, succeeded %d, rejected %d, still pending %d, still unknown %d, expired %d, failed %d\n",
+		rep.Claimed, rep.Succeeded, rep.Rejected, rep.Pending, rep.Unknown, rep.Expired, rep.Failed)
+	if rec, err = client.Lookup(ctx, "", "checkout/cart-43"); err != nil {
+		return err
+	}
+	if rec.State != idem.StateSucceeded || rec.Response == nil {
+		return fmt.Errorf("checkout/cart-43 is %s after Resume: %s", rec.State, rec.LastError)
+	}
+	fmt.Fprintf(out, "   → order %s, key %s; Resume asked the status endpoint (%d status request) and sent %d POST /orders\n",
+		orderID(rec.Response.Body), rec.Key, shop.StatusRequests()-statusBefore, shop.OrderRequests()-before)
+	return nil
+}
+
+// newClient is the client configuration an application would use.
+func newClient(journal idem.Journal, baseURL string, out io.Writer) (*idem.Client, error) {
+	return idem.New(idem.Config{
+		Journal: journal,
+		BaseURL: baseURL,
+		// When an answer is lost, ask the shop what became of the key
+		// (GET /idempotency/{key}) instead of guessing. Without a status
+		// endpoint, the default re-sends the same key and bytes, which is
+		// safe with servers that keep keys (Stripe and most middlewares).
+		Status: idem.StatusEndpoint(baseURL + "/idempotency"),
+		// An attempt, or a status check, whose answer does not come within
+		// 5 s is given up and its outcome checked. It must outlast the
+		// server's processing time; the default is 30 s.
+		AttemptTimeout: 5 * time.Second,
+		// Every journaled state change, for logs, metrics or tracing.
+		OnTransition: printTransition(out),
+	})
+}
+
+// placeOrder is the logical operation "place the order of this cart". Its
+// ID names the operation, not the attempt: every retry, and every run after
+// a restart, uses the same ID and so the same key.
+func placeOrder(id, item string, quantity int) idem.Op {
+	body, _ := json.Marshal(map[string]any{"item": item, "quantity": quantity})
+	return idem.Op{
+		ID:     id,
+		Method: "POST",
+		URL:    "/orders",
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   body,
+	}
+}
+
+// orderID reads the order ID from the shop's answer.
+func orderID(body []byte) string {
+	var o struct {
+		ID string `json:"order_id"`
+	}
+	if err := json.Unmarshal(body, &o); err != nil || o.ID == "" {
+		return fmt.Sprintf("(unreadable answer %q)", body)
+	}
+	return o.ID
+}
+
+// printTransition prints each journaled state change, such as
+//
+//	key 3f2a9c1e… checkout/cart-42: in_flight → unknown (sent, then: EOF)
+func printTransition(out io.Writer) func(idem.Transition) {
+	return func(t idem.Transition) {
+		from := "new"
+		if t.From.Valid() {
+			from = t.From.String()
+		}
+		line := fmt.Sprintf("   key %.8s… %s: %s → %s", t.Key, t.ID, from, t.To)
+		switch {
+		case t.Reason != "":
+			line += " (" + t.Reason + ")"
+		case t.StatusCode != 0:
+			line += fmt.Sprintf(" (HTTP %d)", t.StatusCode)
+		}
+		fmt.Fprintln(out, line)
+	}
+}
+
+// syncWriter serializes writes: transitions are printed from the
+// goroutines that drive operations.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

@@ -55,8 +55,9 @@
 //	idem reconcile KEY|SCOPE/ID --as succeeded|rejected --note TEXT
 //
 // Records an operator's decision about an operation whose outcome could not
-// be confirmed (unknown or expired, or in_flight left by a crashed
-// process), after checking the business records: nothing is sent. The note
+// be confirmed (unknown or expired), after checking the business records:
+// nothing is sent. An in_flight operation left by a crashed process becomes
+// unknown once "idem resume" has tried its status. The note
 // says what the decision is based on and is required. An operation that a
 // live process is driving is refused.
 //
@@ -73,9 +74,11 @@
 // answer, as the application would after a restart: operations whose
 // outcome is unknown get a status check (GET URL/KEY on --status-url, or a
 // replay of the same key with --replay) before anything is re-sent, and
-// every send reuses the journaled key. --base-url names the API: requests
-// to any other origin than --base-url and --status-url are refused (they
-// stay journaled), so that credentials never go elsewhere. Each
+// every send reuses the journaled key. --base-url names the API: only
+// operations whose URL has its origin are taken up (the others are left
+// untouched, and counted in a warning), and requests to any other origin
+// than --base-url and --status-url are refused, so that credentials never
+// go elsewhere. Each
 // --header-env NAME=ENV sets header NAME, on every request, to the value
 // of environment variable ENV, read at each request: credentials come only
 // from the environment, never from the command line (which shell history

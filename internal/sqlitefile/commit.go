@@ -38,7 +38,8 @@ type writeReq struct {
 	ctx     context.Context
 	durable bool
 	fn      func(*Tx) error
-	done    chan error
+	done    chan error    // the write's result
+	lead    chan struct{} // the lead is passed to this write
 }
 
 // Stats counts what the committer and the checkpointer did.
@@ -69,72 +70,75 @@ func (db *DB) Stats() Stats {
 // transaction and one fsync (group commit); each runs in its own savepoint,
 // so a write that fails is rolled back alone and fails only its caller.
 //
+// The group commit needs no goroutine of its own: the first writer to find
+// no commit in progress leads, commits every write queued by then (its own
+// first), and hands the lead to the oldest write still queued, if any, before
+// returning. A lone writer thus commits on its own goroutine, with no
+// hand-off, and a writer that arrives during a commit waits for that one
+// commit only, then joins the next.
+//
 // A durable write returns after its transaction is on disk. A deferred
 // write returns after its transaction is committed without waiting for
 // fsync; it becomes durable with the next durable commit or within
 // FlushInterval, whichever comes first.
 //
-// Once fn has been handed to the committer, Write waits for the commit even
-// if ctx is canceled, so that it never reports a failure for a write that
-// was committed; a write whose ctx is canceled before its turn is skipped.
+// Once queued, Write waits for the commit even if ctx is canceled, so that
+// it never reports a failure for a write that was committed; a write whose
+// ctx is canceled before its turn is skipped.
 func (db *DB) Write(ctx context.Context, durable bool, fn func(*Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	req := &writeReq{ctx: ctx, durable: durable, fn: fn, done: make(chan error, 1)}
-	// The read lock keeps Close from stopping the committer between the
-	// check and the send, which would leave req unanswered.
-	db.closeMu.RLock()
+	req := &writeReq{ctx: ctx, durable: durable, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+	db.queueMu.Lock()
 	if db.closed {
-		db.closeMu.RUnlock()
+		db.queueMu.Unlock()
 		return db.ErrIfClosed()
 	}
-	select {
-	case db.writes <- req:
-	case <-ctx.Done():
-		db.closeMu.RUnlock()
-		return ctx.Err()
+	db.writers.Add(1)
+	defer db.writers.Done()
+	db.queue = append(db.queue, req)
+	leader := !db.leading
+	db.leading = true
+	db.queueMu.Unlock()
+	if !leader {
+		select {
+		case err := <-req.done:
+			return err
+		case <-req.lead:
+		}
 	}
-	db.closeMu.RUnlock()
+	db.lead()
 	return <-req.done
 }
 
-func (db *DB) commitLoop() {
-	defer db.wg.Done()
-	syncFull := !db.opts.SyncNormal
-	batch := make([]*writeReq, 0, db.opts.MaxBatch)
-	for {
-		select {
-		case req := <-db.writes:
-			batch = append(batch[:0], req)
-		case <-db.closing:
-			// Commit what was accepted before Close, then stop: Write
-			// accepts nothing once closing is closed.
-			for {
-				select {
-				case req := <-db.writes:
-					db.runBatch([]*writeReq{req}, &syncFull)
-				default:
-					return
-				}
-			}
-		}
-	gather:
-		for len(batch) < db.opts.MaxBatch {
-			select {
-			case req := <-db.writes:
-				batch = append(batch, req)
-			default:
-				break gather
-			}
-		}
-		db.runBatch(batch, &syncFull)
+// lead commits the writes at the head of the queue (the leader's own among
+// them), then passes the lead on or gives it up.
+func (db *DB) lead() {
+	db.queueMu.Lock()
+	n := min(len(db.queue), db.opts.MaxBatch)
+	batch := append(db.batch[:0], db.queue[:n]...)
+	db.queue = db.queue[n:]
+	db.queueMu.Unlock()
+
+	db.runBatch(batch)
+	db.truncateIfLarge()
+	clear(batch)
+	db.batch = batch
+
+	db.queueMu.Lock()
+	defer db.queueMu.Unlock()
+	if len(db.queue) == 0 {
+		db.leading = false
+		db.queue = nil
+		return
 	}
+	db.queue[0].lead <- struct{}{}
 }
 
 // runBatch commits the deferred writes first, without fsync, so that they
 // do not wait behind the durable ones' fsync; then the durable writes.
-func (db *DB) runBatch(batch []*writeReq, syncFull *bool) {
+func (db *DB) runBatch(batch []*writeReq) {
 	var deferred, durable []*writeReq
 	for _, r := range batch {
 		if r.durable || db.opts.SyncNormal {
@@ -144,14 +148,14 @@ func (db *DB) runBatch(batch []*writeReq, syncFull *bool) {
 		}
 	}
 	if len(deferred) > 0 {
-		db.commitGroup(deferred, false, syncFull)
+		db.commitGroup(deferred, false)
 	}
 	if len(durable) > 0 {
-		db.commitGroup(durable, true, syncFull)
+		db.commitGroup(durable, true)
 	}
 }
 
-func (db *DB) commitGroup(reqs []*writeReq, durable bool, syncFull *bool) {
+func (db *DB) commitGroup(reqs []*writeReq, durable bool) {
 	results := make([]error, len(reqs))
 	finish := func(err error) {
 		for i, r := range reqs {
@@ -165,7 +169,9 @@ func (db *DB) commitGroup(reqs []*writeReq, durable bool, syncFull *bool) {
 	// commit: FULL makes COMMIT fsync the WAL, which also makes every
 	// earlier deferred commit durable; NORMAL does not fsync.
 	wantFull := durable && !db.opts.SyncNormal
-	if wantFull != *syncFull {
+	if wantFull != db.syncFull {
+		// Not a prepared statement: SQLite applies this pragma when it
+		// compiles it, so a prepared one would change nothing when run again.
 		level := "NORMAL"
 		if wantFull {
 			level = "FULL"
@@ -174,7 +180,7 @@ func (db *DB) commitGroup(reqs []*writeReq, durable bool, syncFull *bool) {
 			finish(db.classify(err))
 			return
 		}
-		*syncFull = wantFull
+		db.syncFull = wantFull
 	}
 	if err := db.begin(); err != nil {
 		finish(err)
@@ -182,12 +188,30 @@ func (db *DB) commitGroup(reqs []*writeReq, durable bool, syncFull *bool) {
 	}
 	tx := &Tx{conn: db.writer}
 	ran := 0
+	if len(reqs) == 1 {
+		// Alone in its transaction, a write needs no savepoint: if it
+		// fails, the whole transaction is rolled back.
+		if err := reqs[0].ctx.Err(); err != nil {
+			db.rollback()
+			finish(err)
+			return
+		}
+		if err := reqs[0].fn(tx); err != nil {
+			db.rollback()
+			finish(db.classify(err))
+			return
+		}
+		ran = 1
+	}
 	for i, r := range reqs {
+		if len(reqs) == 1 {
+			break
+		}
 		if err := r.ctx.Err(); err != nil {
 			results[i] = err
 			continue
 		}
-		if _, err := tx.Exec("SAVEPOINT w"); err != nil {
+		if _, err := db.ctl.savepoint.ExecContext(batchCtx); err != nil {
 			db.rollback()
 			finish(db.classify(err))
 			return
@@ -195,19 +219,20 @@ func (db *DB) commitGroup(reqs []*writeReq, durable bool, syncFull *bool) {
 		ran++
 		if err := r.fn(tx); err != nil {
 			results[i] = db.classify(err)
-			if _, rerr := tx.Exec("ROLLBACK TO w"); rerr != nil {
+			if _, rerr := db.ctl.rollbackTo.ExecContext(batchCtx); rerr != nil {
 				db.rollback()
 				finish(db.classify(rerr))
 				return
 			}
+			db.rolledBack()
 		}
-		if _, err := tx.Exec("RELEASE w"); err != nil {
+		if _, err := db.ctl.release.ExecContext(batchCtx); err != nil {
 			db.rollback()
 			finish(db.classify(err))
 			return
 		}
 	}
-	if _, err := tx.Exec("COMMIT"); err != nil {
+	if _, err := db.ctl.commit.ExecContext(batchCtx); err != nil {
 		db.rollback()
 		finish(fmt.Errorf("commit: %w", db.classify(err)))
 		return
@@ -237,7 +262,7 @@ func (db *DB) commitGroup(reqs []*writeReq, durable bool, syncFull *bool) {
 func (db *DB) begin() error {
 	deadline := time.Now().Add(db.opts.BusyTimeout)
 	for {
-		_, err := db.writer.ExecContext(batchCtx, "BEGIN IMMEDIATE")
+		_, err := db.ctl.begin.ExecContext(batchCtx)
 		if err == nil {
 			return nil
 		}
@@ -253,13 +278,19 @@ func (db *DB) begin() error {
 }
 
 func (db *DB) rollback() {
-	_, _ = db.writer.ExecContext(batchCtx, "ROLLBACK")
+	_, _ = db.ctl.rollback.ExecContext(batchCtx)
+	db.rolledBack()
 }
 
-// checkpointLoop keeps the WAL bounded and makes deferred commits durable.
-// It runs on its own connection so that copying the WAL into the database
-// never holds up a batch.
-func (db *DB) checkpointLoop() {
+func (db *DB) rolledBack() {
+	if db.opts.OnRollback != nil {
+		db.opts.OnRollback()
+	}
+}
+
+// flushLoop makes deferred commits durable within FlushInterval, by
+// syncing the WAL as a FULL commit would.
+func (db *DB) flushLoop() {
 	defer db.wg.Done()
 	tick := time.NewTicker(min(db.opts.FlushInterval, 100*time.Millisecond))
 	defer tick.Stop()
@@ -273,7 +304,6 @@ func (db *DB) checkpointLoop() {
 				dirtySince = time.Now()
 			}
 		case <-tick.C:
-			db.checkpointIfLarge()
 			if !dirtySince.IsZero() && time.Since(dirtySince) >= db.opts.FlushInterval {
 				db.flush()
 				dirtySince = time.Time{}
@@ -282,8 +312,6 @@ func (db *DB) checkpointLoop() {
 	}
 }
 
-// flush makes deferred commits durable by syncing the WAL, as a FULL commit
-// would have.
 func (db *DB) flush() {
 	f, err := os.Open(db.path + "-wal")
 	if err != nil {
@@ -296,31 +324,29 @@ func (db *DB) flush() {
 	db.statsMu.Unlock()
 }
 
-// passiveCheckpointAt is the WAL size at which a checkpoint is run without
-// waiting for anyone: SQLite's own auto-checkpoint threshold of 1,000 pages.
-const passiveCheckpointAt = 1000 * 4096
-
-func (db *DB) checkpointIfLarge() {
+// truncateIfLarge runs between batches, by the leader, on the writer's
+// connection.
+// SQLite's auto-checkpoint (run by COMMIT every 1,000 pages) copies the WAL
+// into the database and lets the next transaction write the WAL from its
+// start again, so the WAL stays a few MB and its pages are overwritten
+// rather than appended. A reader that keeps an old snapshot can hold that
+// restart back; when the WAL has grown past WALLimit nonetheless, a
+// TRUNCATE checkpoint resets it. It does not wait for readers (the writer
+// has no busy timeout): if one is in the way it is tried again after the
+// next batches. Running it here, rather than from another connection,
+// means it never competes with the committer for the write lock.
+func (db *DB) truncateIfLarge() {
+	if time.Since(db.lastWALCheck) < 100*time.Millisecond {
+		return
+	}
+	db.lastWALCheck = time.Now()
 	fi, err := os.Stat(db.path + "-wal")
-	if err != nil {
+	if err != nil || fi.Size() < db.opts.WALLimit {
 		return
 	}
-	// PASSIVE never waits. When readers keep it from finishing and the WAL
-	// keeps growing, TRUNCATE waits for them (through the busy handler) and
-	// resets the WAL to zero bytes.
-	var mode string
-	switch {
-	case fi.Size() >= db.opts.WALLimit:
-		mode = "TRUNCATE"
-	case fi.Size() >= passiveCheckpointAt:
-		mode = "PASSIVE"
-	default:
-		return
+	if _, err := db.writer.ExecContext(batchCtx, "PRAGMA wal_checkpoint(TRUNCATE)"); err == nil {
+		db.statsMu.Lock()
+		db.stats.Checkpoints++
+		db.statsMu.Unlock()
 	}
-	if _, err := db.ckptDB.ExecContext(batchCtx, "PRAGMA wal_checkpoint("+mode+")"); err != nil && !isBusy(err) {
-		return
-	}
-	db.statsMu.Lock()
-	db.stats.Checkpoints++
-	db.statsMu.Unlock()
 }

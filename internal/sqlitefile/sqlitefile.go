@@ -4,8 +4,8 @@
 // its user_version, with migrations run on open; it runs in WAL mode with
 // synchronous=FULL unless the caller explicitly asks for NORMAL, and both
 // are read back after opening; one connection writes, through a group
-// committer, while a pool of connections reads; a checkpointer keeps the WAL
-// bounded and makes deferred writes durable.
+// commit that also keeps the WAL bounded, while a pool of connections reads;
+// a flusher makes deferred writes durable.
 package sqlitefile
 
 import (
@@ -47,14 +47,19 @@ type Options struct {
 	// FlushInterval bounds how long a deferred write may wait for its fsync.
 	// Defaults to 1 s.
 	FlushInterval time.Duration
-	// WALLimit is the WAL size above which the checkpointer truncates the
-	// WAL, waiting for readers if it must. Defaults to 64 MiB.
+	// WALLimit is the WAL size above which the committer truncates the WAL
+	// when no reader is in the way. SQLite's own checkpoints keep it near
+	// 4 MB unless long readers hold them back. Defaults to 64 MiB.
 	WALLimit int64
 	// Closed is the error kind reported after Close. Defaults to ErrClosed.
 	Closed error
 	// MustExist refuses to create the file: opening a missing file fails
 	// with ErrBadPath wrapping fs.ErrNotExist.
 	MustExist bool
+	// OnRollback, if set, is called on the committer's goroutine whenever a
+	// write (or a whole batch) is rolled back, before the next write runs:
+	// a cache of what writes inserted must be dropped then.
+	OnRollback func()
 }
 
 func (o *Options) withDefaults() {
@@ -85,15 +90,22 @@ type DB struct {
 	opts       Options
 
 	writerDB *sql.DB
-	writer   *sql.Conn // owned by the commit loop
-	ckptDB   *sql.DB
+	writer   *sql.Conn // used by the leader of the group commit only
+	ctl      control   // the writer's transaction statements, prepared once
 	// Reader is the read pool. Its connections refuse writes.
 	Reader *sql.DB
 
-	writes    chan *writeReq
+	// The group commit's queue. queueMu guards queue, leading and closed;
+	// the leader alone uses batch, syncFull, lastWALCheck and the writer.
+	queueMu  sync.Mutex
+	queue    []*writeReq
+	leading  bool
+	closed   bool
+	writers  sync.WaitGroup // Write calls in progress
+	batch    []*writeReq
+	syncFull bool // the writer connection's synchronous level is FULL
+
 	closing   chan struct{}
-	closeMu   sync.RWMutex
-	closed    bool
 	closeOnce sync.Once
 	closeErr  error
 	wg        sync.WaitGroup
@@ -101,6 +113,8 @@ type DB struct {
 	stats   Stats
 	statsMu sync.Mutex
 	dirty   chan struct{} // signalled after a deferred commit
+
+	lastWALCheck time.Time
 }
 
 // Path returns the file's path as given to Open, made absolute.
@@ -127,12 +141,11 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		db.closeDBs()
 		return nil, err
 	}
-	db.writes = make(chan *writeReq, opts.MaxBatch)
+	db.syncFull = !opts.SyncNormal
 	db.closing = make(chan struct{})
 	db.dirty = make(chan struct{}, 1)
-	db.wg.Add(2)
-	go db.commitLoop()
-	go db.checkpointLoop()
+	db.wg.Add(1)
+	go db.flushLoop()
 	return db, nil
 }
 
@@ -199,6 +212,7 @@ func (db *DB) dsn(extra ...string) string {
 	q.Set("_busy_timeout", fmt.Sprint(db.opts.BusyTimeout.Milliseconds()))
 	q.Set("_synchronous", sync)
 	q.Set("_stmt_cache_size", "64")
+	q.Set("_cache_size", "-16384")
 	for i := 0; i+1 < len(extra); i += 2 {
 		q.Set(extra[i], extra[i+1])
 	}
@@ -227,13 +241,16 @@ func (db *DB) open(ctx context.Context) error {
 	if err := db.migrate(ctx); err != nil {
 		return err
 	}
-	// Auto-checkpoints would run inside a batch's COMMIT and make its callers
-	// wait; the checkpointer runs them on its own connection instead.
-	if _, err := db.writer.ExecContext(ctx, "PRAGMA wal_autocheckpoint=0"); err != nil {
-		return db.classify(err)
-	}
 	if err := db.checkSync(ctx, db.writer); err != nil {
 		return err
+	}
+	if err := db.prepareControl(ctx); err != nil {
+		return err
+	}
+	// When the WAL restarts from its beginning, cut the file back to the
+	// limit: a burst that grew it must not leave it that large for good.
+	if _, err := db.writer.ExecContext(ctx, fmt.Sprintf("PRAGMA journal_size_limit=%d", db.opts.WALLimit)); err != nil {
+		return db.classify(err)
 	}
 	// From here on the committer waits for other processes' write locks by
 	// itself (see begin): SQLite's busy handler sleeps up to 100 ms between
@@ -241,15 +258,36 @@ func (db *DB) open(ctx context.Context) error {
 	if _, err := db.writer.ExecContext(ctx, "PRAGMA busy_timeout=0"); err != nil {
 		return db.classify(err)
 	}
-	if db.ckptDB, err = sql.Open("sqlite3", db.dsn()); err != nil {
-		return db.classify(err)
-	}
-	db.ckptDB.SetMaxOpenConns(1)
 	if db.Reader, err = sql.Open("sqlite3", db.dsn("_query_only", "1")); err != nil {
 		return db.classify(err)
 	}
 	db.Reader.SetMaxOpenConns(db.opts.Readers)
 	db.Reader.SetMaxIdleConns(db.opts.Readers)
+	return nil
+}
+
+// control holds the statements every batch runs, prepared once on the
+// writer: the driver parses a statement without arguments anew on every
+// call, and these run several times per write. (PRAGMA synchronous cannot
+// be among them: SQLite applies it when it compiles the statement.)
+type control struct {
+	begin, commit, rollback, savepoint, release, rollbackTo *sql.Stmt
+}
+
+func (db *DB) prepareControl(ctx context.Context) error {
+	for _, p := range []struct {
+		stmt **sql.Stmt
+		sql  string
+	}{
+		{&db.ctl.begin, "BEGIN IMMEDIATE"}, {&db.ctl.commit, "COMMIT"}, {&db.ctl.rollback, "ROLLBACK"},
+		{&db.ctl.savepoint, "SAVEPOINT w"}, {&db.ctl.release, "RELEASE w"}, {&db.ctl.rollbackTo, "ROLLBACK TO w"},
+	} {
+		stmt, err := db.writer.PrepareContext(ctx, p.sql)
+		if err != nil {
+			return db.classify(err)
+		}
+		*p.stmt = stmt
+	}
 	return nil
 }
 
@@ -357,13 +395,14 @@ func (db *DB) migrate(ctx context.Context) (err error) {
 // fail with ErrClosed.
 func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
-		db.closeMu.Lock()
+		db.queueMu.Lock()
 		db.closed = true
-		db.closeMu.Unlock()
+		db.queueMu.Unlock()
+		db.writers.Wait() // writes queued before Close are committed
 		close(db.closing)
 		db.wg.Wait()
 		// A last checkpoint syncs what deferred commits left in the WAL.
-		_, err := db.ckptDB.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
+		_, err := db.writer.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
 		db.closeErr = errors.Join(db.classify(err), db.closeDBs())
 	})
 	return db.closeErr
@@ -371,10 +410,16 @@ func (db *DB) Close() error {
 
 func (db *DB) closeDBs() error {
 	var errs []error
+	for _, stmt := range []*sql.Stmt{db.ctl.begin, db.ctl.commit, db.ctl.rollback, db.ctl.savepoint,
+		db.ctl.release, db.ctl.rollbackTo} {
+		if stmt != nil {
+			errs = append(errs, stmt.Close())
+		}
+	}
 	if db.writer != nil {
 		errs = append(errs, db.writer.Close())
 	}
-	for _, d := range []*sql.DB{db.writerDB, db.ckptDB, db.Reader} {
+	for _, d := range []*sql.DB{db.writerDB, db.Reader} {
 		if d != nil {
 			errs = append(errs, d.Close())
 		}
@@ -384,8 +429,8 @@ func (db *DB) closeDBs() error {
 
 // ErrIfClosed returns Options.Closed once Close has begun.
 func (db *DB) ErrIfClosed() error {
-	db.closeMu.RLock()
-	defer db.closeMu.RUnlock()
+	db.queueMu.Lock()
+	defer db.queueMu.Unlock()
 	if db.closed {
 		return db.opts.Closed
 	}

@@ -1,0 +1,131 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-cleanhttp"
+	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/idemkit/idem"
+)
+
+// benchServer answers every POST with a small 201, like an API creating a
+// resource, and does nothing else: the benchmark measures the client.
+func benchServer(b *testing.B) *httptest.Server {
+	b.Helper()
+	body := []byte(`{"order_id":"ord_123","status":"created"}`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(body)
+	}))
+	b.Cleanup(srv.Close)
+	return srv
+}
+
+func benchTransport() *http.Transport {
+	t := cleanhttp.DefaultPooledTransport()
+	t.MaxIdleConnsPerHost = 256
+	return t
+}
+
+var benchBody = bytes.Repeat([]byte("x"), 200)
+
+// runConcurrent runs b.N calls of fn from exactly n goroutines and reports
+// ops/s.
+func runConcurrent(b *testing.B, n int, fn func(i int64) error) {
+	b.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	b.ResetTimer()
+	start := time.Now()
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				if err := fn(i); err != nil {
+					failed.Store(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err, ok := failed.Load().(error); ok {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
+}
+
+// BenchmarkDo compares Do (SQLite journal, synchronous=FULL, one durable
+// write per operation) with a plain go-retryablehttp POST to the same
+// loopback server, at 1, 16 and 64 concurrent callers.
+//
+//	go test -run '^$' -bench 'Do$' -benchtime 2s -count 5 .
+func BenchmarkDo(b *testing.B) {
+	for _, callers := range []int{1, 16, 64} {
+		b.Run(fmt.Sprintf("plain/callers=%d", callers), func(b *testing.B) {
+			srv := benchServer(b)
+			rc := &retryablehttp.Client{HTTPClient: &http.Client{Transport: benchTransport()},
+				RetryMax: 4, CheckRetry: retryablehttp.DefaultRetryPolicy, Backoff: retryablehttp.DefaultBackoff,
+				RetryWaitMin: 100 * time.Millisecond, RetryWaitMax: 5 * time.Second}
+			runConcurrent(b, callers, func(i int64) error {
+				req, err := retryablehttp.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+"/orders", benchBody)
+				if err != nil {
+					return err
+				}
+				resp, err := rc.Do(req)
+				if err != nil {
+					return err
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				return resp.Body.Close()
+			})
+		})
+		b.Run(fmt.Sprintf("idem/callers=%d", callers), func(b *testing.B) {
+			srv := benchServer(b)
+			j, err := idem.OpenSQLite(filepath.Join(b.TempDir(), "ops.db"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer j.Close()
+			c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL,
+				HTTPClient: &http.Client{Transport: benchTransport()}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			runConcurrent(b, callers, func(i int64) error {
+				res, err := c.Do(context.Background(), idem.Op{ID: fmt.Sprint("checkout/cart-", i), URL: "/orders", Body: benchBody})
+				if err != nil {
+					return err
+				}
+				if res.StatusCode != http.StatusCreated {
+					return fmt.Errorf("status %d", res.StatusCode)
+				}
+				return nil
+			})
+			s := j.Stats()
+			b.ReportMetric(float64(s.DurableCommits)/float64(b.N), "fsyncs/op")
+		})
+	}
+}

@@ -1,0 +1,400 @@
+package idem
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/internal/sqlitefile"
+)
+
+// journalAppID marks a file as an idem journal ("idmj").
+const journalAppID = 0x69646d6a
+
+// journalSchema[i] migrates the journal schema from version i to i+1.
+//
+// The layout keeps what one operation writes small, because every page a
+// commit touches is written to the WAL and fsynced:
+//
+//   - keys that are canonical UUIDs are stored as their 16 bytes and hex
+//     SHA-256 fingerprints as their 32 (columns declared BLOB keep whatever
+//     type they are given, so other keys stay text);
+//   - the server's response lives in its own table, written once when the
+//     operation settles, so that the operation's row never grows and its
+//     pages stay full;
+//   - values that repeat from one record to the next (lease owners, in the
+//     row and in every event, and request header sets, the same for most
+//     operations of a client) are stored once in dict and referred to by
+//     number;
+//   - Claim finds due operations through an index on (state,
+//     next_attempt_at). It is not a partial index on the active states,
+//     which would be smaller: SQLite runs an UPDATE that moves a row out of
+//     a partial index through a temporary b-tree, allocated and freed on
+//     every settle, which costs more than the index's entries.
+var journalSchema = []string{
+	`CREATE TABLE operations (
+		id               INTEGER PRIMARY KEY,
+		key              BLOB NOT NULL UNIQUE,
+		scope            TEXT NOT NULL,
+		op_id            TEXT NOT NULL,
+		method           TEXT NOT NULL,
+		url              TEXT NOT NULL,
+		header           INTEGER,
+		body             BLOB,
+		fingerprint      BLOB NOT NULL,
+		state            INTEGER NOT NULL,
+		attempts         INTEGER NOT NULL,
+		next_attempt_at  INTEGER NOT NULL,
+		lease_owner      INTEGER,
+		lease_epoch      INTEGER NOT NULL,
+		lease_expires_at INTEGER,
+		last_error       TEXT,
+		note             TEXT,
+		created_at       INTEGER NOT NULL,
+		updated_at       INTEGER NOT NULL,
+		expires_at       INTEGER,
+		version          INTEGER NOT NULL,
+		UNIQUE (scope, op_id)
+	);
+	CREATE INDEX operations_due ON operations (state, next_attempt_at);
+	CREATE TABLE responses (
+		op       INTEGER PRIMARY KEY,
+		status   INTEGER NOT NULL,
+		header   BLOB,
+		body     BLOB,
+		replayed INTEGER NOT NULL
+	);
+	CREATE TABLE dict (
+		id    INTEGER PRIMARY KEY,
+		value BLOB NOT NULL UNIQUE
+	);
+	CREATE TABLE events (
+		op         INTEGER NOT NULL,
+		version    INTEGER NOT NULL,
+		at         INTEGER NOT NULL,
+		from_state INTEGER,
+		to_state   INTEGER NOT NULL,
+		attempt    INTEGER NOT NULL,
+		status     INTEGER,
+		error      TEXT,
+		owner      INTEGER,
+		PRIMARY KEY (op, version)
+	) WITHOUT ROWID;`,
+}
+
+// selectRecord reads a whole record; scanRecord reads its columns.
+const selectRecord = `SELECT o.id, o.key, o.scope, o.op_id, o.method, o.url, h.value, o.body, o.fingerprint,
+	o.state, o.attempts, o.next_attempt_at, w.value, o.lease_epoch, o.lease_expires_at,
+	r.status, r.header, r.body, r.replayed, o.last_error, o.note, o.created_at, o.updated_at,
+	o.expires_at, o.version
+	FROM operations o LEFT JOIN responses r ON r.op = o.id
+	LEFT JOIN dict h ON h.id = o.header LEFT JOIN dict w ON w.id = o.lease_owner`
+
+type scanner interface{ Scan(dest ...any) error }
+
+// recordColumns is the number of columns selectRecord reads.
+const recordColumns = 25
+
+// scanRecord reads a row of selectRecord. It scans into plain interface
+// values and converts them itself: database/sql's conversions into typed
+// destinations go through reflection, which for 25 columns costs more than
+// SQLite's lookup.
+func scanRecord(s scanner) (int64, Record, error) {
+	var v [recordColumns]any
+	var dest [recordColumns]any
+	for i := range v {
+		dest[i] = &v[i]
+	}
+	if err := s.Scan(dest[:]...); err != nil {
+		return 0, Record{}, err
+	}
+	var r Record
+	r.Key = keyString(v[1])
+	r.Scope, r.ID, r.Method, r.URL = asString(v[2]), asString(v[3]), asString(v[4]), asString(v[5])
+	var err error
+	if r.Header, err = decodeHeader(asBytes(v[6])); err != nil {
+		return 0, Record{}, fmt.Errorf("%w: header of %s: %v", ErrJournalCorrupt, r.Key, err)
+	}
+	r.Body = asBytes(v[7])
+	r.Fingerprint = fingerprintString(v[8])
+	r.State, r.Attempts = State(asInt(v[9])), int(asInt(v[10]))
+	r.NextAttemptAt = fromMillis(asInt(v[11]))
+	r.Lease = Lease{Owner: asString(v[12]), Epoch: asInt(v[13]), ExpiresAt: fromMillis(asInt(v[14]))}
+	if v[15] != nil {
+		h, err := decodeHeader(asBytes(v[16]))
+		if err != nil {
+			return 0, Record{}, fmt.Errorf("%w: response header of %s: %v", ErrJournalCorrupt, r.Key, err)
+		}
+		r.Response = &Response{StatusCode: int(asInt(v[15])), Header: h, Body: asBytes(v[17]), Replayed: asInt(v[18]) != 0}
+	}
+	r.LastError, r.Note = asString(v[19]), asString(v[20])
+	r.CreatedAt, r.UpdatedAt, r.ExpiresAt = fromMillis(asInt(v[21])), fromMillis(asInt(v[22])), fromMillis(asInt(v[23]))
+	r.Version = asInt(v[24])
+	if len(r.Body) == 0 {
+		r.Body = nil
+	}
+	if r.Response != nil && len(r.Response.Body) == 0 {
+		r.Response.Body = nil
+	}
+	return asInt(v[0]), r, nil
+}
+
+// The driver gives int64, []byte (copied by database/sql for an *any
+// destination), string or nil.
+func asInt(v any) int64 {
+	n, _ := v.(int64)
+	return n
+}
+
+func asString(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	}
+	return ""
+}
+
+func asBytes(v any) []byte {
+	switch v := v.(type) {
+	case []byte:
+		return v
+	case string:
+		return []byte(v)
+	}
+	return nil
+}
+
+// insertRecord stores a new record (it has no response yet) and returns its
+// row id, or 0 when a record with the same scope and ID exists: the
+// insert is the existence check, so that creating costs no read.
+func (d *dict) insertRecord(tx *sqlitefile.Tx, r Record) (int64, error) {
+	header, err := d.intern(tx, encodeHeader(r.Header))
+	if err != nil {
+		return 0, err
+	}
+	owner, err := d.intern(tx, []byte(r.Lease.Owner))
+	if err != nil {
+		return 0, err
+	}
+	res, err := tx.Exec(`INSERT INTO operations (key, scope, op_id, method, url, header, body, fingerprint,
+		state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
+		created_at, updated_at, expires_at, version)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (scope, op_id) DO NOTHING`,
+		keyValue(r.Key), r.Scope, r.ID, r.Method, r.URL, header, nonNil(r.Body),
+		fingerprintValue(r.Fingerprint), r.State, r.Attempts, millis(r.NextAttemptAt),
+		owner, r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt), nullString(r.LastError),
+		nullString(r.Note), millis(r.CreatedAt), millis(r.UpdatedAt), nullMillis(r.ExpiresAt), r.Version)
+	if err != nil {
+		return 0, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return 0, err
+	}
+	return res.LastInsertId()
+}
+
+// storeRecord writes the mutable fields of next over the row id, whose
+// stored copy is old, and its response when it changed.
+func (d *dict) storeRecord(tx *sqlitefile.Tx, id int64, old, next Record) error {
+	owner, err := d.intern(tx, []byte(next.Lease.Owner))
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(`UPDATE operations SET state = ?, attempts = ?, next_attempt_at = ?, lease_owner = ?,
+		lease_epoch = ?, lease_expires_at = ?, last_error = ?, note = ?, updated_at = ?, expires_at = ?,
+		version = ? WHERE id = ?`,
+		next.State, next.Attempts, millis(next.NextAttemptAt), owner, next.Lease.Epoch,
+		nullMillis(next.Lease.ExpiresAt), nullString(next.LastError), nullString(next.Note),
+		millis(next.UpdatedAt), nullMillis(next.ExpiresAt), next.Version, id)
+	if err != nil || sameResponse(old.Response, next.Response) {
+		return err
+	}
+	if next.Response == nil {
+		_, err = tx.Exec(`DELETE FROM responses WHERE op = ?`, id)
+		return err
+	}
+	resp := next.Response
+	_, err = tx.Exec(`INSERT INTO responses (op, status, header, body, replayed) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (op) DO UPDATE SET status = excluded.status, header = excluded.header,
+		body = excluded.body, replayed = excluded.replayed`,
+		id, resp.StatusCode, encodeHeader(resp.Header), nonNil(resp.Body), resp.Replayed)
+	return err
+}
+
+func sameResponse(a, b *Response) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.StatusCode == b.StatusCode && a.Replayed == b.Replayed && string(a.Body) == string(b.Body) &&
+		string(encodeHeader(a.Header)) == string(encodeHeader(b.Header))
+}
+
+// insertEvent appends ev to the history of the row id.
+func (d *dict) insertEvent(tx *sqlitefile.Tx, id int64, ev Event) error {
+	owner, err := d.intern(tx, []byte(ev.Owner))
+	if err != nil {
+		return err
+	}
+	var from, status any
+	if ev.From != 0 {
+		from = ev.From
+	}
+	if ev.StatusCode != 0 {
+		status = ev.StatusCode
+	}
+	_, err = tx.Exec(`INSERT INTO events (op, version, at, from_state, to_state, attempt, status, error, owner)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		id, ev.Version, millis(ev.At), from, ev.To, ev.Attempt, status, nullString(ev.Error), owner)
+	return err
+}
+
+// dict numbers the values stored in the dict table. It remembers the
+// numbers it has seen so that a write does not look them up again; a
+// number learnt in a write that is then rolled back may not exist, so the
+// committer makes it forget them all on every rollback, before the next
+// write (forget, given to sqlitefile as OnRollback). A committed value
+// keeps its number for good: dict rows are never deleted.
+type dict struct {
+	mu  sync.Mutex
+	ids map[string]int64
+}
+
+// intern returns the number of value, adding it to dict if need be; an
+// empty value is NULL.
+func (d *dict) intern(tx *sqlitefile.Tx, value []byte) (any, error) {
+	if len(value) == 0 {
+		return nil, nil
+	}
+	d.mu.Lock()
+	id, ok := d.ids[string(value)]
+	d.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	if _, err := tx.Exec(`INSERT INTO dict (value) VALUES (?) ON CONFLICT (value) DO NOTHING`, value); err != nil {
+		return nil, err
+	}
+	if err := tx.QueryRow(`SELECT id FROM dict WHERE value = ?`, value).Scan(&id); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	if d.ids == nil {
+		d.ids = map[string]int64{}
+	}
+	d.ids[string(value)] = id
+	d.mu.Unlock()
+	return id, nil
+}
+
+// forget drops every remembered number.
+func (d *dict) forget() {
+	d.mu.Lock()
+	d.ids = nil
+	d.mu.Unlock()
+}
+
+// keyValue is how a key is stored and looked up: a canonical UUID as its
+// 16 bytes, anything else as text.
+func keyValue(k string) any {
+	if len(k) == 36 {
+		if u, err := uuid.Parse(k); err == nil && u.String() == k {
+			return u[:]
+		}
+	}
+	return k
+}
+
+func keyString(v any) string {
+	switch v := v.(type) {
+	case []byte:
+		if u, err := uuid.FromBytes(v); err == nil {
+			return u.String()
+		}
+		return string(v)
+	case string:
+		return v
+	}
+	return fmt.Sprint(v)
+}
+
+// fingerprintValue stores a lowercase hex SHA-256 as its 32 bytes, any other
+// fingerprint as text.
+func fingerprintValue(f string) any {
+	if len(f) == 64 {
+		if b, err := hex.DecodeString(f); err == nil && hex.EncodeToString(b) == f {
+			return b
+		}
+	}
+	return f
+}
+
+func fingerprintString(v any) string {
+	switch v := v.(type) {
+	case []byte:
+		return hex.EncodeToString(v)
+	case string:
+		return v
+	}
+	return fmt.Sprint(v)
+}
+
+// nonNil keeps an empty body distinct from NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+func encodeHeader(h http.Header) []byte {
+	if len(h) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(h) // a map of string slices always marshals
+	return b
+}
+
+func decodeHeader(b []byte) (http.Header, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	var h http.Header
+	err := json.Unmarshal(b, &h)
+	return h, err
+}
+
+func millis(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func nullMillis(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixMilli()
+}
+
+func fromMillis(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}

@@ -87,13 +87,17 @@ var journalSchema = []string{
 	) WITHOUT ROWID;`,
 }
 
-// selectRecord reads a whole record; scanRecord reads its columns.
-const selectRecord = `SELECT o.id, o.key, o.scope, o.op_id, o.method, o.url, h.value, o.body, o.fingerprint,
-	o.state, o.attempts, o.next_attempt_at, w.value, o.lease_epoch, o.lease_expires_at,
-	r.status, r.header, r.body, r.replayed, o.last_error, o.note, o.created_at, o.updated_at,
-	o.expires_at, o.version
-	FROM operations o LEFT JOIN responses r ON r.op = o.id
-	LEFT JOIN dict h ON h.id = o.header LEFT JOIN dict w ON w.id = o.lease_owner`
+// selectRecord reads a whole record; scanRecord reads its columns. The
+// response and the dict values are read with scalar subqueries, each a
+// rowid lookup: written as LEFT JOINs the same query measured three times
+// slower.
+const selectRecord = `SELECT o.id, o.key, o.scope, o.op_id, o.method, o.url,
+	(SELECT value FROM dict WHERE id = o.header), o.body, o.fingerprint, o.state, o.attempts,
+	o.next_attempt_at, (SELECT value FROM dict WHERE id = o.lease_owner), o.lease_epoch, o.lease_expires_at,
+	(SELECT status FROM responses WHERE op = o.id), (SELECT header FROM responses WHERE op = o.id),
+	(SELECT body FROM responses WHERE op = o.id), (SELECT replayed FROM responses WHERE op = o.id),
+	o.last_error, o.note, o.created_at, o.updated_at, o.expires_at, o.version
+	FROM operations o`
 
 type scanner interface{ Scan(dest ...any) error }
 

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/internal/orders"
+	"github.com/idemkit/idem/internal/testserver"
 	"github.com/idemkit/idem/internal/wire"
 )
 
@@ -202,7 +203,7 @@ func TestSIGTERMShutsDownCleanly(t *testing.T) {
 func TestBadFlagsFail(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	err := run(context.Background(), []string{"-store", filepath.Join(dir, "missing", "keys.db"), "-orders", filepath.Join(dir, "orders.db")}, io.Discard)
+	err := testserver.Daemon(context.Background(), []string{"-store", filepath.Join(dir, "missing", "keys.db"), "-orders", filepath.Join(dir, "orders.db")}, io.Discard)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "keys.db")
 }

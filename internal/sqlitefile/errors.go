@@ -91,17 +91,23 @@ func (db *DB) classify(err error) error {
 			return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
 				Hint: "the file or its directory is not writable by this process; check ownership and permissions"}
 		case sqlite3.ErrIoErr:
-			if se.SystemErrno == syscall.ENOSPC || se.SystemErrno == syscall.EDQUOT {
+			if noSpace(se.SystemErrno) {
 				return &Error{What: db.what, Path: db.path, Kind: ErrFull, Err: err,
 					Hint: "free space on the file system; nothing was written by the failed call"}
 			}
 		}
 	}
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EFBIG) {
 		return &Error{What: db.what, Path: db.path, Kind: ErrFull, Err: err,
 			Hint: "free space on the file system; nothing was written by the failed call"}
 	}
 	return err
+}
+
+// noSpace reports the errors a write gets when the file cannot grow: the
+// file system is full, the quota is spent, or the file hit its size limit.
+func noSpace(errno syscall.Errno) bool {
+	return errno == syscall.ENOSPC || errno == syscall.EDQUOT || errno == syscall.EFBIG
 }
 
 func isBusy(err error) bool {

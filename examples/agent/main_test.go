@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 func TestRun(t *testing.T) {
@@ -46,3 +47,6 @@ func TestRun(t *testing.T) {
 	// The tool service's own count: every tool ran once per call.
 	assert.Contains(t, text, "3 tool calls, 3 executions on the tool service (create_ticket 1, send_email 2).")
 }
+
+// run must stop every goroutine it starts (servers, clients, journals).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 func TestRun(t *testing.T) {
@@ -49,3 +50,6 @@ func TestRun(t *testing.T) {
 	assert.Len(t, keys, 20, "one key per payment")
 	assert.Contains(t, text, "20 employees, 20 payments on the server.")
 }
+
+// run must stop every goroutine it starts (servers, clients, journals).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 func TestRun(t *testing.T) {
@@ -72,3 +73,6 @@ func TestRunRefusesAnExistingJournal(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "already exists")
 }
+
+// run must stop every goroutine it starts (servers, clients, journals).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

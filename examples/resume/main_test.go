@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // run starts os.Executable() as the application: in a test, that is this
@@ -23,7 +24,8 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// run must stop every goroutine it starts.
+	goleak.VerifyTestMain(m)
 }
 
 func TestRun(t *testing.T) {

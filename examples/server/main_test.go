@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem/internal/wire"
 )
@@ -70,3 +71,6 @@ func TestRun(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done, "run shuts down cleanly when its context ends")
 }
+
+// run must stop every goroutine it starts (servers, clients, journals).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

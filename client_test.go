@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -376,4 +377,46 @@ func TestInterruptedOperationIsDueAtOnce(t *testing.T) {
 	rec, err = j.Lookup(context.Background(), "default", "failed")
 	require.NoError(t, err)
 	assert.True(t, rec.NextAttemptAt.After(time.Now().Add(30*time.Minute)), "due after MaxBackoff")
+}
+
+// A server that does not keep keys executes a replay again. The client sees
+// it when it has the beginning of the first answer (the body broke off) and
+// the replay answers otherwise: it stops, sends nothing more, and parks the
+// operation for an operator.
+func TestServerThatIgnoresKeysIsDetected(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		body := fmt.Sprintf(`{"order_id":"ord_%d","status":"created"}`, n)
+		if n == 1 {
+			// The answer breaks off after the status line, the headers
+			// and half the body.
+			w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(body[:len(body)/2]))
+			w.(http.Flusher).Flush()
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = conn.(*net.TCPConn).SetLinger(0)
+				_ = conn.Close()
+			}
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, body) // a new order each time: keys are ignored
+	})
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry()}) // ReplayStatus, the default
+	ctx := context.Background()
+	_, err := c.Do(ctx, idem.Op{ID: "checkout/cart-9", URL: "/orders"})
+	require.ErrorIs(t, err, idem.ErrKeyNotHonoured)
+	require.ErrorIs(t, err, idem.ErrNeedsReconciliation)
+	assert.Contains(t, err.Error(), "check for a duplicate")
+	assert.Len(t, srv.received(), 2, "the attempt and one replay; nothing more")
+	rec, err := j.Lookup(ctx, "default", "checkout/cart-9")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateExpired, rec.State)
+	assert.Contains(t, rec.LastError, "does not honour idempotency keys")
+
+	_, err = c.Do(ctx, idem.Op{ID: "checkout/cart-9", URL: "/orders"})
+	require.ErrorIs(t, err, idem.ErrNeedsReconciliation)
+	assert.Len(t, srv.received(), 2, "a parked operation is never re-sent")
 }

@@ -44,6 +44,9 @@ type driver struct {
 	last    Attempt
 	verdict Decision
 	cut     bool // the last body was cut at MaxResponseBytes
+	// partial is an answer whose body broke off: the server's first word on
+	// the key, which a later answer for the same key must agree with.
+	partial *Response
 	wait    time.Duration
 	gaveUp  error // why no further attempt was made
 	cause   error // the latest reason the operation is not settled
@@ -151,6 +154,7 @@ func (d *driver) sendRound(ctx context.Context) error {
 		ErrorHandler:   retryablehttp.PassthroughErrorHandler,
 	}
 	before := d.sends
+	d.partial = nil
 	resp, err := rc.Do(req)
 	if resp != nil {
 		resp.Body.Close()
@@ -240,6 +244,7 @@ func (d *driver) checkRetry(ctx context.Context, resp *http.Response, err error)
 		a.Response, a.Body, d.cut = resp, body, cut
 		if rerr != nil {
 			a.Err = rerr
+			d.partial = &Response{StatusCode: resp.StatusCode, Body: body}
 		}
 	}
 	d.last = a
@@ -421,6 +426,29 @@ func (d *driver) expire(ctx context.Context) error {
 	return opError(d.rec, nil)
 }
 
+// agrees reports whether a complete answer can be the one whose beginning
+// was seen: the same status, and a body that starts with what arrived.
+func agrees(partial, full *Response) bool {
+	return partial.StatusCode == full.StatusCode && bytes.HasPrefix(full.Body, partial.Body)
+}
+
+// keyNotHonoured handles a server that answered one key twice with
+// different results: it executed the request again, so it does not keep
+// idempotency keys, and the operation may have been applied twice. Nothing
+// more is sent: the operation is parked as expired, for an operator to
+// check the business records and Reconcile.
+func (d *driver) keyNotHonoured(ctx context.Context, second *Response) error {
+	cause := fmt.Errorf("%w: key %s was answered HTTP %d, then HTTP %d with a different body; the request may have been applied twice: check for a duplicate, then Reconcile",
+		ErrKeyNotHonoured, d.rec.Key, d.partial.StatusCode, second.StatusCode)
+	next := d.rec
+	next.State = StateExpired
+	next.LastError = cause.Error()
+	if err := d.update(outcomeCtx(ctx), next, Durable); err != nil {
+		return d.journalFailed(err)
+	}
+	return opError(d.rec, cause)
+}
+
 // journalFailed reports a journal write that failed: the operation is
 // where the journal last had it.
 func (d *driver) journalFailed(err error) error {
@@ -477,6 +505,9 @@ func (d *driver) statusRound(ctx context.Context) error {
 				break
 			}
 			resp := st.Response
+			if d.partial != nil && !agrees(d.partial, resp) {
+				return d.keyNotHonoured(ctx, resp)
+			}
 			v := d.c.classify(Attempt{Response: &http.Response{StatusCode: resp.StatusCode, Header: resp.Header}, Body: resp.Body, Written: true})
 			switch v.Verdict {
 			case Succeeded, KeyConflict:

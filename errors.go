@@ -26,6 +26,11 @@ var (
 	// different request (422, or a problem type saying so). The operation
 	// is rejected.
 	ErrKeyConflict = errors.New("idem: server reports the key was used with a different request")
+	// ErrKeyNotHonoured: the server answered one key twice with different
+	// results, so it executed the request again: it does not keep
+	// idempotency keys. The operation is expired (ErrNeedsReconciliation):
+	// nothing more is sent, and an operator checks for a duplicate.
+	ErrKeyNotHonoured = errors.New("idem: the server does not honour idempotency keys")
 	// ErrCanceled: the operation was withdrawn with Cancel before it was
 	// sent.
 	ErrCanceled = errors.New("idem: operation was canceled")

@@ -487,3 +487,25 @@ func TestSQLiteAcknowledgedCreatesSurviveSIGKILL(t *testing.T) {
 		assert.Equal(t, idem.StatePending, rec.State)
 	}
 }
+
+// A file that carries the journal's mark but no schema version (damaged, or
+// crafted) is refused as corrupt, not migrated over its tables.
+func TestOpenSQLiteRefusesAMarkedFileWithoutSchemaVersion(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ops.db")
+	openJournal(t, path).Close()
+	raw, err := sql.Open("sqlite3", path)
+	require.NoError(t, err)
+	_, err = raw.Exec(`PRAGMA user_version = 0`)
+	require.NoError(t, err)
+	require.NoError(t, raw.Close())
+	before := fileBytes(t, path)
+
+	_, err = idem.OpenSQLite(path)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, idem.ErrJournalCorrupt)
+	var fe *idem.FileError
+	assert.ErrorAs(t, err, &fe)
+	assert.Contains(t, err.Error(), path)
+	assert.Equal(t, before, fileBytes(t, path), "a refused file is left as it was")
+}

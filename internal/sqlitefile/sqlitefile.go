@@ -305,6 +305,12 @@ func (db *DB) checkIdentity(ctx context.Context) error {
 	switch {
 	case appID == 0 && version == 0 && tables == 0:
 		return nil // empty: a new file
+	case appID == db.opts.AppID && version == 0:
+		// Open sets both in one transaction: one without the other is a
+		// damaged file, not a new one.
+		return &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
+			Err:  fmt.Errorf("marked as an idem %s but without a schema version (%d tables)", db.what, tables),
+			Hint: "restore a backup, or move it aside to start a new one"}
 	case appID != db.opts.AppID:
 		return &Error{What: db.what, Path: db.path, Kind: ErrForeign,
 			Err:  fmt.Errorf("SQLite database with application_id %#x and %d tables", appID, tables),
@@ -377,7 +383,13 @@ func (db *DB) migrate(ctx context.Context) (err error) {
 	}
 	for v := version; v < len(db.opts.Migrations); v++ {
 		if _, err := db.writer.ExecContext(ctx, db.opts.Migrations[v]); err != nil {
-			return fmt.Errorf("idem %s %s: migrating schema %d to %d: %w", db.what, db.path, v, v+1, db.classify(err))
+			err = db.classify(err)
+			if fe := (*Error)(nil); errors.As(err, &fe) {
+				return err
+			}
+			return &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
+				Err:  fmt.Errorf("migrating schema %d to %d: %w", v, v+1, err),
+				Hint: "its tables do not match its schema version; restore a backup"}
 		}
 	}
 	stmt := fmt.Sprintf("PRAGMA application_id=%d; PRAGMA user_version=%d", db.opts.AppID, len(db.opts.Migrations))

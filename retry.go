@@ -148,7 +148,7 @@ type Classifier func(Attempt) Decision
 
 // Classify is the default Classifier:
 //
-//	not written (dial failure, refused)       → Retry
+//	not written (dial failure, refused)       → Retry (with or without an error)
 //	written, then a timeout, reset or EOF     → Unknown
 //	2xx (303 too)                             → Succeeded
 //	409 saying the key was reused             → KeyConflict
@@ -158,19 +158,20 @@ type Classifier func(Attempt) Decision
 //	429, 401, 407                             → Retry (refused before processing)
 //	5xx marked as replayed                    → Rejected (the server's stored answer)
 //	408, 5xx                                  → RetrySameKey
-//	any other status                          → Rejected
+//	any other status (600 and above included) → Rejected
 //
 // A 2xx whose body was cut off is Unknown: the server applied the request
 // but its answer was lost, and a status check recovers it.
 func Classify(a Attempt) Decision {
 	if a.Response == nil {
-		if a.Err == nil {
-			return Decision{Verdict: Unknown, Reason: "no response and no error"}
+		cause := "no response"
+		if a.Err != nil {
+			cause = a.Err.Error()
 		}
 		if !a.Written {
-			return Decision{Verdict: Retry, Reason: "not sent: " + a.Err.Error()}
+			return Decision{Verdict: Retry, Reason: "not sent: " + cause}
 		}
-		return Decision{Verdict: Unknown, Reason: "sent, then: " + a.Err.Error()}
+		return Decision{Verdict: Unknown, Reason: "sent, then: " + cause}
 	}
 	code := a.Response.StatusCode
 	h := a.Response.Header
@@ -195,9 +196,9 @@ func Classify(a Attempt) Decision {
 		return Decision{Verdict: KeyConflict, Reason: reason + ": key used with another request"}
 	case code == http.StatusTooManyRequests, code == http.StatusUnauthorized, code == http.StatusProxyAuthRequired:
 		return Decision{Verdict: Retry, RetryAfter: after, Reason: reason + ": refused before processing"}
-	case code >= 500 && wire.Replayed(h):
+	case code >= 500 && code <= 599 && wire.Replayed(h):
 		return Decision{Verdict: Rejected, Reason: reason + " replayed from the server's store"}
-	case code >= 500, code == http.StatusRequestTimeout:
+	case code >= 500 && code <= 599, code == http.StatusRequestTimeout:
 		return Decision{Verdict: RetrySameKey, RetryAfter: after, Reason: reason}
 	default:
 		return Decision{Verdict: Rejected, Reason: reason}
@@ -234,7 +235,7 @@ func RetryAfter(h http.Header, now time.Time) time.Duration {
 		return time.Duration(secs) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
+		return min(t.Sub(now), 24*time.Hour)
 	}
 	return 0
 }

@@ -139,7 +139,7 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	}
 	if err := db.open(ctx); err != nil {
 		db.closeDBs()
-		return nil, err
+		return nil, db.openError(err)
 	}
 	db.syncFull = !opts.SyncNormal
 	db.closing = make(chan struct{})
@@ -147,6 +147,17 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	db.wg.Add(1)
 	go db.flushLoop()
 	return db, nil
+}
+
+// openError makes every failure to open the file a *Error. One that SQLite
+// reports without a kind of its own (an unsupported file format, a schema it
+// cannot parse) means the file is not one this build can use.
+func (db *DB) openError(err error) error {
+	if fe := (*Error)(nil); errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: err,
+		Hint: "not an SQLite database this build can read, or its header is damaged; check the path"}
 }
 
 // prepareFile checks the path and creates the file with mode 0600 when it
@@ -305,6 +316,10 @@ func (db *DB) checkIdentity(ctx context.Context) error {
 	switch {
 	case appID == 0 && version == 0 && tables == 0:
 		return nil // empty: a new file
+	case appID == db.opts.AppID && version < 0:
+		return &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
+			Err:  fmt.Errorf("negative schema version %d", version),
+			Hint: "restore a backup, or move it aside to start a new one"}
 	case appID == db.opts.AppID && version == 0:
 		// Open sets both in one transaction: one without the other is a
 		// damaged file, not a new one.
@@ -371,6 +386,10 @@ func (db *DB) migrate(ctx context.Context) (err error) {
 	var version int
 	if err := db.writer.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
 		return db.classify(err)
+	}
+	if version < 0 {
+		return &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
+			Err: fmt.Errorf("negative schema version %d", version), Hint: "restore a backup"}
 	}
 	if version > len(db.opts.Migrations) {
 		return &Error{What: db.what, Path: db.path, Kind: ErrSchemaTooNew,

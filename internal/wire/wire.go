@@ -224,11 +224,36 @@ type Problem struct {
 // ParseProblem reads an application/problem+json body. ok is false when the
 // content type is not problem+json or the body does not parse.
 func ParseProblem(contentType string, body []byte) (p Problem, ok bool) {
-	if !strings.HasPrefix(strings.ToLower(strings.TrimSpace(contentType)), problemContentPrefix) {
+	// ASCII only: a Unicode case fold would accept "applİcation/…".
+	ct := strings.TrimLeft(contentType, " \t")
+	n := len(problemContentPrefix)
+	if len(ct) < n || !asciiEqualFold(ct[:n], problemContentPrefix) {
 		return Problem{}, false
+	}
+	if rest := ct[n:]; rest != "" && rest[0] != ';' && rest[0] != ' ' && rest[0] != '\t' {
+		return Problem{}, false // application/problem+jsonx is another type
 	}
 	if err := json.Unmarshal(body, &p); err != nil {
 		return Problem{}, false
 	}
 	return p, true
+}
+
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }

@@ -473,3 +473,35 @@ func TestAcceptanceResume(t *testing.T) {
 		assert.Equal(t, idem.StateSucceeded, rec.State, rec.ID)
 	}
 }
+
+// Resume makes one pass: an operation it cannot settle (the status endpoint
+// is down) is due again later, and this same call does not claim it again.
+func TestResumeMakesOnePassWhileTheStatusEndpointIsDown(t *testing.T) {
+	t.Parallel()
+	srv := testserver.Start(t)
+	policy := fastRetry()
+	policy.MaxStatusChecks = 1
+	c, _ := acceptanceClient(t, srv, func(c *idem.Config) {
+		c.Retry = policy
+		c.AttemptTimeout = 200 * time.Millisecond
+		// Fewer workers than operations: the first ones are due again
+		// (after 5 ms) while the last ones still wait for a worker.
+		c.ResumeConcurrency = 2
+	})
+	ctx := context.Background()
+	const n = 12
+	srv.InjectN(testserver.HoldPastTimeout, n)
+	srv.InjectStatusN(testserver.StatusDown, 1000)
+	for i := range n {
+		_, err := c.Do(ctx, orderOp(fmt.Sprint("batch/op-", i), 1))
+		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	}
+	time.Sleep(2 * fastRetry().MaxBackoff) // their backoff has passed: they are due
+	statusBefore := srv.StatusRequests()
+	rep, err := c.Resume(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, n, rep.Claimed, "each operation is claimed once")
+	assert.Equal(t, n, rep.Unknown)
+	assert.Equal(t, n, srv.StatusRequests()-statusBefore, "one status check each, no more")
+	assert.Equal(t, n, srv.Requests(), "nothing re-sent")
+}

@@ -232,8 +232,12 @@ func (d *driver) checkRetry(ctx context.Context, resp *http.Response, err error)
 	if extra := int(d.writes.Load()) - 1; extra > 0 {
 		// net/http re-sent the request on a new connection after a reused
 		// one died (it does so for requests with an Idempotency-Key): count
-		// those sends too; the next journal write records them.
+		// those sends too; the next journal write records them. The
+		// connection died after an earlier write and before any reply: the
+		// server may have applied that write, whatever the last one got
+		// (a 429 answers the re-send, not the write that was lost).
 		d.rec.Attempts += extra
+		d.maybeApplied = true
 		d.c.log.Debug("idem: the transport re-sent the request", "key", d.rec.Key, "times", extra)
 	}
 	d.cut = false
@@ -376,9 +380,9 @@ func (d *driver) stopUnknown(ctx context.Context, cause error) error {
 }
 
 // stopPending records that nothing took effect: the operation is pending
-// again, safe to send. The server has not seen the key (this round reached
-// it with nothing it applied, and any earlier round either never left or
-// was answered not_found), so no retention clock runs.
+// again, safe to send. No attempt of it was ever written (or every one was
+// refused before processing), so the server has not seen the key and no
+// retention clock runs.
 func (d *driver) stopPending(ctx context.Context, cause error) error {
 	next := d.rec
 	next.State = StatePending
@@ -523,9 +527,12 @@ func (d *driver) statusRound(ctx context.Context) error {
 			d.cut = false
 			return d.settle(ctx, v, resp)
 		case StatusNotFound:
-			// The server never saw the key: send it again, same key.
+			// The server has not seen the key yet: send it again, same
+			// key. An earlier attempt may still be on its way (held in a
+			// gateway, delayed in the network) and arrive after this
+			// answer, so the operation stays maybe applied: should the
+			// re-send be refused, it is unknown, not pending.
 			d.resend = true
-			d.maybeApplied = false
 			return nil
 		case StatusProcessing:
 			d.cause = errors.New("the server is still processing the key")

@@ -232,6 +232,11 @@ type ClaimRequest struct {
 	Lease time.Duration
 	// Scope, when not empty, restricts the claim to one scope.
 	Scope string
+	// DueBy, when not zero, claims only records due by then rather than
+	// by now: a caller that sweeps the journal once passes the time it
+	// started, so that what it left unsettled (due again a little later)
+	// is not claimed again in the same sweep.
+	DueBy time.Time
 	// URLPrefix, when not empty, restricts the claim to records whose URL
 	// starts with it, such as "https://api.example.com/": a client claims
 	// only the operations meant for the API it holds credentials for.

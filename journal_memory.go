@@ -154,7 +154,7 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 	now := m.now()
 	var due []*memEntry
 	for _, e := range m.byKey {
-		if Claimable(e.rec, now) && (req.Scope == "" || e.rec.Scope == req.Scope) &&
+		if Claimable(e.rec, now, req.DueBy) && (req.Scope == "" || e.rec.Scope == req.Scope) &&
 			strings.HasPrefix(e.rec.URL, req.URLPrefix) {
 			due = append(due, e)
 		}

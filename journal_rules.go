@@ -127,10 +127,14 @@ func ApplyUpdate(stored, next Record, now time.Time) (Record, Event, error) {
 	return out, ev, nil
 }
 
-// Claimable reports whether Claim may take rec at now: it is active, due,
-// and nobody holds a live lease on it.
-func Claimable(rec Record, now time.Time) bool {
-	return rec.State.Active() && !rec.NextAttemptAt.After(now) && !rec.Lease.Held(now)
+// Claimable reports whether Claim may take rec at now: it is active, due
+// by dueBy (or by now, when dueBy is zero), and nobody holds a live lease
+// on it.
+func Claimable(rec Record, now, dueBy time.Time) bool {
+	if dueBy.IsZero() || dueBy.After(now) {
+		dueBy = now
+	}
+	return rec.State.Active() && !rec.NextAttemptAt.After(dueBy) && !rec.Lease.Held(now)
 }
 
 // ApplyClaim leases stored to owner for lease, as Claim and Acquire do: the

@@ -284,7 +284,11 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 		q := selectRecord + `
 			WHERE o.state IN (1, 2, 3) AND o.next_attempt_at <= ?
 			AND (o.lease_owner IS NULL OR o.lease_expires_at <= ?)`
-		args := []any{millis(now), millis(now)}
+		due := now
+		if !req.DueBy.IsZero() && req.DueBy.Before(now) {
+			due = req.DueBy
+		}
+		args := []any{millis(due), millis(now)}
 		if req.Scope != "" {
 			q += ` AND o.scope = ?`
 			args = append(args, req.Scope)

@@ -85,6 +85,10 @@ func (c *Client) Resume(ctx context.Context) (ResumeReport, error) {
 		}
 	}
 	var claimErr error
+	// Only what was due when Resume started: an operation it leaves
+	// unsettled is due again a little later and must not be claimed again
+	// by this same call, which would then never end while a server fails.
+	started := c.now()
 	for ctx.Err() == nil {
 		// Claim only as many operations as there are free workers, so that
 		// no claimed operation waits in a queue while its lease runs.
@@ -100,7 +104,7 @@ func (c *Client) Resume(ctx context.Context) (ResumeReport, error) {
 			break
 		}
 		recs, err := c.journal.Claim(ctx, ClaimRequest{Owner: c.cfg.Owner, Limit: n, Lease: c.cfg.LeaseDuration,
-			URLPrefix: c.resumePrefix()})
+			DueBy: started, URLPrefix: c.resumePrefix()})
 		for range n - len(recs) {
 			<-slots
 		}

@@ -101,6 +101,7 @@ var groups = []group{
 		{"ClaimLimitOrder", testClaimLimitOrder},
 		{"ClaimScope", testClaimScope},
 		{"ClaimURLPrefix", testClaimURLPrefix},
+		{"ClaimDueBy", testClaimDueBy},
 		{"ClaimInvalidRequest", testClaimInvalid},
 		{"ClaimAfterExpiry", testClaimAfterExpiry},
 		{"Acquire", testAcquire},

@@ -141,6 +141,17 @@ func testClaimScope(t *testing.T, j idem.Journal) {
 	assert.ElementsMatch(t, keysOf(b...), keysOf(got...), "Claim in every scope")
 }
 
+func testClaimDueBy(t *testing.T, j idem.Journal) {
+	sweep := time.Now().Add(-time.Minute)
+	before := createDue(t, j, "tenant-a", sweep.Add(-time.Minute))
+	after := createDue(t, j, "tenant-a", sweep.Add(30*time.Second)) // due now, but not by the sweep's start
+	got := claim(t, j, idem.ClaimRequest{Owner: "worker-1", Limit: 10, Lease: longLease, DueBy: sweep})
+	assert.ElementsMatch(t, keysOf(before), keysOf(got...), "only records due by DueBy")
+	assert.Empty(t, get(t, j, after.Key).Lease.Owner)
+	got = claim(t, j, idem.ClaimRequest{Owner: "worker-1", Limit: 10, Lease: longLease, DueBy: time.Now().Add(time.Hour)})
+	assert.ElementsMatch(t, keysOf(after), keysOf(got...), "a DueBy in the future means now")
+}
+
 func testClaimURLPrefix(t *testing.T, j idem.Journal) {
 	ours := createDue(t, j, "tenant-a", time.Time{}) // https://api.example.test/v1/orders
 	other := newRecord("tenant-a")

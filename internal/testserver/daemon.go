@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem/internal/orders"
@@ -17,8 +19,10 @@ import (
 // Daemon runs the orders application behind the middleware, every piece of
 // state on disk, until ctx ends: the body of command ordersd, here so that
 // any test binary can run it as a child process to SIGKILL (see ordersd's
-// documentation for the flags). It prints "listening http://ADDR" once it
-// accepts connections.
+// documentation for the flags; -jitter-before and -jitter-after add a random
+// hold of up to the given duration to -delay-before and -delay-after, drawn
+// per request from a source seeded with -seed). It prints
+// "listening http://ADDR" once it accepts connections.
 func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("ordersd", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "address to listen on")
@@ -29,6 +33,9 @@ func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 	skip5xx := fs.Bool("skip-server-errors", false, "do not store 5xx responses")
 	delayBefore := fs.Duration("delay-before", 0, "hold each request after the claim, before creating the order")
 	delayAfter := fs.Duration("delay-after", 0, "hold each request after the order is committed, before the response is stored")
+	jitterBefore := fs.Duration("jitter-before", 0, "add a random hold from 0 to this to -delay-before, drawn per request")
+	jitterAfter := fs.Duration("jitter-after", 0, "add a random hold from 0 to this to -delay-after, drawn per request")
+	seed := fs.Uint64("seed", 0, "seed of the jitter's random source (0: a random seed)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -54,7 +61,8 @@ func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 	defer mw.Close()
 
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw.Handler(delayed(app.Handler(), *delayBefore, *delayAfter)))
+	holds := newHolds(*delayBefore, *jitterBefore, *delayAfter, *jitterAfter, *seed)
+	mux.Handle("POST /orders", mw.Handler(delayed(app.Handler(), holds)))
 	mux.Handle("GET /idempotency/{key}", mw.StatusHandler())
 
 	ln, err := net.Listen("tcp", *addr)
@@ -82,14 +90,52 @@ func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
+// holds draws how long each request is held before and after its order is
+// committed: a fixed delay plus a jitter drawn uniformly from [0, jitter]
+// per request, from a seeded source so that a crash test can name its run.
+type holds struct {
+	before, jitterBefore time.Duration
+	after, jitterAfter   time.Duration
+
+	mu  sync.Mutex
+	rnd *rand.Rand
+}
+
+func newHolds(before, jitterBefore, after, jitterAfter time.Duration, seed uint64) *holds {
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	return &holds{before: before, jitterBefore: max(jitterBefore, 0), after: after, jitterAfter: max(jitterAfter, 0),
+		rnd: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+func (h *holds) none() bool {
+	return h.before <= 0 && h.jitterBefore <= 0 && h.after <= 0 && h.jitterAfter <= 0
+}
+
+// draw returns the holds of one request.
+func (h *holds) draw() (before, after time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	before, after = h.before, h.after
+	if h.jitterBefore > 0 {
+		before += time.Duration(h.rnd.Int64N(int64(h.jitterBefore) + 1))
+	}
+	if h.jitterAfter > 0 {
+		after += time.Duration(h.rnd.Int64N(int64(h.jitterAfter) + 1))
+	}
+	return before, after
+}
+
 // delayed holds each request before next runs, and after next committed the
 // order (when it sets its status), before the response goes back to the
 // middleware.
-func delayed(next http.Handler, before, after time.Duration) http.Handler {
-	if before <= 0 && after <= 0 {
+func delayed(next http.Handler, h *holds) http.Handler {
+	if h.none() {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		before, after := h.draw()
 		time.Sleep(before)
 		if after > 0 {
 			w = &delayWriter{ResponseWriter: w, delay: after}

@@ -16,6 +16,10 @@
 // an in-progress entry whose lock goes stale after -lock-timeout; during
 // -delay-after it also leaves an order that the retry finds through the
 // application's UNIQUE guard.
+//
+// -jitter-before and -jitter-after add a random hold, drawn per request
+// from 0 to that long, to the two delays; -seed seeds it, so that a crash
+// test can name its run.
 package main
 
 import (

@@ -509,3 +509,22 @@ func TestOpenSQLiteRefusesAMarkedFileWithoutSchemaVersion(t *testing.T) {
 	assert.Contains(t, err.Error(), path)
 	assert.Equal(t, before, fileBytes(t, path), "a refused file is left as it was")
 }
+
+// An unreadable journal is refused with the path and what to do. Root reads
+// any file, so there the test stands a device in for it (not a regular file).
+func TestOpenSQLiteRefusesUnreadableFile(t *testing.T) {
+	t.Parallel()
+	path := "/dev/null"
+	says := "not a regular file"
+	if os.Geteuid() != 0 {
+		path = filepath.Join(t.TempDir(), "ops.db")
+		openJournal(t, path).Close()
+		require.NoError(t, os.Chmod(path, 0))
+		says = "readable and writable"
+	}
+	_, err := idem.OpenSQLite(path)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, idem.ErrJournalPath)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), says)
+}

@@ -175,7 +175,7 @@ func (d *driver) sendRound(ctx context.Context) error {
 		return d.settle(ctx, v, d.stored(d.last.Response, d.last.Body))
 	case Retry:
 		if !d.maybeApplied {
-			return d.stopPending(ctx, cmpErr(d.gaveUp, errors.New(v.Reason)))
+			return d.leave(ctx, StatePending, cmpErr(d.gaveUp, errors.New(v.Reason)), Deferred)
 		}
 	case InProgress:
 		d.statusWait = min(v.RetryAfter, d.c.retry.MaxRetryAfter)
@@ -184,7 +184,7 @@ func (d *driver) sendRound(ctx context.Context) error {
 	// may have reached the server: the outcome is unknown.
 	d.cause = errors.New(v.Reason)
 	if d.gaveUp != nil {
-		return d.stopUnknown(ctx, d.gaveUp)
+		return d.leave(ctx, StateUnknown, d.gaveUp, Deferred)
 	}
 	return d.markUnknown(ctx)
 }
@@ -367,67 +367,49 @@ func (d *driver) dueAgain(ctx context.Context) time.Time {
 	return d.c.now().Add(d.c.retry.MaxBackoff)
 }
 
-// stopUnknown records that the outcome is unknown and ends this call.
-func (d *driver) stopUnknown(ctx context.Context, cause error) error {
+// leave ends this call with the operation journaled in state, cause as its
+// LastError, and returns the *OperationError that says so. An operation
+// left active is due again for Resume (see dueAgain); one left pending
+// carries no retention clock: no attempt of it was written (or every one
+// was refused before processing), so the server has not seen the key.
+func (d *driver) leave(ctx context.Context, state State, cause error, dur Durability) error {
 	next := d.rec
-	next.State = StateUnknown
-	next.LastError = cause.Error()
-	next.NextAttemptAt = d.dueAgain(ctx)
-	if err := d.update(outcomeCtx(ctx), next, Deferred); err != nil {
+	next.State = state
+	if cause != nil {
+		next.LastError = cause.Error()
+	}
+	if state.Active() {
+		next.NextAttemptAt = d.dueAgain(ctx)
+	}
+	if state == StatePending {
+		next.ExpiresAt = time.Time{}
+	}
+	if err := d.update(outcomeCtx(ctx), next, dur); err != nil {
 		return d.journalFailed(err)
 	}
 	return opError(d.rec, cause)
 }
 
-// stopPending records that nothing took effect: the operation is pending
-// again, safe to send. No attempt of it was ever written (or every one was
-// refused before processing), so the server has not seen the key and no
-// retention clock runs.
-func (d *driver) stopPending(ctx context.Context, cause error) error {
-	next := d.rec
-	next.State = StatePending
-	next.ExpiresAt = time.Time{}
-	next.LastError = cause.Error()
-	next.NextAttemptAt = d.dueAgain(ctx)
-	if err := d.update(outcomeCtx(ctx), next, Deferred); err != nil {
-		return d.journalFailed(err)
-	}
-	return opError(d.rec, cause)
-}
-
-// stop ends this call with the operation where it is, due again for Resume
-// after a backoff. An in_flight record becomes unknown: no attempt of this
-// driver is on the wire any more, and whether the last one arrived is what
-// the next status check must tell.
+// stop ends this call with the operation where it is. An in_flight record
+// becomes unknown: no attempt of this driver is on the wire any more, and
+// whether the last one arrived is what the next status check must tell.
 func (d *driver) stop(ctx context.Context, cause error) error {
 	cause = cmpErr(cause, d.cause)
-	if d.rec.State.Active() {
-		next := d.rec
-		if next.State == StateInFlight {
-			next.State = StateUnknown
-		}
-		next.NextAttemptAt = d.dueAgain(ctx)
-		if cause != nil {
-			next.LastError = cause.Error()
-		}
-		if err := d.update(outcomeCtx(ctx), next, Deferred); err != nil {
-			return d.journalFailed(err)
-		}
+	if !d.rec.State.Active() {
+		return opError(d.rec, cause)
 	}
-	return opError(d.rec, cause)
+	state := d.rec.State
+	if state == StateInFlight {
+		state = StateUnknown
+	}
+	return d.leave(ctx, state, cause, Deferred)
 }
 
-// expire records that the server's retention passed without a confirmed
-// outcome: the operation is parked for an operator.
+// expire parks an operation whose server retention passed without a
+// confirmed outcome, for an operator.
 func (d *driver) expire(ctx context.Context) error {
-	next := d.rec
-	next.State = StateExpired
-	next.LastError = fmt.Sprintf("the server's key retention (%s) ended at %s before the outcome was confirmed; not re-sent",
-		d.c.cfg.Retention, d.rec.ExpiresAt.UTC().Format(time.RFC3339))
-	if err := d.update(outcomeCtx(ctx), next, Deferred); err != nil {
-		return d.journalFailed(err)
-	}
-	return opError(d.rec, nil)
+	return d.leave(ctx, StateExpired, fmt.Errorf("the server's key retention (%s) ended at %s before the outcome was confirmed; not re-sent",
+		d.c.cfg.Retention, d.rec.ExpiresAt.UTC().Format(time.RFC3339)), Deferred)
 }
 
 // agrees reports whether a complete answer can be the one whose beginning
@@ -444,13 +426,8 @@ func agrees(partial, full *Response) bool {
 func (d *driver) keyNotHonoured(ctx context.Context, second *Response) error {
 	cause := fmt.Errorf("%w: key %s was answered HTTP %d, then HTTP %d with a different body; the request may have been applied twice: check for a duplicate, then Reconcile",
 		ErrKeyNotHonoured, d.rec.Key, d.partial.StatusCode, second.StatusCode)
-	next := d.rec
-	next.State = StateExpired
-	next.LastError = cause.Error()
-	if err := d.update(outcomeCtx(ctx), next, Durable); err != nil {
-		return d.journalFailed(err)
-	}
-	return opError(d.rec, cause)
+	// Durable: losing this would let a resume replay the key once more.
+	return d.leave(ctx, StateExpired, cause, Durable)
 }
 
 // journalFailed reports a journal write that failed: the operation is

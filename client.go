@@ -104,9 +104,6 @@ type Config struct {
 	// OnResumeProgress is called by Resume after each operation it
 	// finished, with the counts so far.
 	OnResumeProgress func(ResumeReport)
-
-	// now is the clock, for tests.
-	now func() time.Time
 }
 
 // Transition is a journaled state change, as OnTransition sees it.
@@ -212,10 +209,7 @@ func New(cfg Config) (*Client, error) {
 		host, _ := os.Hostname()
 		c.cfg.Owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
 	}
-	c.now = cfg.now
-	if c.now == nil {
-		c.now = time.Now
-	}
+	c.now = time.Now
 	c.retry = cfg.Retry.withDefaults()
 	c.budget = newRetryBudget(c.retry, c.now)
 	c.classify = cfg.Classify

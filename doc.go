@@ -89,13 +89,21 @@
 // does not parse leaves the operation unknown: it is never read as "not
 // found".
 //
+// A server that does not keep keys executes a replay again. When the client
+// holds the beginning of a first answer (its body broke off) and the next
+// answer for the same key differs, it stops: nothing more is sent, and the
+// operation is parked for an operator with ErrKeyNotHonoured.
+//
 // # Concurrency and crashes
 //
 // Calls for one operation from many goroutines share one attempt on the
 // wire and return the same result. Across processes sharing a journal, a
 // lease (renewed while its holder lives, fenced by an epoch) keeps one
 // worker driving each operation; another worker takes over when the holder's
-// process dies. Resume claims due operations with such leases.
+// process dies. Resume claims due operations with such leases, only those
+// whose URL has Config.BaseURL's origin (so that a client's credentials
+// never go to another API), and only those due when it started (so that it
+// makes one pass, even while a server keeps failing).
 //
 // # Server side
 //

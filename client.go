@@ -293,7 +293,8 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// begin registers a call in progress and ties ctx to the client's life.
+// enter registers a call in progress and ties ctx to the client's life:
+// Close cancels it and waits for the call to return.
 func (c *Client) enter(ctx context.Context) (context.Context, func(), error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

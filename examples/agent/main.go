@@ -32,10 +32,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/demo"
 )
 
 var journalFlag = flag.String("journal", "", "journal file to create and keep (default: a temporary file, removed at the end)")
@@ -79,7 +79,7 @@ func main() {
 }
 
 func run(ctx context.Context, out io.Writer) error {
-	out = &syncWriter{w: out}
+	out = demo.NewSyncWriter(out)
 	tmp, err := os.MkdirTemp("", "idem-agent-")
 	if err != nil {
 		return err
@@ -208,7 +208,7 @@ func openRuntime(journalPath, toolsURL string, out io.Writer) (*runtime, error) 
 		// When a tool's answer is lost, ask the service what became of the
 		// key instead of running the tool again.
 		Status:       idem.StatusEndpoint(toolsURL + "/idempotency"),
-		OnTransition: printTransition(out),
+		OnTransition: demo.PrintTransitions(out),
 	})
 	if err != nil {
 		journal.Close()
@@ -263,36 +263,4 @@ func (rt *runtime) execute(ctx context.Context, call ToolCall) (json.RawMessage,
 	// A definitive answer, success or refusal, is the tool's result: the
 	// model gets it, and gets the same one on every replay.
 	return res.Body, nil
-}
-
-// printTransition prints each journaled state change, such as
-//
-//	key 3f2a9c1e… tool/call_9a1: in_flight → unknown (context canceled)
-func printTransition(out io.Writer) func(idem.Transition) {
-	return func(t idem.Transition) {
-		from := "new"
-		if t.From.Valid() {
-			from = t.From.String()
-		}
-		line := fmt.Sprintf("   key %.8s… %s: %s → %s", t.Key, t.ID, from, t.To)
-		switch {
-		case t.Reason != "":
-			line += " (" + t.Reason + ")"
-		case t.StatusCode != 0:
-			line += fmt.Sprintf(" (HTTP %d)", t.StatusCode)
-		}
-		fmt.Fprintln(out, line)
-	}
-}
-
-// syncWriter serializes writes from the goroutines that print.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

@@ -33,11 +33,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/demo"
 )
 
 var journalFlag = flag.String("journal", "", "journal file of the first two runs, to create and keep (default: a temporary file, removed at the end)")
@@ -205,7 +205,7 @@ func runMonth(ctx context.Context, out io.Writer, journalPath, bankURL string, s
 }
 
 func run(ctx context.Context, out io.Writer) error {
-	out = &syncWriter{w: out}
+	out = demo.NewSyncWriter(out)
 	tmp, err := os.MkdirTemp("", "idem-batch-")
 	if err != nil {
 		return err
@@ -293,16 +293,4 @@ func euros(cents int64) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return fmt.Sprintf("%s.%02d EUR", s, cents%100)
-}
-
-// syncWriter serializes writes from the goroutines that print.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

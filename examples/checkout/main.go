@@ -24,7 +24,7 @@
 // Start from this program when your code calls an HTTP API that changes
 // something (creates an order, charges a card, books a slot) and a timeout
 // or a restart must never turn into a duplicate. main.go is what your
-// application would contain; demo_server.go is the in-process shop and its
+// application would contain; examples/internal/demo holds the in-process shop and its
 // injected faults.
 package main
 
@@ -39,11 +39,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/demo"
 )
 
 var journalFlag = flag.String("journal", "", "journal file to create and keep (default: a temporary file, removed at the end)")
@@ -60,7 +60,7 @@ func main() {
 }
 
 func run(ctx context.Context, out io.Writer) error {
-	out = &syncWriter{w: out}
+	out = demo.NewSyncWriter(out)
 	tmp, err := os.MkdirTemp("", "idem-checkout-")
 	if err != nil {
 		return err
@@ -74,7 +74,7 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 	}
 
-	shop, err := startShop(tmp)
+	shop, err := demo.StartShop(tmp)
 	if err != nil {
 		return err
 	}
@@ -96,12 +96,12 @@ func run(ctx context.Context, out io.Writer) error {
 
 	// 1. The answer is lost after the shop created the order.
 	fmt.Fprintln(out, "\n1. Place order checkout/cart-42. The shop creates it, then the connection drops before the answer.")
-	shop.DropNextAnswer()
+	shop.DropAnswerOf(shop.OrderRequests() + 1) // the answer to the next order is lost
 	res, err := client.Do(ctx, placeOrder("checkout/cart-42", "book", 1))
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "   → order %s, key %s, replayed: %t\n", orderID(res.Body), res.Key, res.Replayed)
+	fmt.Fprintf(out, "   → order %s, key %s, replayed: %t\n", demo.OrderID(res.Body), res.Key, res.Replayed)
 	fmt.Fprintf(out, "     The shop saw %d POST /orders and %d status request: the status endpoint handed back the order it had created.\n",
 		shop.OrderRequests(), shop.StatusRequests())
 	firstKey := res.Key
@@ -116,14 +116,14 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "   → order %s, key %s, from the journal: POST /orders requests at the shop: %d before, %d after\n",
-		orderID(res.Body), res.Key, before, shop.OrderRequests())
+		demo.OrderID(res.Body), res.Key, before, shop.OrderRequests())
 	if res.Key != firstKey {
 		return fmt.Errorf("the second Do used key %s, not %s", res.Key, firstKey)
 	}
 
 	// 3. A crash while an order is on the wire.
 	fmt.Fprintln(out, "\n3. Place order checkout/cart-43. The shop creates it and holds the answer; meanwhile the process \"crashes\".")
-	held := shop.HoldNextAnswer()
+	held := shop.HoldAnswerOf(shop.OrderRequests() + 1) // the next order's answer is held
 	done := make(chan error, 1)
 	go func() {
 		_, err := client.Do(ctx, placeOrder("checkout/cart-43", "lamp", 2))
@@ -165,7 +165,7 @@ func run(ctx context.Context, out io.Writer) error {
 
 // restart is what a restarted process does: it opens the same journal file
 // and calls Resume, which finishes whatever was left unfinished.
-func restart(ctx context.Context, out io.Writer, journalPath string, shop *shop) error {
+func restart(ctx context.Context, out io.Writer, journalPath string, shop *demo.Shop) error {
 	fmt.Fprintln(out, "\n   Restart: a new client on the same journal file.")
 	journal, err := idem.OpenSQLite(journalPath)
 	if err != nil {
@@ -199,7 +199,7 @@ func restart(ctx context.Context, out io.Writer, journalPath string, shop *shop)
 		return fmt.Errorf("checkout/cart-43 is %s after Resume: %s", rec.State, rec.LastError)
 	}
 	fmt.Fprintf(out, "   → order %s, key %s; Resume asked the status endpoint (%d status request) and sent %d POST /orders\n",
-		orderID(rec.Response.Body), rec.Key, shop.StatusRequests()-statusBefore, shop.OrderRequests()-before)
+		demo.OrderID(rec.Response.Body), rec.Key, shop.StatusRequests()-statusBefore, shop.OrderRequests()-before)
 	return nil
 }
 
@@ -218,7 +218,7 @@ func newClient(journal idem.Journal, baseURL string, out io.Writer) (*idem.Clien
 		// server's processing time; the default is 30 s.
 		AttemptTimeout: 5 * time.Second,
 		// Every journaled state change, for logs, metrics or tracing.
-		OnTransition: printTransition(out),
+		OnTransition: demo.PrintTransitions(out),
 	})
 }
 
@@ -234,48 +234,4 @@ func placeOrder(id, item string, quantity int) idem.Op {
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   body,
 	}
-}
-
-// orderID reads the order ID from the shop's answer.
-func orderID(body []byte) string {
-	var o struct {
-		ID string `json:"order_id"`
-	}
-	if err := json.Unmarshal(body, &o); err != nil || o.ID == "" {
-		return fmt.Sprintf("(unreadable answer %q)", body)
-	}
-	return o.ID
-}
-
-// printTransition prints each journaled state change, such as
-//
-//	key 3f2a9c1e… checkout/cart-42: in_flight → unknown (sent, then: EOF)
-func printTransition(out io.Writer) func(idem.Transition) {
-	return func(t idem.Transition) {
-		from := "new"
-		if t.From.Valid() {
-			from = t.From.String()
-		}
-		line := fmt.Sprintf("   key %.8s… %s: %s → %s", t.Key, t.ID, from, t.To)
-		switch {
-		case t.Reason != "":
-			line += " (" + t.Reason + ")"
-		case t.StatusCode != 0:
-			line += fmt.Sprintf(" (HTTP %d)", t.StatusCode)
-		}
-		fmt.Fprintln(out, line)
-	}
-}
-
-// syncWriter serializes writes: transitions are printed from the
-// goroutines that drive operations.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

@@ -16,7 +16,7 @@
 // killed, redeployed or run out of memory mid-request. runApplication is
 // the code that places orders; runAfterRestart is the start-up code every
 // such service needs (open the journal, New, Resume). crash.go starts and
-// kills the child process and demo_server.go is the shop: both are demo
+// kills the child process and examples/internal/demo holds the shop: both are demo
 // scaffolding.
 package main
 
@@ -30,11 +30,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/demo"
 )
 
 var journalFlag = flag.String("journal", "", "journal file to create and keep (default: a temporary file, removed at the end)")
@@ -66,7 +66,7 @@ func main() {
 }
 
 func run(ctx context.Context, out io.Writer) error {
-	out = &syncWriter{w: out}
+	out = demo.NewSyncWriter(out)
 	tmp, err := os.MkdirTemp("", "idem-resume-")
 	if err != nil {
 		return err
@@ -82,12 +82,12 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 	}
 
-	shop, err := startShop(tmp)
+	shop, err := demo.StartShop(tmp)
 	if err != nil {
 		return err
 	}
 	defer shop.Close()
-	shop.HoldAnswerOf(len(carts))
+	held := shop.HoldAnswerOf(len(carts)) // the last order's answer is held
 	fmt.Fprintf(out, "demo shop on %s (in this process: it outlives the crash), journal %s\n", shop.URL, journalPath)
 
 	fmt.Fprintf(out, "\n1. Start the application as a child process. It places %d orders; the shop holds the answer to the last.\n", len(carts))
@@ -102,7 +102,12 @@ func run(ctx context.Context, out io.Writer) error {
 	// falls exactly between "the server did it" and "the client knows".
 	if err := app.WaitFor(ctx, last+": new → in_flight", func() bool {
 		n, err := shop.Orders(ctx)
-		return err == nil && n == len(carts) && shop.Holding()
+		select {
+		case <-held:
+			return err == nil && n == len(carts)
+		default:
+			return false
+		}
 	}); err != nil {
 		return err
 	}
@@ -151,7 +156,7 @@ func runApplication(ctx context.Context, out io.Writer, journalPath, shopURL str
 		// takes over at once. The default, 15 s, rides out long pauses of
 		// a live process (GC, a stalled disk) without a take-over.
 		LeaseDuration: time.Second,
-		OnTransition:  printTransition(out),
+		OnTransition:  demo.PrintTransitions(out),
 	})
 	if err != nil {
 		return err
@@ -163,7 +168,7 @@ func runApplication(ctx context.Context, out io.Writer, journalPath, shopURL str
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "→ order %s\n", orderID(res.Body))
+		fmt.Fprintf(out, "→ order %s\n", demo.OrderID(res.Body))
 	}
 	return nil
 }
@@ -188,7 +193,7 @@ func runAfterRestart(ctx context.Context, out io.Writer, journalPath, shopURL st
 		}
 		line := fmt.Sprintf("     %s  key %s  %s", rec.ID, rec.Key, rec.State)
 		if rec.Response != nil {
-			line += fmt.Sprintf(" (order %s)", orderID(rec.Response.Body))
+			line += fmt.Sprintf(" (order %s)", demo.OrderID(rec.Response.Body))
 		}
 		if rec.State.Active() && rec.Lease.Owner != "" {
 			line += fmt.Sprintf(", leased by %s for %s more", rec.Lease.Owner, time.Until(rec.Lease.ExpiresAt).Round(100*time.Millisecond))
@@ -203,7 +208,7 @@ func runAfterRestart(ctx context.Context, out io.Writer, journalPath, shopURL st
 		Journal:      journal,
 		BaseURL:      shopURL,
 		Status:       idem.StatusEndpoint(shopURL + "/idempotency"),
-		OnTransition: printTransition(out),
+		OnTransition: demo.PrintTransitions(out),
 	})
 	if err != nil {
 		return err
@@ -264,37 +269,6 @@ func placeOrder(id, item string, quantity int) idem.Op {
 	}
 }
 
-// orderID reads the order ID from the shop's answer.
-func orderID(body []byte) string {
-	var o struct {
-		ID string `json:"order_id"`
-	}
-	if err := json.Unmarshal(body, &o); err != nil || o.ID == "" {
-		return fmt.Sprintf("(unreadable answer %q)", body)
-	}
-	return o.ID
-}
-
-// printTransition prints each journaled state change, such as
-//
-//	key 3f2a9c1e… checkout/cart-3: in_flight → succeeded (HTTP 201)
-func printTransition(out io.Writer) func(idem.Transition) {
-	return func(t idem.Transition) {
-		from := "new"
-		if t.From.Valid() {
-			from = t.From.String()
-		}
-		line := fmt.Sprintf("   key %.8s… %s: %s → %s", t.Key, t.ID, from, t.To)
-		switch {
-		case t.Reason != "":
-			line += " (" + t.Reason + ")"
-		case t.StatusCode != 0:
-			line += fmt.Sprintf(" (HTTP %d)", t.StatusCode)
-		}
-		fmt.Fprintln(out, line)
-	}
-}
-
 // sleep waits d or until ctx ends.
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -305,16 +279,4 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// syncWriter serializes writes from the goroutines that print.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

@@ -1,8 +1,4 @@
-package main
-
-// The demo shop: the orders application behind idem's server middleware,
-// on 127.0.0.1, with the two network faults the story needs. This is
-// scaffolding, not something a client application would copy: main.go is.
+package demo
 
 import (
 	"context"
@@ -22,8 +18,10 @@ import (
 	"github.com/idemkit/idem/server"
 )
 
-// shop is the running demo server. It is safe for concurrent use.
-type shop struct {
+// Shop is the demo server: the orders application behind idem's server
+// middleware on 127.0.0.1, which can lose or hold the answer of a chosen
+// order. It is safe for concurrent use.
+type Shop struct {
 	// URL is the shop's base URL, such as http://127.0.0.1:41234.
 	URL string
 
@@ -37,12 +35,12 @@ type shop struct {
 	orderRequests  atomic.Int64 // POST /orders requests that reached the shop
 	statusRequests atomic.Int64 // GET /idempotency/{key} requests
 
-	mu    sync.Mutex
-	fault func(w http.ResponseWriter, r *http.Request) // for the next POST /orders, or nil
+	mu     sync.Mutex
+	faults map[int64]func(http.ResponseWriter, *http.Request) // by POST /orders number, from 1
 }
 
-// startShop starts the shop with its orders database in dir.
-func startShop(dir string) (*shop, error) {
+// StartShop starts the shop with its orders database in dir.
+func StartShop(dir string) (*Shop, error) {
 	app, err := orders.New(filepath.Join(dir, "orders.db"))
 	if err != nil {
 		return nil, err
@@ -61,11 +59,12 @@ func startShop(dir string) (*shop, error) {
 		app.Close()
 		return nil, err
 	}
-	s := &shop{
+	s := &Shop{
 		URL: "http://" + ln.Addr().String(),
 		app: app, mw: mw, api: orders.Mux(app, mw),
 		served: make(chan error, 1),
 		stop:   make(chan struct{}),
+		faults: map[int64]func(http.ResponseWriter, *http.Request){},
 	}
 	s.srv = &http.Server{
 		Handler:           http.HandlerFunc(s.serve),
@@ -78,7 +77,7 @@ func startShop(dir string) (*shop, error) {
 
 // Close stops the shop: held answers are let go, then the server, the
 // middleware and the database are closed.
-func (s *shop) Close() error {
+func (s *Shop) Close() error {
 	close(s.stop)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -90,36 +89,35 @@ func (s *shop) Close() error {
 }
 
 // Orders returns how many orders the shop's database holds.
-func (s *shop) Orders(ctx context.Context) (int, error) { return s.app.TotalOrders(ctx) }
+func (s *Shop) Orders(ctx context.Context) (int, error) { return s.app.TotalOrders(ctx) }
 
 // OrderRequests returns how many POST /orders requests reached the shop.
-func (s *shop) OrderRequests() int { return int(s.orderRequests.Load()) }
+func (s *Shop) OrderRequests() int { return int(s.orderRequests.Load()) }
 
 // StatusRequests returns how many status requests reached the shop.
-func (s *shop) StatusRequests() int { return int(s.statusRequests.Load()) }
+func (s *Shop) StatusRequests() int { return int(s.statusRequests.Load()) }
 
-// DropNextAnswer makes the next POST /orders go through the middleware in
-// full (the order is created and its answer stored under the key), and
-// then closes the connection instead of answering: the answer is lost on
-// the way back.
-func (s *shop) DropNextAnswer() {
-	s.setFault(func(w http.ResponseWriter, r *http.Request) {
+// DropAnswerOf makes the nth POST /orders (counting from 1) go through the
+// middleware in full (the order is created and its answer stored under the
+// key), and then closes the connection instead of answering: the answer is
+// lost on the way back.
+func (s *Shop) DropAnswerOf(n int) {
+	s.setFault(n, func(w http.ResponseWriter, r *http.Request) {
 		commit(s.api, r)
 		drop(w)
 	})
 }
 
-// HoldNextAnswer makes the next POST /orders go through the middleware in
-// full, and then holds its answer until the client goes away. The
-// returned channel is closed once the order is created and its answer
-// stored.
-func (s *shop) HoldNextAnswer() <-chan struct{} {
+// HoldAnswerOf makes the nth POST /orders go through the middleware in
+// full, and then holds its answer until the client goes away. The returned
+// channel is closed once the order is created and its answer stored.
+func (s *Shop) HoldAnswerOf(n int) <-chan struct{} {
 	held := make(chan struct{})
-	s.setFault(func(w http.ResponseWriter, r *http.Request) {
+	s.setFault(n, func(w http.ResponseWriter, r *http.Request) {
 		commit(s.api, r)
 		close(held)
 		select {
-		case <-r.Context().Done(): // the client disconnected
+		case <-r.Context().Done(): // the client went away
 		case <-s.stop:
 		}
 		drop(w)
@@ -127,19 +125,19 @@ func (s *shop) HoldNextAnswer() <-chan struct{} {
 	return held
 }
 
-func (s *shop) setFault(f func(http.ResponseWriter, *http.Request)) {
+func (s *Shop) setFault(n int, f func(http.ResponseWriter, *http.Request)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.fault = f
+	s.faults[int64(n)] = f
 }
 
-func (s *shop) serve(w http.ResponseWriter, r *http.Request) {
+func (s *Shop) serve(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodPost && r.URL.Path == "/orders":
-		s.orderRequests.Add(1)
+		n := s.orderRequests.Add(1)
 		s.mu.Lock()
-		f := s.fault
-		s.fault = nil
+		f := s.faults[n]
+		delete(s.faults, n)
 		s.mu.Unlock()
 		if f != nil {
 			f(w, r)

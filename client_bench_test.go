@@ -126,6 +126,8 @@ func BenchmarkDo(b *testing.B) {
 			})
 			s := j.Stats()
 			b.ReportMetric(float64(s.DurableCommits)/float64(b.N), "fsyncs/op")
+			b.ReportMetric(float64(s.DeferredCommits)/float64(b.N), "deferred/op")
+			b.ReportMetric(float64(s.Writes)/float64(b.N), "writes/op")
 		})
 	}
 }

@@ -420,3 +420,40 @@ func TestServerThatIgnoresKeysIsDetected(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrNeedsReconciliation)
 	assert.Len(t, srv.received(), 2, "a parked operation is never re-sent")
 }
+
+// A success is journaled buffered (a status check would return it again if
+// it were lost); a rejection is on disk before Do returns, since a server
+// need not keep a request it refused.
+func TestOutcomeDurability(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/refused" {
+			http.Error(w, `{"error":"card declined"}`, http.StatusPaymentRequired)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	path := filepath.Join(t.TempDir(), "ops.db")
+	j, err := idem.OpenSQLite(path, idem.SQLiteLingerDelay(time.Hour))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j.Close() })
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+
+	res, err := c.Do(ctx, idem.Op{ID: "pay-1", URL: "/refused", Body: []byte(`{}`)})
+	require.NoError(t, err, "a rejection is a definitive answer")
+	require.Equal(t, idem.StateRejected, res.State)
+	assert.Equal(t, idem.StateRejected, rawState(t, path, res.Key), "the rejection was committed before Do returned")
+
+	res, err = c.Do(ctx, idem.Op{ID: "pay-2", URL: "/ok", Body: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, idem.StateSucceeded, res.State)
+	assert.Equal(t, idem.StateInFlight, rawState(t, path, res.Key),
+		"a success is buffered: until the next write carries it, the file says in_flight, which resumes as a status check")
+	rec, err := c.Lookup(ctx, "", "pay-2")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State, "reads through the journal see it at once")
+	assert.Equal(t, idem.StateSucceeded, rawState(t, path, res.Key), "and commit it")
+}

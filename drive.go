@@ -129,7 +129,7 @@ func (d *driver) sendRound(ctx context.Context) error {
 		// From pending this is the intent to send and must be on disk
 		// first; after a not_found the record already reads unknown, which
 		// resumes as a status check, so losing this write is harmless.
-		dur := Deferred
+		dur := Buffered
 		if d.rec.State == StatePending {
 			dur = Durable
 		}
@@ -175,7 +175,7 @@ func (d *driver) sendRound(ctx context.Context) error {
 		return d.settle(ctx, v, d.stored(d.last.Response, d.last.Body))
 	case Retry:
 		if !d.maybeApplied {
-			return d.leave(ctx, StatePending, cmpErr(d.gaveUp, errors.New(v.Reason)), Deferred)
+			return d.leave(ctx, StatePending, cmpErr(d.gaveUp, errors.New(v.Reason)), Buffered)
 		}
 	case InProgress:
 		d.statusWait = min(v.RetryAfter, d.c.retry.MaxRetryAfter)
@@ -184,7 +184,7 @@ func (d *driver) sendRound(ctx context.Context) error {
 	// may have reached the server: the outcome is unknown.
 	d.cause = errors.New(v.Reason)
 	if d.gaveUp != nil {
-		return d.leave(ctx, StateUnknown, d.gaveUp, Deferred)
+		return d.leave(ctx, StateUnknown, d.gaveUp, Buffered)
 	}
 	return d.markUnknown(ctx)
 }
@@ -293,13 +293,13 @@ func (d *driver) checkRetry(ctx context.Context, resp *http.Response, err error)
 func (d *driver) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Duration { return d.wait }
 
 // prepareRetry is retryablehttp's PrepareRetry: it journals the attempt
-// about to start. The record is already in_flight, so this is deferred; a
+// about to start. The record is already in_flight, so this is buffered; a
 // lost lease stops the loop.
 func (d *driver) prepareRetry(req *http.Request) error {
 	next := d.rec
 	next.Attempts++
 	next.LastError = d.verdict.Reason
-	d.journalErr = d.update(outcomeCtx(req.Context()), next, Deferred)
+	d.journalErr = d.update(outcomeCtx(req.Context()), next, Buffered)
 	return d.journalErr
 }
 
@@ -313,9 +313,12 @@ func (d *driver) stored(resp *http.Response, body []byte) *Response {
 	return &Response{StatusCode: resp.StatusCode, Header: h, Body: body, Replayed: wire.Replayed(resp.Header)}
 }
 
-// settle records a definitive answer. The write is deferred: if it is lost,
-// the record reads in_flight or unknown and a status check returns the
-// same answer.
+// settle records a definitive answer. A success is buffered: if it is
+// lost, the record reads in_flight or unknown and a status check returns
+// the same answer, which the server keeps. A rejection is durable: a server
+// need not keep a request it refused, so a status check could answer
+// not_found and a resume would send the request again, after this call
+// reported it rejected.
 func (d *driver) settle(ctx context.Context, v Decision, resp *Response) error {
 	next := d.rec
 	next.State = StateSucceeded
@@ -330,7 +333,11 @@ func (d *driver) settle(ctx context.Context, v Decision, resp *Response) error {
 	if d.cut {
 		next.LastError = fmt.Sprintf("response body cut at %d bytes (Config.MaxResponseBytes)", d.c.cfg.MaxResponseBytes)
 	}
-	if err := d.update(outcomeCtx(ctx), next, Deferred); err != nil {
+	dur := Buffered
+	if next.State == StateRejected {
+		dur = Durable
+	}
+	if err := d.update(outcomeCtx(ctx), next, dur); err != nil {
 		return d.journalFailed(err)
 	}
 	if v.Verdict == KeyConflict {
@@ -349,7 +356,7 @@ func (d *driver) markUnknown(ctx context.Context) error {
 	next := d.rec
 	next.State = StateUnknown
 	next.LastError = d.cause.Error()
-	if err := d.update(outcomeCtx(ctx), next, Deferred); err != nil {
+	if err := d.update(outcomeCtx(ctx), next, Buffered); err != nil {
 		return d.journalFailed(err)
 	}
 	return nil
@@ -402,14 +409,14 @@ func (d *driver) stop(ctx context.Context, cause error) error {
 	if state == StateInFlight {
 		state = StateUnknown
 	}
-	return d.leave(ctx, state, cause, Deferred)
+	return d.leave(ctx, state, cause, Buffered)
 }
 
 // expire parks an operation whose server retention passed without a
 // confirmed outcome, for an operator.
 func (d *driver) expire(ctx context.Context) error {
 	return d.leave(ctx, StateExpired, fmt.Errorf("the server's key retention (%s) ended at %s before the outcome was confirmed; not re-sent",
-		d.c.cfg.Retention, d.rec.ExpiresAt.UTC().Format(time.RFC3339)), Deferred)
+		d.c.cfg.Retention, d.rec.ExpiresAt.UTC().Format(time.RFC3339)), Buffered)
 }
 
 // agrees reports whether a complete answer can be the one whose beginning

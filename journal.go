@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
 	"net/http"
 	"time"
@@ -45,10 +46,13 @@ type Journal interface {
 	//
 	// d says when Update may return. Durable returns after the write is on
 	// disk. Deferred may return before, and the write becomes durable with
-	// the next durable write or within the journal's flush interval; use it
-	// only for writes whose loss is harmless because the previous state
-	// leads to the same end (an outcome recorded over in_flight: if lost, the
-	// record reads in_flight and resumes as a status check).
+	// the next durable write or within the journal's flush interval.
+	// Buffered may return before the write is even committed. Use the
+	// weaker two only for writes whose loss is harmless because the
+	// previous state leads to the same end (a success recorded over
+	// in_flight: if lost, the record reads in_flight and resumes as a status
+	// check, which the server answers with the same response). A value
+	// other than these three is refused with ErrInvalidRecord.
 	Update(ctx context.Context, rec Record, d Durability) (Record, error)
 
 	// Claim leases up to req.Limit active records whose NextAttemptAt has
@@ -259,15 +263,38 @@ const (
 	// Durable returns only after the write is on disk.
 	Durable Durability = iota
 	// Deferred may return before the write is on disk; it becomes durable
-	// with the next durable write or the journal's next flush.
+	// with the next durable write or the journal's next flush. A crash of
+	// the process keeps it; a power failure may lose it.
 	Deferred
+	// Buffered may return before the write is committed: reads through the
+	// same journal see it at once, other processes once it is committed,
+	// with the next write that is not buffered or within about a
+	// millisecond. A crash of the process or the machine before then may
+	// lose it, and the record then reads as it was. The journal still
+	// checks the write when it is made (version, lease) and returns its
+	// error. Use it only for a write whose loss a status check repairs,
+	// such as a success the server keeps and replays.
+	Buffered
 )
 
-func (d Durability) String() string {
-	if d == Deferred {
-		return "deferred"
+// check refuses a Durability that is none of the three.
+func (d Durability) check() error {
+	if d > Buffered {
+		return fmt.Errorf("%w: durability %d is not Durable, Deferred or Buffered", ErrInvalidRecord, uint8(d))
 	}
-	return "durable"
+	return nil
+}
+
+func (d Durability) String() string {
+	switch d {
+	case Durable:
+		return "durable"
+	case Deferred:
+		return "deferred"
+	case Buffered:
+		return "buffered"
+	}
+	return fmt.Sprintf("Durability(%d)", uint8(d))
 }
 
 // DefaultMaxBodySize is the largest request body a journal accepts unless

@@ -135,8 +135,9 @@ var jbModes = []struct {
 }{
 	// synchronous=FULL with group commit and the outcome deferred: the
 	// default, what Client.Do does.
-	{"full", nil, idem.Deferred},
+	{"full", nil, idem.Buffered},
 	{"normal", []idem.SQLiteOption{idem.SQLiteSynchronousNormal()}, idem.Deferred},
+	{"normal-buf", []idem.SQLiteOption{idem.SQLiteSynchronousNormal()}, idem.Buffered},
 	// No group commit, outcome still deferred: one fsync per operation.
 	{"full-nobatch", []idem.SQLiteOption{idem.SQLiteMaxBatch(1)}, idem.Deferred},
 	// The straightforward journal: every write its own transaction, every

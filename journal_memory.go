@@ -124,7 +124,10 @@ func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 }
 
 // Update implements Journal. Durability is ignored: nothing is durable here.
-func (m *MemoryJournal) Update(ctx context.Context, rec Record, _ Durability) (Record, error) {
+func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability) (Record, error) {
+	if err := d.check(); err != nil {
+		return Record{}, err
+	}
 	if err := m.lock(ctx); err != nil {
 		return Record{}, err
 	}

@@ -186,7 +186,7 @@ func (j *SQLiteJournal) Close() error { return j.db.Close() }
 func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
 	var out Record
 	var created bool
-	err := j.db.Write(ctx, true, func(tx *sqlitefile.Tx) error {
+	err := j.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
 		nr, ev, err := NewRecord(rec, j.now(), j.maxBody)
 		if err != nil {
 			return err
@@ -232,7 +232,7 @@ func (j *SQLiteJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 }
 
 func (j *SQLiteJournal) readOne(ctx context.Context, what, query string, args ...any) (Record, error) {
-	if err := j.db.ErrIfClosed(); err != nil {
+	if err := j.beforeRead(ctx); err != nil {
 		return Record{}, err
 	}
 	_, rec, err := scanRecord(j.db.Reader.QueryRowContext(ctx, query, args...))
@@ -242,10 +242,27 @@ func (j *SQLiteJournal) readOne(ctx context.Context, what, query string, args ..
 	return rec, j.db.Classify(err)
 }
 
+// beforeRead refuses reads after Close and commits buffered writes, which
+// the read connections would not see otherwise. A read goes on if that
+// commit fails (a full disk, say): it sees the journal as last committed,
+// and the buffered writes stay pending.
+func (j *SQLiteJournal) beforeRead(ctx context.Context) error {
+	if err := j.db.ErrIfClosed(); err != nil {
+		return err
+	}
+	if err := j.db.CommitBuffered(ctx); ctx.Err() != nil {
+		return err
+	}
+	return nil
+}
+
 // Update implements Journal.
 func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability) (Record, error) {
+	if err := d.check(); err != nil {
+		return Record{}, err
+	}
 	var out Record
-	err := j.db.Write(ctx, d == Durable, func(tx *sqlitefile.Tx) error {
+	err := j.db.Write(ctx, sqlitefile.Mode(d), func(tx *sqlitefile.Tx) error {
 		id, stored, err := j.lockedGet(tx, rec.Key)
 		if err != nil {
 			return err
@@ -257,7 +274,9 @@ func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability) (R
 		if err := j.dict.storeRecord(tx, id, stored, next); err != nil {
 			return err
 		}
-		out = next
+		if !tx.Replay() { // a replayed write's caller has its answer
+			out = next
+		}
 		return j.dict.insertEvent(tx, id, ev)
 	})
 	return out, err
@@ -278,7 +297,7 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 		return nil, err
 	}
 	var out []Record
-	err := j.db.Write(ctx, true, func(tx *sqlitefile.Tx) error {
+	err := j.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
 		out = out[:0]
 		now := j.now()
 		q := selectRecord + `
@@ -337,7 +356,7 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 // Acquire implements Journal.
 func (j *SQLiteJournal) Acquire(ctx context.Context, key, owner string, lease time.Duration) (Record, error) {
 	var out Record
-	err := j.db.Write(ctx, true, func(tx *sqlitefile.Tx) error {
+	err := j.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
 		id, stored, err := j.lockedGet(tx, key)
 		if err != nil {
 			return err
@@ -356,7 +375,7 @@ func (j *SQLiteJournal) Acquire(ctx context.Context, key, owner string, lease ti
 // Renew implements Journal.
 func (j *SQLiteJournal) Renew(ctx context.Context, owner string, lease time.Duration) (int, error) {
 	var n int64
-	err := j.db.Write(ctx, false, func(tx *sqlitefile.Tx) error {
+	err := j.db.Write(ctx, sqlitefile.Deferred, func(tx *sqlitefile.Tx) error {
 		now := j.now()
 		// Only active records hold leases; the state index finds them.
 		res, err := tx.Exec(`UPDATE operations INDEXED BY operations_due SET lease_expires_at = ?
@@ -373,9 +392,9 @@ func (j *SQLiteJournal) Renew(ctx context.Context, owner string, lease time.Dura
 }
 
 // Release implements Journal. A lost release only delays the next claim
-// until the lease expires, so it does not wait for fsync.
+// until the lease expires, so it is buffered.
 func (j *SQLiteJournal) Release(ctx context.Context, key string, l Lease) error {
-	return j.db.Write(ctx, false, func(tx *sqlitefile.Tx) error {
+	return j.db.Write(ctx, sqlitefile.Buffered, func(tx *sqlitefile.Tx) error {
 		id, stored, err := j.lockedGet(tx, key)
 		if err != nil {
 			return err
@@ -436,7 +455,7 @@ func (j *SQLiteJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 }
 
 func (j *SQLiteJournal) listPage(ctx context.Context, q string, args []any) ([]Record, int64, error) {
-	if err := j.db.ErrIfClosed(); err != nil {
+	if err := j.beforeRead(ctx); err != nil {
 		return nil, 0, err
 	}
 	rows, err := j.db.Reader.QueryContext(ctx, q, args...)
@@ -460,7 +479,7 @@ func (j *SQLiteJournal) listPage(ctx context.Context, q string, args []any) ([]R
 
 // Count implements Journal.
 func (j *SQLiteJournal) Count(ctx context.Context) ([]Count, error) {
-	if err := j.db.ErrIfClosed(); err != nil {
+	if err := j.beforeRead(ctx); err != nil {
 		return nil, err
 	}
 	rows, err := j.db.Reader.QueryContext(ctx,
@@ -484,7 +503,7 @@ func (j *SQLiteJournal) Count(ctx context.Context) ([]Count, error) {
 
 // History implements Journal.
 func (j *SQLiteJournal) History(ctx context.Context, key string) ([]Event, error) {
-	if err := j.db.ErrIfClosed(); err != nil {
+	if err := j.beforeRead(ctx); err != nil {
 		return nil, err
 	}
 	rows, err := j.db.Reader.QueryContext(ctx, `SELECT e.version, e.at, e.from_state, e.to_state, e.attempt,
@@ -531,7 +550,7 @@ func (j *SQLiteJournal) Prune(ctx context.Context, before time.Time) (int, error
 	var after int64
 	for {
 		var n int
-		err := j.db.Write(ctx, false, func(tx *sqlitefile.Tx) error {
+		err := j.db.Write(ctx, sqlitefile.Deferred, func(tx *sqlitefile.Tx) error {
 			rows, err := tx.Query(`SELECT id FROM operations WHERE id > ? AND state IN (4, 5, 7) AND updated_at < ?
 				ORDER BY id LIMIT ?`, after, millis(before), pruneChunk)
 			if err != nil {
@@ -580,7 +599,7 @@ func (j *SQLiteJournal) Prune(ctx context.Context, before time.Time) (int, error
 // benchmarks that need a journal of a million records without a million
 // commits.
 func (j *SQLiteJournal) importRecords(ctx context.Context, n int, gen func(i int) (Record, []Event, error)) error {
-	return j.db.Write(ctx, true, func(tx *sqlitefile.Tx) error {
+	return j.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
 		for i := range n {
 			rec, history, err := gen(i)
 			if err != nil {

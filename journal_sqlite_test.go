@@ -267,6 +267,48 @@ func TestSQLiteIntentIsDurableOutcomeIsDeferred(t *testing.T) {
 		"the deferred outcome must be fsynced within the flush interval")
 }
 
+// rawState reads a record's state through a connection of its own, as
+// another process (or a restart) would see it.
+func rawState(t *testing.T, path, key string) idem.State {
+	t.Helper()
+	raw, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+	require.NoError(t, err)
+	defer raw.Close()
+	u := uuid.MustParse(key)
+	var state idem.State
+	require.NoError(t, raw.QueryRow(`SELECT state FROM operations WHERE key = ?`, u[:]).Scan(&state))
+	return state
+}
+
+func TestSQLiteBufferedOutcomeSharesTheNextIntentsFsync(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ops.db")
+	j := openJournal(t, path, idem.SQLiteLingerDelay(time.Hour))
+	ctx := context.Background()
+	first := testRecord("s", "op-1", []byte("{}"))
+	first.State, first.Attempts = idem.StateInFlight, 1
+	rec, _, err := j.Create(ctx, first)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, j.Stats().DurableCommits, "an intent returns on disk")
+
+	rec.State = idem.StateSucceeded
+	rec.Response = &idem.Response{StatusCode: 201, Body: []byte(`{"id":1}`)}
+	_, err = j.Update(ctx, rec, idem.Buffered)
+	require.NoError(t, err)
+	s := j.Stats()
+	assert.EqualValues(t, 1, s.DurableCommits+s.DeferredCommits, "a buffered outcome returns before any commit")
+	assert.Equal(t, idem.StateInFlight, rawState(t, path, rec.Key), "not committed yet: a crash now would leave in_flight")
+
+	second := testRecord("s", "op-2", []byte("{}"))
+	second.State, second.Attempts = idem.StateInFlight, 1
+	_, _, err = j.Create(ctx, second)
+	require.NoError(t, err)
+	s = j.Stats()
+	assert.EqualValues(t, 2, s.DurableCommits, "the next intent's commit carries the outcome: one fsync each")
+	assert.Zero(t, s.DeferredCommits)
+	assert.Equal(t, idem.StateSucceeded, rawState(t, path, rec.Key))
+}
+
 // testRecord is a valid new pending record whose fingerprint is derived
 // from its body.
 func testRecord(scope, id string, body []byte) idem.Record {

@@ -94,6 +94,8 @@ var groups = []group{
 		{"LeavingActiveClearsLease", testUpdateClearsLease},
 		{"AttemptsDown", testUpdateAttemptsDown},
 		{"Durability", testUpdateDurability},
+		{"BufferedIsReadAtOnce", testUpdateBufferedIsReadAtOnce},
+		{"InvalidDurability", testUpdateInvalidDurability},
 		{"NotFound", testUpdateNotFound},
 	}},
 	{"Leases", []subtest{

@@ -241,7 +241,11 @@ func testUpdateAttemptsDown(t *testing.T, j idem.Journal) {
 
 func testUpdateDurability(t *testing.T, j idem.Journal) {
 	ctx := t.Context()
-	for _, order := range [][2]idem.Durability{{idem.Durable, idem.Deferred}, {idem.Deferred, idem.Durable}, {idem.Deferred, idem.Deferred}} {
+	for _, order := range [][2]idem.Durability{
+		{idem.Durable, idem.Deferred}, {idem.Deferred, idem.Durable}, {idem.Deferred, idem.Deferred},
+		{idem.Durable, idem.Buffered}, {idem.Buffered, idem.Durable}, {idem.Buffered, idem.Buffered},
+		{idem.Buffered, idem.Deferred},
+	} {
 		t.Run(fmt.Sprintf("%s_then_%s", order[0], order[1]), func(t *testing.T) {
 			rec := create(t, j, newRecord("tenant-a"))
 
@@ -264,6 +268,59 @@ func testUpdateDurability(t *testing.T, j idem.Journal) {
 			assertSameRecord(t, second, byOp)
 		})
 	}
+}
+
+// testUpdateBufferedIsReadAtOnce: a buffered write may not be committed
+// yet, but every read through the same journal sees it.
+func testUpdateBufferedIsReadAtOnce(t *testing.T, j idem.Journal) {
+	ctx := t.Context()
+	rec := create(t, j, newRecord("tenant-buffered"))
+	next := idem.CloneRecord(rec)
+	next.State = idem.StateSucceeded
+	next.Response = &idem.Response{StatusCode: http.StatusCreated, Body: []byte(`{"id":7}`)}
+	done, err := j.Update(ctx, next, idem.Buffered)
+	require.NoError(t, err)
+
+	got, err := j.Get(ctx, rec.Key)
+	require.NoError(t, err)
+	assertSameRecord(t, done, got)
+	got, err = j.Lookup(ctx, rec.Scope, rec.ID)
+	require.NoError(t, err)
+	assertSameRecord(t, done, got)
+	var listed []idem.Record
+	for r, err := range j.List(ctx, idem.Filter{Scope: "tenant-buffered", States: []idem.State{idem.StateSucceeded}}) {
+		require.NoError(t, err)
+		listed = append(listed, r)
+	}
+	require.Len(t, listed, 1, "List sees the buffered write")
+	counts, err := j.Count(ctx)
+	require.NoError(t, err)
+	found := false
+	for _, c := range counts {
+		if c.Scope == "tenant-buffered" {
+			assert.Equal(t, idem.StateSucceeded, c.State, "Count sees the buffered write")
+			found = true
+		}
+	}
+	assert.True(t, found)
+	evs, err := j.History(ctx, rec.Key)
+	require.NoError(t, err)
+	require.NotEmpty(t, evs)
+	assert.Equal(t, idem.StateSucceeded, evs[len(evs)-1].To, "History sees the buffered write")
+
+	// A buffered write is checked when it is made, like any other.
+	_, err = j.Update(ctx, next, idem.Buffered)
+	require.ErrorIs(t, err, idem.ErrConflict, "a stale version is refused at once, not when committed")
+}
+
+func testUpdateInvalidDurability(t *testing.T, j idem.Journal) {
+	rec := create(t, j, newRecord("tenant-a"))
+	next := idem.CloneRecord(rec)
+	next.State = idem.StateInFlight
+	_, err := j.Update(t.Context(), next, idem.Durability(9))
+	require.ErrorIs(t, err, idem.ErrInvalidRecord)
+	assert.Contains(t, err.Error(), "durability 9")
+	requireStored(t, j, rec)
 }
 
 func testUpdateNotFound(t *testing.T, j idem.Journal) {

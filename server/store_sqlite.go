@@ -177,7 +177,7 @@ func encodeHeader(h http.Header) any { b, _ := json.Marshal(h); return b }
 // Claim implements Store.
 func (s *SQLiteStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
 	var res ClaimResult
-	err := s.db.Write(ctx, true, func(tx *sqlitefile.Tx) error {
+	err := s.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
 		res = ClaimResult{}
 		e, err := scanEntry(tx.QueryRow(`SELECT `+entryColumns+` FROM entries WHERE scope = ? AND key = ?`, req.Scope, req.Key))
 		switch {
@@ -232,7 +232,7 @@ func (s *SQLiteStore) Complete(ctx context.Context, req CompleteRequest) error {
 	if body == nil {
 		body = []byte{}
 	}
-	return s.fenced(ctx, !s.deferCompletes, func(tx *sqlitefile.Tx) (sql.Result, error) {
+	return s.fenced(ctx, s.completeMode(), func(tx *sqlitefile.Tx) (sql.Result, error) {
 		return tx.Exec(`UPDATE entries SET state = ?, expires_at = ?, resp_status = ?, resp_header = ?, resp_body = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = ?`,
 			Completed, nanos(req.ExpiresAt), req.Response.Status, encodeHeader(req.Response.Header), body,
@@ -240,9 +240,16 @@ func (s *SQLiteStore) Complete(ctx context.Context, req CompleteRequest) error {
 	})
 }
 
+func (s *SQLiteStore) completeMode() sqlitefile.Mode {
+	if s.deferCompletes {
+		return sqlitefile.Deferred
+	}
+	return sqlitefile.Durable
+}
+
 // Release implements Store.
 func (s *SQLiteStore) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.fenced(ctx, false, func(tx *sqlitefile.Tx) (sql.Result, error) {
+	return s.fenced(ctx, sqlitefile.Deferred, func(tx *sqlitefile.Tx) (sql.Result, error) {
 		return tx.Exec(`DELETE FROM entries WHERE scope = ? AND key = ? AND token = ? AND state = ?`,
 			scope, key, token, InProgress)
 	})
@@ -250,7 +257,7 @@ func (s *SQLiteStore) Release(ctx context.Context, scope, key string, token int6
 
 // Renew implements Store.
 func (s *SQLiteStore) Renew(ctx context.Context, scope, key string, token int64, now time.Time) error {
-	return s.fenced(ctx, false, func(tx *sqlitefile.Tx) (sql.Result, error) {
+	return s.fenced(ctx, sqlitefile.Deferred, func(tx *sqlitefile.Tx) (sql.Result, error) {
 		return tx.Exec(`UPDATE entries SET locked_at = ? WHERE scope = ? AND key = ? AND token = ? AND state = ?`,
 			nanos(now), scope, key, token, InProgress)
 	})
@@ -258,8 +265,8 @@ func (s *SQLiteStore) Renew(ctx context.Context, scope, key string, token int64,
 
 // fenced runs a write that applies only while a token holds an entry's
 // lock, and reports ErrLockLost when it changed no row.
-func (s *SQLiteStore) fenced(ctx context.Context, durable bool, stmt func(*sqlitefile.Tx) (sql.Result, error)) error {
-	return s.db.Write(ctx, durable, func(tx *sqlitefile.Tx) error {
+func (s *SQLiteStore) fenced(ctx context.Context, mode sqlitefile.Mode, stmt func(*sqlitefile.Tx) (sql.Result, error)) error {
+	return s.db.Write(ctx, mode, func(tx *sqlitefile.Tx) error {
 		res, err := stmt(tx)
 		if err != nil {
 			return err
@@ -300,7 +307,7 @@ func (s *SQLiteStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	total := 0
 	for {
 		var n int64
-		err := s.db.Write(ctx, false, func(tx *sqlitefile.Tx) error {
+		err := s.db.Write(ctx, sqlitefile.Deferred, func(tx *sqlitefile.Tx) error {
 			res, err := tx.Exec(`DELETE FROM entries WHERE id IN
 				(SELECT id FROM entries WHERE expires_at <= ? LIMIT ?)`, nanos(now), sweepBatch)
 			if err != nil {

@@ -153,7 +153,7 @@ func (a *App) create(w http.ResponseWriter, r *http.Request) {
 // insert creates the order, or, when the tenant's key already has one (a
 // re-execution), returns that one with dup set.
 func (a *App) insert(ctx context.Context, tenant, key, item string, quantity int) (o Order, dup bool, err error) {
-	err = a.db.Write(ctx, true, func(tx *sqlitefile.Tx) error {
+	err = a.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
 		res, err := tx.Exec(`INSERT INTO orders (tenant, idem_key, item, quantity) VALUES (?, ?, ?, ?)`, tenant, key, item, quantity)
 		var se sqlite3.Error
 		if errors.As(err, &se) && se.ExtendedCode == sqlite3.ErrConstraintUnique {

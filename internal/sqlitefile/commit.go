@@ -3,6 +3,7 @@ package sqlitefile
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -12,8 +13,16 @@ import (
 // Tx runs a write's statements on the writer connection, inside the batch's
 // transaction and the write's own savepoint.
 type Tx struct {
-	conn *sql.Conn
+	conn   *sql.Conn
+	replay bool
 }
+
+// Replay reports whether the write is being run again because the
+// transaction that first carried it was rolled back after it had returned
+// (see Buffered). Its caller is gone: it must not hand results back, and
+// it may now fail where it first succeeded, if another process changed
+// what it read.
+func (t *Tx) Replay() bool { return t.replay }
 
 // The batch's statements run on a context of their own: one caller giving
 // up must not abort a transaction that carries other callers' writes.
@@ -34,12 +43,34 @@ func (t *Tx) QueryRow(query string, args ...any) *sql.Row {
 	return t.conn.QueryRowContext(batchCtx, query, args...)
 }
 
+// Mode says when Write returns, and so what a crash may take back.
+type Mode uint8
+
+const (
+	// Durable returns after the write's transaction is on disk.
+	Durable Mode = iota
+	// Deferred returns after the write's transaction is committed, before
+	// its fsync: a process crash keeps it, a power failure may not. It is
+	// on disk with the next durable commit or within FlushInterval.
+	Deferred
+	// Buffered returns once the write has run in the writer's open
+	// transaction, before that transaction is committed: its statements'
+	// errors reach the caller, and reads through Reader see it once
+	// CommitBuffered has run. The transaction stays open for the next
+	// writes to join, so that a buffered write and the durable one that
+	// usually follows it share one commit; it is committed by the next
+	// write that is not buffered, or within LingerDelay. A crash before
+	// then, or a later write's commit failing, loses it: use it only for
+	// writes whose loss the caller can repair.
+	Buffered
+)
+
 type writeReq struct {
-	ctx     context.Context
-	durable bool
-	fn      func(*Tx) error
-	done    chan error    // the write's result
-	lead    chan struct{} // the lead is passed to this write
+	ctx  context.Context
+	mode Mode
+	fn   func(*Tx) error // nil for CommitBuffered's empty write
+	done chan error      // the write's result
+	lead chan struct{}   // the lead is passed to this write
 }
 
 // Stats counts what the committer and the checkpointer did.
@@ -56,6 +87,11 @@ type Stats struct {
 	Flushes int64
 	// Checkpoints counts checkpoints run by the checkpointer.
 	Checkpoints int64
+	// LostBuffered counts buffered writes that were rolled back after they
+	// had returned, because the commit that was to carry them failed, and
+	// that no longer applied when run again. Replayed counts those run again.
+	LostBuffered int64
+	Replayed     int64
 }
 
 // Stats returns the counters so far.
@@ -66,9 +102,10 @@ func (db *DB) Stats() Stats {
 }
 
 // Write runs fn in a write transaction and returns its error, or the
-// commit's. Writes that arrive together from many goroutines share one
-// transaction and one fsync (group commit); each runs in its own savepoint,
-// so a write that fails is rolled back alone and fails only its caller.
+// commit's, at the time mode says. Writes that arrive together from many
+// goroutines share one transaction and one fsync (group commit); each runs
+// in its own savepoint, so a write that fails is rolled back alone and
+// fails only its caller.
 //
 // The group commit needs no goroutine of its own: the first writer to find
 // no commit in progress leads, commits every write queued by then (its own
@@ -77,19 +114,19 @@ func (db *DB) Stats() Stats {
 // hand-off, and a writer that arrives during a commit waits for that one
 // commit only, then joins the next.
 //
-// A durable write returns after its transaction is on disk. A deferred
-// write returns after its transaction is committed without waiting for
-// fsync; it becomes durable with the next durable commit or within
-// FlushInterval, whichever comes first.
+// A transaction is committed with fsync when one of its writes is Durable,
+// without when none is; one made only of Buffered writes is left open for
+// the next writes (see Buffered). With MaxBatch 1 every write is committed
+// on its own and nothing is left open.
 //
-// Once queued, Write waits for the commit even if ctx is canceled, so that
-// it never reports a failure for a write that was committed; a write whose
-// ctx is canceled before its turn is skipped.
-func (db *DB) Write(ctx context.Context, durable bool, fn func(*Tx) error) error {
+// Once queued, Write waits for its turn even if ctx is canceled, so that it
+// never reports a failure for a write that was committed; a write whose ctx
+// is canceled before its turn is skipped.
+func (db *DB) Write(ctx context.Context, mode Mode, fn func(*Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	req := &writeReq{ctx: ctx, durable: durable, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+	req := &writeReq{ctx: ctx, mode: mode, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	db.queueMu.Lock()
 	if db.closed {
 		db.queueMu.Unlock()
@@ -112,6 +149,20 @@ func (db *DB) Write(ctx context.Context, durable bool, fn func(*Tx) error) error
 	return <-req.done
 }
 
+// CommitBuffered commits the buffered writes still in the open transaction,
+// if any, without waiting for fsync: a read that must see them calls it
+// first. It costs one atomic load when nothing is buffered.
+//
+// If the commit that was to carry them failed, they are run again in a new
+// transaction and committed; if that fails too, its error is returned and
+// they stay pending.
+func (db *DB) CommitBuffered(ctx context.Context) error {
+	if !db.buffered.Load() {
+		return nil
+	}
+	return db.Write(ctx, Deferred, nil)
+}
+
 // lead commits the writes at the head of the queue (the leader's own among
 // them), then passes the lead on or gives it up.
 func (db *DB) lead() {
@@ -122,7 +173,9 @@ func (db *DB) lead() {
 	db.queueMu.Unlock()
 
 	db.runBatch(batch)
-	db.truncateIfLarge()
+	if !db.inTx {
+		db.truncateIfLarge()
+	}
 	clear(batch)
 	db.batch = batch
 
@@ -136,123 +189,208 @@ func (db *DB) lead() {
 	db.queue[0].lead <- struct{}{}
 }
 
-// runBatch commits the deferred writes first, without fsync, so that they
-// do not wait behind the durable ones' fsync; then the durable writes.
-func (db *DB) runBatch(batch []*writeReq) {
-	var deferred, durable []*writeReq
-	for _, r := range batch {
-		if r.durable || db.opts.SyncNormal {
-			durable = append(durable, r)
-		} else {
-			deferred = append(deferred, r)
+// runBatch runs the batch's writes in the writer's transaction, beginning
+// one unless buffered writes left one open, and commits it as its most
+// demanding write requires, or leaves it open if every write is buffered.
+func (db *DB) runBatch(reqs []*writeReq) {
+	mode := Buffered
+	for _, r := range reqs {
+		mode = min(mode, r.mode)
+	}
+	if mode == Buffered && db.opts.MaxBatch == 1 {
+		mode = Deferred // MaxBatch 1: every write its own transaction
+	}
+	results := make([]error, len(reqs))
+	sent := make([]bool, len(reqs))
+	reply := func(i int, err error) {
+		if !sent[i] {
+			sent[i] = true
+			reqs[i].done <- err
 		}
 	}
-	if len(deferred) > 0 {
-		db.commitGroup(deferred, false)
-	}
-	if len(durable) > 0 {
-		db.commitGroup(durable, true)
-	}
-}
-
-func (db *DB) commitGroup(reqs []*writeReq, durable bool) {
-	results := make([]error, len(reqs))
 	finish := func(err error) {
-		for i, r := range reqs {
+		for i := range reqs {
 			if results[i] == nil {
 				results[i] = err
 			}
-			r.done <- results[i]
+			reply(i, results[i])
 		}
 	}
-	// The synchronous level is a property of the connection, read at each
-	// commit: FULL makes COMMIT fsync the WAL, which also makes every
-	// earlier deferred commit durable; NORMAL does not fsync.
-	wantFull := durable && !db.opts.SyncNormal
-	if wantFull != db.syncFull {
-		// Not a prepared statement: SQLite applies this pragma when it
-		// compiles it, so a prepared one would change nothing when run again.
-		level := "NORMAL"
-		if wantFull {
-			level = "FULL"
+	if !db.inTx {
+		empty := len(db.replay) == 0
+		for _, r := range reqs {
+			empty = empty && r.fn == nil
 		}
-		if _, err := db.writer.ExecContext(batchCtx, "PRAGMA synchronous="+level); err != nil {
-			finish(db.classify(err))
+		if empty {
+			finish(nil) // CommitBuffered after the buffered writes were committed
 			return
 		}
-		db.syncFull = wantFull
-	}
-	if err := db.begin(); err != nil {
-		finish(err)
-		return
-	}
-	tx := &Tx{conn: db.writer}
-	ran := 0
-	if len(reqs) == 1 {
-		// Alone in its transaction, a write needs no savepoint: if it
-		// fails, the whole transaction is rolled back.
-		if err := reqs[0].ctx.Err(); err != nil {
-			db.rollback()
+		if err := db.beginTx(mode != Deferred); err != nil {
 			finish(err)
 			return
 		}
-		if err := reqs[0].fn(tx); err != nil {
-			db.rollback()
-			finish(db.classify(err))
-			return
-		}
-		ran = 1
 	}
+	// A write alone in a transaction begun for it needs no savepoint: if it
+	// fails, the whole transaction is rolled back with nothing else in it.
+	alone := len(reqs) == 1 && len(db.carried) == 0
+	ran := 0
+	tx := &Tx{conn: db.writer}
 	for i, r := range reqs {
-		if len(reqs) == 1 {
-			break
+		if r.fn == nil {
+			continue
 		}
 		if err := r.ctx.Err(); err != nil {
 			results[i] = err
 			continue
 		}
-		if _, err := db.ctl.savepoint.ExecContext(batchCtx); err != nil {
-			db.rollback()
-			finish(db.classify(err))
-			return
-		}
 		ran++
-		if err := r.fn(tx); err != nil {
-			results[i] = db.classify(err)
-			if _, rerr := db.ctl.rollbackTo.ExecContext(batchCtx); rerr != nil {
+		if alone {
+			if err := r.fn(tx); err != nil {
 				db.rollback()
-				finish(db.classify(rerr))
+				finish(db.classify(err))
 				return
 			}
-			db.rolledBack()
-		}
-		if _, err := db.ctl.release.ExecContext(batchCtx); err != nil {
-			db.rollback()
-			finish(db.classify(err))
+		} else if err := db.inSavepoint(tx, r.fn); err != nil {
+			if !errors.Is(err, errTxFailed) {
+				results[i] = err
+				continue
+			}
+			finish(err)
 			return
 		}
-	}
-	if _, err := db.ctl.commit.ExecContext(batchCtx); err != nil {
-		db.rollback()
-		finish(fmt.Errorf("commit: %w", db.classify(err)))
-		return
+		if r.mode == Buffered {
+			db.carried = append(db.carried, r.fn)
+			reply(i, nil) // it has run; the commit is not its caller's to wait for
+		}
 	}
 	db.statsMu.Lock()
 	db.stats.Writes += int64(ran)
-	if durable {
+	db.stats.MaxBatch = max(db.stats.MaxBatch, len(reqs))
+	db.statsMu.Unlock()
+	if mode == Buffered && len(db.carried) > 0 && time.Since(db.openedAt) < db.opts.LingerDelay {
+		if !db.buffered.Swap(true) {
+			db.linger.Reset(db.opts.LingerDelay)
+		}
+		finish(nil)
+		return
+	}
+	finish(db.commit())
+}
+
+// errTxFailed marks a failure that rolled back the whole transaction, not
+// just one write's savepoint.
+var errTxFailed = errors.New("transaction rolled back")
+
+// inSavepoint runs fn in a savepoint of its own: if fn fails, only its
+// changes are rolled back, and its error is returned. If the savepoint
+// itself fails, the whole transaction is rolled back and the error wraps
+// errTxFailed.
+func (db *DB) inSavepoint(tx *Tx, fn func(*Tx) error) error {
+	txFailed := func(err error) error {
+		db.rollback()
+		return fmt.Errorf("%w: %w", errTxFailed, db.classify(err))
+	}
+	if _, err := db.ctl.savepoint.ExecContext(batchCtx); err != nil {
+		return txFailed(err)
+	}
+	ferr := fn(tx)
+	if ferr != nil {
+		if _, err := db.ctl.rollbackTo.ExecContext(batchCtx); err != nil {
+			return txFailed(err)
+		}
+		db.rolledBack()
+	}
+	if _, err := db.ctl.release.ExecContext(batchCtx); err != nil {
+		return txFailed(err)
+	}
+	return db.classify(ferr)
+}
+
+// beginTx begins the writer's transaction, then runs again the buffered
+// writes that a failed commit rolled back, so that a failure elsewhere
+// never undoes a buffered write while the process lives.
+//
+// The synchronous level is a property of the connection that SQLite
+// refuses to change inside a transaction, so it is chosen here for the
+// whole transaction: FULL makes COMMIT fsync the WAL (and with it every
+// earlier deferred commit), NORMAL does not. A transaction that may be left
+// open for buffered writes is begun FULL, since the next write to join it
+// may be durable.
+func (db *DB) beginTx(full bool) error {
+	if err := db.setSync(full); err != nil {
+		return err
+	}
+	if err := db.begin(); err != nil {
+		return err
+	}
+	db.inTx, db.openedAt = true, time.Now()
+	replay := db.replay
+	db.replay = nil
+	tx := &Tx{conn: db.writer, replay: true}
+	for i, fn := range replay {
+		if err := db.inSavepoint(tx, fn); err != nil {
+			if errors.Is(err, errTxFailed) {
+				db.replay = append(db.replay, replay[i+1:]...) // rollback kept the others
+				return err
+			}
+			// Another process changed the record since: the write no
+			// longer applies, and that process now answers for it.
+			db.statsMu.Lock()
+			db.stats.LostBuffered++
+			db.statsMu.Unlock()
+			continue
+		}
+		db.carried = append(db.carried, fn)
+	}
+	db.statsMu.Lock()
+	db.stats.Replayed += int64(len(replay))
+	db.statsMu.Unlock()
+	return nil
+}
+
+// setSync sets the writer's synchronous level, FULL or NORMAL, between
+// transactions. With SyncNormal it is always NORMAL.
+func (db *DB) setSync(full bool) error {
+	full = full && !db.opts.SyncNormal
+	if full == db.syncFull {
+		return nil
+	}
+	// Not a prepared statement: SQLite applies this pragma when it
+	// compiles it, so a prepared one would change nothing when run again.
+	level := "NORMAL"
+	if full {
+		level = "FULL"
+	}
+	if _, err := db.writer.ExecContext(batchCtx, "PRAGMA synchronous="+level); err != nil {
+		return db.classify(err)
+	}
+	db.syncFull = full
+	return nil
+}
+
+// commit commits the open transaction, at the synchronous level it was
+// begun with.
+func (db *DB) commit() error {
+	if _, err := db.ctl.commit.ExecContext(batchCtx); err != nil {
+		db.rollback()
+		return fmt.Errorf("commit: %w", db.classify(err))
+	}
+	db.inTx, db.carried = false, nil
+	db.buffered.Store(len(db.replay) > 0)
+	db.statsMu.Lock()
+	if db.syncFull || db.opts.SyncNormal {
 		db.stats.DurableCommits++
 	} else {
 		db.stats.DeferredCommits++
 	}
-	db.stats.MaxBatch = max(db.stats.MaxBatch, len(reqs))
 	db.statsMu.Unlock()
-	if !durable {
+	if !db.syncFull && !db.opts.SyncNormal {
 		select {
 		case db.dirty <- struct{}{}:
 		default:
 		}
 	}
-	finish(nil)
+	return nil
 }
 
 // begin starts an immediate transaction, waiting up to BusyTimeout for
@@ -277,10 +415,25 @@ func (db *DB) begin() error {
 	}
 }
 
+// rollback rolls back the open transaction. The buffered writes it
+// carried have returned to their callers; they are run again at the start
+// of the next transaction, which the linger timer begins if no write does.
 func (db *DB) rollback() {
 	_, _ = db.ctl.rollback.ExecContext(batchCtx)
+	db.inTx = false
+	if len(db.carried) > 0 {
+		db.replay = append(db.replay, db.carried...)
+		db.carried = nil
+		db.buffered.Store(true)
+		// Not at once: what failed the commit (a full disk) may last.
+		db.linger.Reset(replayDelay)
+	}
 	db.rolledBack()
 }
+
+// replayDelay is how soon the linger timer retries buffered writes after
+// the commit that carried them failed.
+const replayDelay = 100 * time.Millisecond
 
 func (db *DB) rolledBack() {
 	if db.opts.OnRollback != nil {

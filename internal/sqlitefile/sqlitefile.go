@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	_ "github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
@@ -47,6 +48,9 @@ type Options struct {
 	// FlushInterval bounds how long a deferred write may wait for its fsync.
 	// Defaults to 1 s.
 	FlushInterval time.Duration
+	// LingerDelay bounds how long buffered writes wait in the open
+	// transaction for another write to commit them. Defaults to 1 ms.
+	LingerDelay time.Duration
 	// WALLimit is the WAL size above which the committer truncates the WAL
 	// when no reader is in the way. SQLite's own checkpoints keep it near
 	// 4 MB unless long readers hold them back. Defaults to 64 MiB.
@@ -74,6 +78,9 @@ func (o *Options) withDefaults() {
 	}
 	if o.FlushInterval <= 0 {
 		o.FlushInterval = time.Second
+	}
+	if o.LingerDelay <= 0 {
+		o.LingerDelay = time.Millisecond
 	}
 	if o.WALLimit <= 0 {
 		o.WALLimit = 64 << 20
@@ -104,6 +111,20 @@ type DB struct {
 	writers  sync.WaitGroup // Write calls in progress
 	batch    []*writeReq
 	syncFull bool // the writer connection's synchronous level is FULL
+	// inTx says the writer is inside a transaction, begun at openedAt.
+	// carried holds the buffered writes it carries, which have returned to
+	// their callers; replay those that a failed commit rolled back, to be
+	// run again. buffered says either is not empty, for goroutines other
+	// than the leader.
+	inTx     bool
+	openedAt time.Time
+	carried  []func(*Tx) error
+	replay   []func(*Tx) error
+	buffered atomic.Bool
+	// linger commits buffered writes that no other write came to carry
+	// within LingerDelay. The leader arms it (a timer, not a goroutine to
+	// wake: it is armed on every buffered write at one writer).
+	linger *time.Timer
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -144,6 +165,11 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	db.syncFull = !opts.SyncNormal
 	db.closing = make(chan struct{})
 	db.dirty = make(chan struct{}, 1)
+	db.linger = time.AfterFunc(time.Hour, func() {
+		// Fails only once Close has begun, and Close commits them.
+		_ = db.CommitBuffered(context.Background())
+	})
+	db.linger.Stop()
 	db.wg.Add(1)
 	go db.flushLoop()
 	return db, nil
@@ -432,9 +458,18 @@ func (db *DB) Close() error {
 		db.writers.Wait() // writes queued before Close are committed
 		close(db.closing)
 		db.wg.Wait()
+		db.linger.Stop()
+		var err error
+		if !db.inTx && len(db.replay) > 0 {
+			err = db.beginTx(true)
+		}
+		if db.inTx {
+			// Buffered writes that no write came to carry.
+			err = errors.Join(err, db.commit())
+		}
 		// A last checkpoint syncs what deferred commits left in the WAL.
-		_, err := db.writer.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
-		db.closeErr = errors.Join(db.classify(err), db.closeDBs())
+		_, cerr := db.writer.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
+		db.closeErr = errors.Join(err, db.classify(cerr), db.closeDBs())
 	})
 	return db.closeErr
 }

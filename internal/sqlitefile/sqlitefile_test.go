@@ -53,7 +53,11 @@ func get(t *testing.T, db *DB, k string) (string, bool) {
 func syncLevel(t *testing.T, db *DB, durable bool) int {
 	t.Helper()
 	var level int
-	require.NoError(t, db.Write(context.Background(), durable, func(tx *Tx) error {
+	mode := Deferred
+	if durable {
+		mode = Durable
+	}
+	require.NoError(t, db.Write(context.Background(), mode, func(tx *Tx) error {
 		return tx.QueryRow(`PRAGMA synchronous`).Scan(&level)
 	}))
 	return level
@@ -80,14 +84,14 @@ func TestSyncNormalOptionCommitsEverythingWithNormal(t *testing.T) {
 func TestDeferredWriteIsFlushedWithinInterval(t *testing.T) {
 	t.Parallel()
 	db := openTest(t, func(o *Options) { o.FlushInterval = 20 * time.Millisecond })
-	require.NoError(t, db.Write(context.Background(), false, put("a", "1")))
+	require.NoError(t, db.Write(context.Background(), Deferred, put("a", "1")))
 	v, ok := get(t, db, "a")
 	require.True(t, ok, "a deferred write is visible as soon as Write returns")
 	assert.Equal(t, "1", v)
 	require.Eventually(t, func() bool { return db.Stats().Flushes >= 1 }, 5*time.Second, 5*time.Millisecond,
 		"the WAL must be fsynced after a deferred commit")
 	flushes := db.Stats().Flushes
-	require.NoError(t, db.Write(context.Background(), true, put("b", "2")))
+	require.NoError(t, db.Write(context.Background(), Durable, put("b", "2")))
 	time.Sleep(60 * time.Millisecond)
 	assert.Equal(t, flushes, db.Stats().Flushes, "a durable commit needs no extra flush")
 }
@@ -100,7 +104,7 @@ func block(t *testing.T, db *DB) (release func(), done chan error) {
 	gate := make(chan struct{})
 	done = make(chan error, 1)
 	go func() {
-		done <- db.Write(context.Background(), true, func(tx *Tx) error {
+		done <- db.Write(context.Background(), Durable, func(tx *Tx) error {
 			close(started)
 			<-gate
 			return nil
@@ -122,7 +126,7 @@ func waitQueued(t *testing.T, db *DB, n int) {
 func TestFailingWriteInBatchFailsOnlyItsCaller(t *testing.T) {
 	t.Parallel()
 	db := openTest(t)
-	require.NoError(t, db.Write(context.Background(), true, put("taken", "x")))
+	require.NoError(t, db.Write(context.Background(), Durable, put("taken", "x")))
 	release, blocked := block(t, db)
 
 	const n = 20
@@ -132,7 +136,7 @@ func TestFailingWriteInBatchFailsOnlyItsCaller(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = db.Write(context.Background(), true, func(tx *Tx) error {
+			errs[i] = db.Write(context.Background(), Durable, func(tx *Tx) error {
 				if err := put(fmt.Sprint("k", i), "v")(tx); err != nil {
 					return err
 				}
@@ -175,7 +179,7 @@ func TestConcurrentDurableWritesShareCommits(t *testing.T) {
 			defer wg.Done()
 			<-start
 			for i := range each {
-				if err := db.Write(context.Background(), true, put(fmt.Sprint(w, "/", i), "v")); err != nil {
+				if err := db.Write(context.Background(), Durable, put(fmt.Sprint(w, "/", i), "v")); err != nil {
 					failed.Add(1)
 				}
 			}
@@ -197,7 +201,7 @@ func TestWriteCanceledBeforeItsTurnIsSkipped(t *testing.T) {
 	release, blocked := block(t, db)
 	ctx, cancel := context.WithCancel(context.Background())
 	res := make(chan error, 1)
-	go func() { res <- db.Write(ctx, true, put("late", "v")) }()
+	go func() { res <- db.Write(ctx, Durable, put("late", "v")) }()
 	waitQueued(t, db, 1)
 	cancel()
 	release()
@@ -215,12 +219,12 @@ func TestCloseCommitsAcceptedWritesAndRefusesNewOnes(t *testing.T) {
 	require.NoError(t, err)
 	release, blocked := block(t, db)
 	res := make(chan error, 1)
-	go func() { res <- db.Write(context.Background(), false, put("queued", "v")) }()
+	go func() { res <- db.Write(context.Background(), Deferred, put("queued", "v")) }()
 	waitQueued(t, db, 1)
 	closed := make(chan error, 1)
 	go func() { closed <- db.Close() }()
 	require.Eventually(t, func() bool { return db.ErrIfClosed() != nil }, 5*time.Second, time.Millisecond)
-	assert.ErrorIs(t, db.Write(context.Background(), true, put("new", "v")), ErrClosed)
+	assert.ErrorIs(t, db.Write(context.Background(), Durable, put("new", "v")), ErrClosed)
 	release()
 	require.NoError(t, <-blocked)
 	require.NoError(t, <-res, "a write accepted before Close is committed")
@@ -259,14 +263,14 @@ func TestWALStaysBoundedUnderConstantReaders(t *testing.T) {
 	}
 	value := string(make([]byte, 2000))
 	for i := range 10000 {
-		require.NoError(t, db.Write(context.Background(), false, put(fmt.Sprint(i), value)))
+		require.NoError(t, db.Write(context.Background(), Deferred, put(fmt.Sprint(i), value)))
 	}
 	// Readers keep running: with the writes going on, the WAL must come
 	// back under the limit.
 	i := 0
 	require.Eventually(t, func() bool {
 		i++
-		require.NoError(t, db.Write(context.Background(), false, put(fmt.Sprint("more-", i), "v")))
+		require.NoError(t, db.Write(context.Background(), Deferred, put(fmt.Sprint("more-", i), "v")))
 		fi, err := os.Stat(db.Path() + "-wal")
 		return err == nil && fi.Size() < limit
 	}, 20*time.Second, 10*time.Millisecond, "the WAL must be truncated while readers are active")
@@ -306,7 +310,7 @@ func TestWALStaysSmallUnderSustainedWrites(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 3000 {
-				assert.NoError(t, db.Write(context.Background(), i%2 == 0, put(fmt.Sprint(w, "/", i), value)))
+				assert.NoError(t, db.Write(context.Background(), Mode(i%3), put(fmt.Sprint(w, "/", i), value)))
 			}
 		}()
 	}
@@ -321,13 +325,236 @@ func TestOnRollbackRunsBeforeTheNextWrite(t *testing.T) {
 	t.Parallel()
 	var rollbacks atomic.Int32
 	db := openTest(t, func(o *Options) { o.OnRollback = func() { rollbacks.Add(1) } })
-	require.NoError(t, db.Write(context.Background(), true, put("a", "1")))
+	require.NoError(t, db.Write(context.Background(), Durable, put("a", "1")))
 	assert.Zero(t, rollbacks.Load())
-	require.Error(t, db.Write(context.Background(), true, put("a", "again")), "alone in its batch")
+	require.Error(t, db.Write(context.Background(), Durable, put("a", "again")), "alone in its batch")
 	seen := int32(-1)
-	require.NoError(t, db.Write(context.Background(), true, func(tx *Tx) error {
+	require.NoError(t, db.Write(context.Background(), Durable, func(tx *Tx) error {
 		seen = rollbacks.Load() // on the committer's goroutine, before this write
 		return nil
 	}))
 	assert.Equal(t, int32(1), seen)
+}
+
+// rawGet reads k through a connection of its own, as another process would.
+func rawGet(t *testing.T, path, k string) (string, bool) {
+	t.Helper()
+	raw, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+	require.NoError(t, err)
+	defer raw.Close()
+	var v string
+	err = raw.QueryRow(`SELECT v FROM kv WHERE k = ?`, k).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false
+	}
+	require.NoError(t, err)
+	return v, true
+}
+
+func TestBufferedWriteJoinsTheNextCommit(t *testing.T) {
+	t.Parallel()
+	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour })
+	ctx := context.Background()
+	require.NoError(t, db.Write(ctx, Buffered, put("outcome", "1")))
+	s := db.Stats()
+	assert.Zero(t, s.DurableCommits+s.DeferredCommits, "a buffered write returns before any commit")
+	_, seen := rawGet(t, db.Path(), "outcome")
+	assert.False(t, seen, "other connections see a buffered write only once it is committed")
+
+	require.NoError(t, db.Write(ctx, Durable, put("intent", "2")))
+	s = db.Stats()
+	assert.EqualValues(t, 1, s.DurableCommits, "the durable write commits the buffered one with it: one fsync for both")
+	assert.EqualValues(t, 2, s.Writes)
+	for _, k := range []string{"outcome", "intent"} {
+		_, seen := rawGet(t, db.Path(), k)
+		assert.True(t, seen, k)
+	}
+}
+
+func TestCommitBufferedMakesBufferedWritesReadable(t *testing.T) {
+	t.Parallel()
+	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour })
+	ctx := context.Background()
+	require.NoError(t, db.CommitBuffered(ctx), "nothing buffered: nothing to do")
+	assert.Zero(t, db.Stats().DurableCommits+db.Stats().DeferredCommits)
+	require.NoError(t, db.Write(ctx, Buffered, put("a", "1")))
+	_, seen := get(t, db, "a")
+	assert.False(t, seen, "the read pool sees only committed writes")
+	require.NoError(t, db.CommitBuffered(ctx))
+	v, seen := get(t, db, "a")
+	assert.True(t, seen)
+	assert.Equal(t, "1", v)
+}
+
+func TestBufferedWriteIsCommittedWithinLingerDelay(t *testing.T) {
+	t.Parallel()
+	db := openTest(t, func(o *Options) { o.LingerDelay = 5 * time.Millisecond })
+	require.NoError(t, db.Write(context.Background(), Buffered, put("a", "1")))
+	require.Eventually(t, func() bool {
+		_, seen := rawGet(t, db.Path(), "a")
+		return seen
+	}, 5*time.Second, time.Millisecond, "a buffered write that no other write carries is committed after LingerDelay")
+	// The transaction is committed with fsync (it was begun FULL, in case a
+	// durable write joined it); the counter moves just after the commit.
+	require.Eventually(t, func() bool { return db.Stats().DurableCommits == 1 }, 5*time.Second, time.Millisecond)
+}
+
+func TestBufferedWriteErrorReachesItsCallerOnly(t *testing.T) {
+	t.Parallel()
+	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour })
+	ctx := context.Background()
+	require.NoError(t, db.Write(ctx, Buffered, put("a", "1")))
+	// A failing write, buffered or durable, alone in its batch but in a
+	// transaction that already carries a buffered write: it is rolled back
+	// to its savepoint, and the buffered write stays.
+	err := db.Write(ctx, Buffered, put("a", "again"))
+	require.Error(t, err, "the statement's error reaches the buffered write's caller")
+	assert.Contains(t, err.Error(), "UNIQUE")
+	require.Error(t, db.Write(ctx, Durable, put("a", "again")))
+	require.NoError(t, db.Write(ctx, Durable, put("b", "2")))
+	for k, want := range map[string]string{"a": "1", "b": "2"} {
+		v, seen := rawGet(t, db.Path(), k)
+		assert.True(t, seen, k)
+		assert.Equal(t, want, v, k)
+	}
+	assert.Zero(t, db.Stats().LostBuffered)
+}
+
+func TestDeferredWriteCommitsBufferedOnesWithoutLingering(t *testing.T) {
+	t.Parallel()
+	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour })
+	ctx := context.Background()
+	require.NoError(t, db.Write(ctx, Buffered, put("a", "1")))
+	require.NoError(t, db.Write(ctx, Deferred, put("b", "2")))
+	for _, k := range []string{"a", "b"} {
+		_, seen := rawGet(t, db.Path(), k)
+		assert.True(t, seen, "a deferred write returns committed, with the buffered writes before it: %s", k)
+	}
+}
+
+func TestMaxBatchOneCommitsBufferedWritesAtOnce(t *testing.T) {
+	t.Parallel()
+	db := openTest(t, func(o *Options) { o.MaxBatch = 1; o.LingerDelay = time.Hour })
+	require.NoError(t, db.Write(context.Background(), Buffered, put("a", "1")))
+	_, seen := rawGet(t, db.Path(), "a")
+	assert.True(t, seen, "with MaxBatch 1 every write is its own transaction")
+	assert.EqualValues(t, 1, db.Stats().DeferredCommits, "committed without fsync, as a deferred write")
+}
+
+func TestCloseCommitsBufferedWritesDurably(t *testing.T) {
+	t.Parallel()
+	o := Options{What: "test file", AppID: 0x74657374, Migrations: testSchema, LingerDelay: time.Hour}
+	path := filepath.Join(t.TempDir(), "t.db")
+	db, err := Open(context.Background(), path, o)
+	require.NoError(t, err)
+	require.NoError(t, db.Write(context.Background(), Buffered, put("a", "1")))
+	require.NoError(t, db.Close())
+	assert.EqualValues(t, 1, db.Stats().DurableCommits)
+	_, seen := rawGet(t, path, "a")
+	assert.True(t, seen, "Close commits what was buffered")
+}
+
+func TestBufferedWritesFromManyGoroutines(t *testing.T) {
+	t.Parallel()
+	db := openTest(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				mode := []Mode{Buffered, Durable, Deferred}[(w+i)%3]
+				assert.NoError(t, db.Write(ctx, mode, put(fmt.Sprint(w, "/", i), "v")))
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, db.CommitBuffered(ctx))
+	var n int
+	require.NoError(t, db.Reader.QueryRow(`SELECT count(*) FROM kv`).Scan(&n))
+	assert.Equal(t, 16*50, n)
+	assert.Zero(t, db.Stats().LostBuffered)
+}
+
+func TestBufferedWritesRolledBackByAFailedCommitAreRunAgain(t *testing.T) {
+	t.Parallel()
+	schema := append([]string{}, testSchema...)
+	schema = append(schema, `CREATE TABLE child (parent TEXT REFERENCES kv (k) DEFERRABLE INITIALLY DEFERRED)`)
+	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour; o.Migrations = schema })
+	ctx := context.Background()
+	_, err := db.writer.ExecContext(ctx, "PRAGMA foreign_keys=ON")
+	require.NoError(t, err)
+	var replays atomic.Int32
+	require.NoError(t, db.Write(ctx, Buffered, func(tx *Tx) error {
+		if tx.Replay() {
+			replays.Add(1)
+		}
+		return put("a", "1")(tx)
+	}))
+	// A deferred foreign key is checked at COMMIT: the write runs, the
+	// commit fails, and the whole transaction is rolled back, the buffered
+	// write with it, although it had returned.
+	err = db.Write(ctx, Durable, func(tx *Tx) error {
+		_, err := tx.Exec(`INSERT INTO child (parent) VALUES ('missing')`)
+		return err
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "commit")
+	_, seen := rawGet(t, db.Path(), "a")
+	assert.False(t, seen)
+
+	// The next transaction runs it again first.
+	require.NoError(t, db.Write(ctx, Durable, put("b", "2")))
+	assert.EqualValues(t, 1, replays.Load())
+	for _, k := range []string{"a", "b"} {
+		_, seen := rawGet(t, db.Path(), k)
+		assert.True(t, seen, k)
+	}
+	s := db.Stats()
+	assert.EqualValues(t, 1, s.Replayed)
+	assert.Zero(t, s.LostBuffered)
+}
+
+func TestRolledBackBufferedWritesAreRunAgainWithoutAnotherWrite(t *testing.T) {
+	t.Parallel()
+	schema := append([]string{}, testSchema...)
+	schema = append(schema, `CREATE TABLE child (parent TEXT REFERENCES kv (k) DEFERRABLE INITIALLY DEFERRED)`)
+	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour; o.Migrations = schema })
+	ctx := context.Background()
+	_, err := db.writer.ExecContext(ctx, "PRAGMA foreign_keys=ON")
+	require.NoError(t, err)
+	require.NoError(t, db.Write(ctx, Buffered, put("a", "1")))
+	require.Error(t, db.Write(ctx, Durable, func(tx *Tx) error {
+		_, err := tx.Exec(`INSERT INTO child (parent) VALUES ('missing')`)
+		return err
+	}))
+	require.Eventually(t, func() bool {
+		_, seen := rawGet(t, db.Path(), "a")
+		return seen
+	}, 5*time.Second, 10*time.Millisecond, "the linger timer retries the rolled-back buffered write")
+}
+
+func TestReplayedWriteThatNoLongerAppliesIsCounted(t *testing.T) {
+	t.Parallel()
+	schema := append([]string{}, testSchema...)
+	schema = append(schema, `CREATE TABLE child (parent TEXT REFERENCES kv (k) DEFERRABLE INITIALLY DEFERRED)`)
+	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour; o.Migrations = schema })
+	ctx := context.Background()
+	_, err := db.writer.ExecContext(ctx, "PRAGMA foreign_keys=ON")
+	require.NoError(t, err)
+	require.NoError(t, db.Write(ctx, Buffered, func(tx *Tx) error {
+		if tx.Replay() {
+			return errors.New("the record changed meanwhile")
+		}
+		return put("a", "1")(tx)
+	}))
+	require.Error(t, db.Write(ctx, Durable, func(tx *Tx) error {
+		_, err := tx.Exec(`INSERT INTO child (parent) VALUES ('missing')`)
+		return err
+	}))
+	require.NoError(t, db.Write(ctx, Durable, put("b", "2")))
+	assert.EqualValues(t, 1, db.Stats().LostBuffered)
+	_, seen := rawGet(t, db.Path(), "a")
+	assert.False(t, seen)
 }

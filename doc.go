@@ -66,11 +66,14 @@
 // each attempt right before it is sent.
 //
 // An intent is durable before anything is sent: Do creates the record
-// directly as in_flight, fsynced. An outcome is recorded without waiting for
-// its fsync: if a power failure loses it, the record reads in_flight, and the
-// status check made on resume returns the same outcome. So the happy path
-// costs one fsync, shared with concurrent callers by the SQLite journal's
-// group commit.
+// directly as in_flight, fsynced. A success is recorded Buffered: Do returns
+// before it is committed, and the next journal write (usually the next
+// operation's intent) commits it in the same transaction and fsync. If a
+// crash loses it, the record reads in_flight, and the status check made on
+// resume returns the same outcome. A rejection is fsynced before Do returns,
+// since a server need not keep what it refused. So the happy path costs one
+// fsync, shared with concurrent callers by the SQLite journal's group
+// commit.
 //
 // # Retries and unknown outcomes
 //

@@ -44,12 +44,17 @@ type FileError = sqlitefile.Error
 // By default every commit that records an intent (Create, Claim, Acquire,
 // Update with Durable) returns only after SQLite has fsynced it
 // (synchronous=FULL; the setting is read back when the file is opened). A
-// Deferred update (an outcome recorded over in_flight) returns once
-// committed, before its fsync; it becomes durable with the next durable
-// commit or within the flush interval (1 s by default). If a power failure
-// loses it, the record reads in_flight again and resumes as a status check,
-// which returns the same outcome: nothing is sent twice. So an operation's
-// happy path costs one fsync.
+// Deferred update returns once committed, before its fsync; it becomes
+// durable with the next durable commit or within the flush interval (1 s
+// by default). A Buffered update (a success recorded over in_flight)
+// returns once it has run in the writer's open transaction, which is left
+// open for the next write to join and commit, or committed within 1 ms;
+// every read through this journal commits it first. If a crash loses it,
+// the record reads in_flight again and resumes as a status check, which
+// returns the same outcome: nothing is sent twice. So an operation's happy
+// path costs one commit and one fsync: its outcome rides on the next
+// operation's intent. A commit that fails (a full disk) does not lose the
+// buffered writes it carried: they run again in the next transaction.
 //
 // # Group commit
 //
@@ -117,8 +122,9 @@ func SQLiteMustExist() SQLiteOption {
 }
 
 // SQLiteMaxBatch sets the most writes committed in one transaction by
-// group commit. 1 commits every write on its own, which is slower under
-// concurrency and exists for comparison. Defaults to 256.
+// group commit. 1 commits every write on its own (a Buffered write too, at
+// once), which is slower under concurrency and exists for comparison.
+// Defaults to 256.
 func SQLiteMaxBatch(n int) SQLiteOption {
 	return func(c *sqliteConfig) { c.file.MaxBatch = n }
 }

@@ -376,7 +376,7 @@ func childHammer() error {
 				break
 			}
 			rec.Attempts++
-			if _, err = j.Update(ctx, rec, idem.Deferred); err == nil {
+			if _, err = j.Update(ctx, rec, []idem.Durability{idem.Deferred, idem.Buffered}[i%2]); err == nil {
 				rep.Increments[key]++
 				break
 			}
@@ -393,7 +393,7 @@ func childHammer() error {
 		for _, rec := range claimed {
 			rep.Claimed = append(rep.Claimed, rec.Key)
 			rec.State = idem.StateCanceled
-			if _, err := j.Update(ctx, rec, idem.Deferred); err != nil {
+			if _, err := j.Update(ctx, rec, idem.Buffered); err != nil {
 				fail(err)
 			}
 		}

@@ -92,6 +92,13 @@ type Config struct {
 	// ResumeConcurrency is how many operations Resume drives at once.
 	// Defaults to 8.
 	ResumeConcurrency int
+	// ResumeInterval, when positive, makes the client run Resume in the
+	// background every ResumeInterval, from New until Close, so that
+	// operations a call left unsettled (the server was down, the outcome
+	// unknown) and those a crashed process left behind are finished without
+	// the application calling Resume. Its reports go to OnResumeProgress
+	// and the logger. Zero (the default) leaves Resume to the application.
+	ResumeInterval time.Duration
 
 	// Logger receives the client's logs: no bodies, no header values, no
 	// secrets. Defaults to discarding them.
@@ -196,6 +203,7 @@ func New(cfg Config) (*Client, error) {
 		def(&c.cfg.Retention, 24*time.Hour, "Retention"),
 		def(&c.cfg.AttemptTimeout, 30*time.Second, "AttemptTimeout"),
 		def(&c.cfg.LeaseDuration, 15*time.Second, "LeaseDuration"),
+		def(&c.cfg.ResumeInterval, 0, "ResumeInterval"),
 	); err != nil {
 		return nil, err
 	}
@@ -228,6 +236,10 @@ func New(cfg Config) (*Client, error) {
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.wg.Add(1)
 	go c.renewLeases()
+	if c.cfg.ResumeInterval > 0 {
+		c.wg.Add(1)
+		go c.resumeEvery(c.cfg.ResumeInterval)
+	}
 	return c, nil
 }
 
@@ -552,7 +564,9 @@ func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, err
 	for {
 		switch {
 		case rec.State.Terminal() && rec.State != StateCanceled:
-			return resultFrom(rec), nil
+			res := resultFrom(rec)
+			res.Journaled = true
+			return res, nil
 		case rec.State == StateCanceled, rec.State == StateExpired:
 			return nil, opError(rec, nil)
 		}
@@ -599,6 +613,30 @@ func (c *Client) renewLeases() {
 		}
 		if _, err := c.journal.Renew(c.ctx, c.cfg.Owner, c.cfg.LeaseDuration); err != nil && c.ctx.Err() == nil {
 			c.log.Warn("idem: renewing leases failed", "owner", c.cfg.Owner, "error", err)
+		}
+	}
+}
+
+// resumeEvery runs Resume every interval until Close (Config.ResumeInterval).
+func (c *Client) resumeEvery(interval time.Duration) {
+	defer c.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		rep, err := c.Resume(c.ctx)
+		switch {
+		case c.ctx.Err() != nil:
+			return
+		case err != nil:
+			c.log.Warn("idem: background resume failed", "error", err)
+		case rep.Claimed > 0:
+			c.log.Info("idem: background resume", "claimed", rep.Claimed, "succeeded", rep.Succeeded,
+				"rejected", rep.Rejected, "pending", rep.Pending, "unknown", rep.Unknown, "expired", rep.Expired)
 		}
 	}
 }

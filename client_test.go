@@ -457,3 +457,58 @@ func TestOutcomeDurability(t *testing.T) {
 	assert.Equal(t, idem.StateSucceeded, rec.State, "reads through the journal see it at once")
 	assert.Equal(t, idem.StateSucceeded, rawState(t, path, res.Key), "and commit it")
 }
+
+func TestResultSaysWhenTheAnswerCameFromTheJournal(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"order":1}`))
+	})
+	c, err := idem.New(idem.Config{Journal: idem.NewMemoryJournal(), BaseURL: srv.URL})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	op := idem.Op{ID: "tool-call-1", URL: "/orders", Body: []byte(`{}`)}
+
+	first, err := c.Do(ctx, op)
+	require.NoError(t, err)
+	assert.False(t, first.Journaled, "the first call sent the request")
+	again, err := c.Do(ctx, op)
+	require.NoError(t, err)
+	assert.True(t, again.Journaled, "the second call answered from the journal")
+	assert.Equal(t, first.Body, again.Body)
+	o, err := c.Begin(ctx, op)
+	require.NoError(t, err)
+	sent, err := o.Send(ctx)
+	require.NoError(t, err)
+	assert.True(t, sent.Journaled, "Send of a settled operation answers from the journal")
+	assert.Len(t, srv.received(), 1, "one request in all")
+}
+
+func TestResumeIntervalFinishesWhatACallLeft(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n == 1 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	j := idem.NewMemoryJournal()
+	retry := fastRetry()
+	retry.MaxAttempts = 1
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Retry: retry, ResumeInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = c.Do(ctx, idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
+	require.Error(t, err, "the only attempt got a 503")
+	require.Eventually(t, func() bool {
+		rec, err := c.Lookup(ctx, "", "order-1")
+		return err == nil && rec.State == idem.StateSucceeded
+	}, 10*time.Second, 5*time.Millisecond, "the background resume sends it again, without the application calling Resume")
+	keys := srv.received()
+	require.Len(t, keys, 2)
+	assert.Equal(t, keys[0], keys[1], "with the same key")
+	require.NoError(t, c.Close(), "Close stops the background resume (goleak checks it is gone)")
+}

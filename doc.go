@@ -37,7 +37,9 @@
 // journaled: ErrOutcomeUnknown (it may have been applied; a status check
 // will tell), ErrNotSent (it certainly was not applied), ErrNeedsReconciliation
 // or ErrKeyConflict. Resume, run after a restart, finishes every operation
-// left unfinished.
+// left unfinished; with Config.ResumeInterval the client runs it in the
+// background. Result.Journaled tells an answer an earlier call settled, for
+// which nothing was sent, from one this call obtained.
 //
 // # States
 //

@@ -56,6 +56,11 @@ type Result struct {
 	Replayed bool
 	// Attempts is the number of attempts journaled for the operation.
 	Attempts int
+	// Journaled reports that the answer came from the journal: the
+	// operation had settled before this call, which sent nothing. An agent
+	// runtime, say, can tell a tool call that ran now from one that ran
+	// earlier.
+	Journaled bool
 }
 
 // Succeeded reports whether the server answered 2xx.

@@ -102,12 +102,13 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	j := idem.NewMemoryJournal()
 	for name, cfg := range map[string]idem.Config{
-		"no journal":          {},
-		"relative base URL":   {Journal: j, BaseURL: "/api"},
-		"base URL with creds": {Journal: j, BaseURL: "https://u:p@api.example.com"},
-		"negative retention":  {Journal: j, Retention: -1},
-		"bad scope":           {Journal: j, Scope: "a\x00b"},
-		"unknown key kind":    {Journal: j, Keys: 9},
+		"no journal":               {},
+		"relative base URL":        {Journal: j, BaseURL: "/api"},
+		"base URL with creds":      {Journal: j, BaseURL: "https://u:p@api.example.com"},
+		"negative retention":       {Journal: j, Retention: -1},
+		"negative resume interval": {Journal: j, ResumeInterval: -1},
+		"bad scope":                {Journal: j, Scope: "a\x00b"},
+		"unknown key kind":         {Journal: j, Keys: 9},
 	} {
 		_, err := idem.New(cfg)
 		assert.ErrorIs(t, err, idem.ErrInvalidConfig, name)

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -149,65 +150,102 @@ var jbModes = []struct {
 // in the directory the journals use and waiting for fsync. It is the
 // baseline of the single-writer target.
 //
-// The others are for analysis only. sqlite-insert-full is the cheapest
-// durable SQLite write there is. wal-7-frames+fsync appends what SQLite
-// writes to the WAL for one operation at one writer (one commit carrying an
-// outcome and the next intent: 7 frames, each a 24-byte header and a 4 KiB
-// page, written separately; counted with strace), then fsyncs.
+// The others are for analysis only: the cheapest SQLite write there is,
+// with and without fsync, and the WAL writes of one operation's commit.
 func BenchmarkFsync(b *testing.B) {
-	fsync := func(b *testing.B, chunks ...[]byte) {
+	b.Run("write200+fsync", func(b *testing.B) {
 		f, err := os.OpenFile(filepath.Join(b.TempDir(), "fsync"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer f.Close()
+		chunk := jbBytes(jbBodySize)
 		b.ResetTimer()
 		for range b.N {
-			for _, c := range chunks {
-				if _, err := f.Write(c); err != nil {
-					b.Fatal(err)
-				}
+			if _, err := f.Write(chunk); err != nil {
+				b.Fatal(err)
 			}
 			if err := f.Sync(); err != nil {
 				b.Fatal(err)
 			}
 		}
 		b.StopTimer()
-	}
-	b.Run("write200+fsync", func(b *testing.B) { fsync(b, jbBytes(jbBodySize)) })
-	// The smallest durable SQLite write: one 200-byte row into a table
-	// with no index, one transaction each, synchronous=FULL, through
-	// database/sql and the same driver. It writes one page to the WAL.
-	b.Run("sqlite-insert-full", func(b *testing.B) {
-		db, err := sql.Open("sqlite3", "file:"+filepath.Join(b.TempDir(), "bare.db")+"?_journal_mode=WAL&_synchronous=FULL")
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer db.Close()
-		db.SetMaxOpenConns(1)
-		if _, err := db.Exec(`CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)`); err != nil {
-			b.Fatal(err)
-		}
-		ins, err := db.Prepare(`INSERT INTO t (v) VALUES (?)`)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer ins.Close()
-		b.ResetTimer()
-		for range b.N {
-			if _, err := ins.Exec(jbBody); err != nil {
+	})
+	// The smallest SQLite write: one 200-byte row into a table with no
+	// index, one transaction each, through database/sql and the same
+	// driver. It writes one page to the WAL.
+	for _, sync := range []string{"full", "normal"} {
+		b.Run("sqlite-insert-"+sync, func(b *testing.B) {
+			db, err := sql.Open("sqlite3", "file:"+filepath.Join(b.TempDir(), "bare.db")+
+				"?_journal_mode=WAL&_synchronous="+strings.ToUpper(sync))
+			if err != nil {
 				b.Fatal(err)
 			}
+			defer db.Close()
+			db.SetMaxOpenConns(1)
+			if _, err := db.Exec(`CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)`); err != nil {
+				b.Fatal(err)
+			}
+			ins, err := db.Prepare(`INSERT INTO t (v) VALUES (?)`)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ins.Close()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := ins.Exec(jbBody); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+		})
+	}
+	// What SQLite writes to its WAL for one operation's commit: 7 frames,
+	// each a 24-byte header and a 4 KiB page written by separate calls, over
+	// a WAL reused in place; then, or not, the fsync.
+	for _, sync := range []bool{false, true} {
+		name := "wal-7-frames"
+		if sync {
+			name += "+fsync"
 		}
-		b.StopTimer()
-	})
-	b.Run("wal-7-frames+fsync", func(b *testing.B) {
-		var frames [][]byte
-		for range 7 {
-			frames = append(frames, make([]byte, 24), make([]byte, 4096))
-		}
-		fsync(b, frames...)
-	})
+		b.Run(name, func(b *testing.B) {
+			f, err := os.OpenFile(filepath.Join(b.TempDir(), "wal"), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			const size = 4 << 20 // SQLite's WAL restarts at about this size
+			if _, err := f.WriteAt(make([]byte, size), 0); err != nil {
+				b.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				b.Fatal(err)
+			}
+			header, page := make([]byte, 24), make([]byte, 4096)
+			var off int64
+			b.ResetTimer()
+			for range b.N {
+				for range 7 {
+					if off+24+4096 > size {
+						off = 0
+					}
+					if _, err := f.WriteAt(header, off); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := f.WriteAt(page, off+24); err != nil {
+						b.Fatal(err)
+					}
+					off += 24 + 4096
+				}
+				if sync {
+					if err := f.Sync(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.StopTimer()
+		})
+	}
 }
 
 // BenchmarkJournalOperation measures one operation (durable intent, deferred

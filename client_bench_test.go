@@ -123,11 +123,14 @@ func BenchmarkDo(b *testing.B) {
 }
 
 // benchDo runs Do for distinct operations from callers goroutines against a
-// no-op loopback server.
+// no-op loopback server. It reports the time spent in the journal's writes
+// and in the HTTP exchanges per operation: at one caller they add up to the
+// latency, and show where it goes.
 func benchDo(b *testing.B, j idem.Journal, callers int) {
 	srv := benchServer(b)
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL,
-		HTTPClient: &http.Client{Transport: benchTransport()}})
+	tj := &timedJournal{Journal: j}
+	rt := &timedTransport{base: benchTransport()}
+	c, err := idem.New(idem.Config{Journal: tj, BaseURL: srv.URL, HTTPClient: &http.Client{Transport: rt}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -142,4 +145,37 @@ func benchDo(b *testing.B, j idem.Journal, callers int) {
 		}
 		return nil
 	})
+	n := float64(b.N) * 1000
+	b.ReportMetric(float64(tj.spent.Load())/n, "journal-µs/op")
+	b.ReportMetric(float64(rt.spent.Load())/n, "http-µs/op")
+}
+
+// timedJournal adds up the time spent in Create and Update.
+type timedJournal struct {
+	idem.Journal
+	spent atomic.Int64
+}
+
+func (t *timedJournal) Create(ctx context.Context, r idem.Record) (idem.Record, bool, error) {
+	defer t.since(time.Now())
+	return t.Journal.Create(ctx, r)
+}
+
+func (t *timedJournal) Update(ctx context.Context, r idem.Record, d idem.Durability) (idem.Record, error) {
+	defer t.since(time.Now())
+	return t.Journal.Update(ctx, r, d)
+}
+
+func (t *timedJournal) since(start time.Time) { t.spent.Add(int64(time.Since(start))) }
+
+// timedTransport adds up the time spent in round trips.
+type timedTransport struct {
+	base  http.RoundTripper
+	spent atomic.Int64
+}
+
+func (t *timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	start := time.Now()
+	defer func() { t.spent.Add(int64(time.Since(start))) }()
+	return t.base.RoundTrip(req)
 }

@@ -482,51 +482,84 @@ func TestSQLiteTwoProcessesShareOneJournal(t *testing.T) {
 
 // childAck creates records as fast as it can and prints each key once
 // Create has returned, until it is killed.
+// childAck does what Client.Do does to the journal, in a loop: a durable
+// Create of an in_flight record, acknowledged on stdout once it returns,
+// then a buffered Update to succeeded. A buffered write is not on disk when
+// it returns; it is once the next durable write has returned, so its
+// settlement is acknowledged after the next Create.
 func childAck() error {
 	j, err := idem.OpenSQLite(os.Getenv("IDEM_JOURNAL"))
 	if err != nil {
 		return err
 	}
+	ctx := context.Background()
 	out := bufio.NewWriter(os.Stdout)
+	settled := ""
 	for i := 0; ; i++ {
 		id := fmt.Sprint("op-", i)
-		rec, _, err := j.Create(context.Background(), testRecord("s", id, []byte("body of "+id)))
+		rec := testRecord("s", id, []byte("body of "+id))
+		rec.State, rec.Attempts = idem.StateInFlight, 1
+		rec, _, err := j.Create(ctx, rec)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(out, rec.Key, id)
+		fmt.Fprintln(out, "created", rec.Key, id)
+		if settled != "" {
+			fmt.Fprintln(out, "settled", settled)
+		}
 		if err := out.Flush(); err != nil {
 			return err
 		}
+		rec.State = idem.StateSucceeded
+		rec.Response = &idem.Response{StatusCode: 201, Body: []byte("order for " + id)}
+		if _, err := j.Update(ctx, rec, idem.Buffered); err != nil {
+			return err
+		}
+		settled = id
 	}
 }
 
-func TestSQLiteAcknowledgedCreatesSurviveSIGKILL(t *testing.T) {
+func TestSQLiteAcknowledgedWritesSurviveSIGKILL(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "ops.db")
 	cmd := childCommand(t, "journal-ack", "IDEM_JOURNAL="+path)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	acked := map[string]string{} // id -> key
+	created := map[string]string{} // id -> key
+	settled := map[string]bool{}
 	lines := bufio.NewScanner(stdout)
-	for len(acked) < 300 && lines.Scan() {
+	for len(created) < 300 && lines.Scan() {
 		f := strings.Fields(lines.Text())
-		require.Len(t, f, 2)
-		acked[f[1]] = f[0]
+		switch {
+		case len(f) == 3 && f[0] == "created":
+			created[f[2]] = f[1]
+		case len(f) == 2 && f[0] == "settled":
+			settled[f[1]] = true
+		default:
+			t.Fatalf("unexpected line %q", lines.Text())
+		}
 	}
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_, _ = io.Copy(io.Discard, stdout)
 	_ = cmd.Wait()
-	require.Len(t, acked, 300, "the child must have acknowledged 300 creates before it was killed")
+	require.Len(t, created, 300, "the child must have acknowledged 300 creates before it was killed")
+	require.Len(t, settled, 298, "every create but the first acknowledges the settlement before it")
 
 	j := openJournal(t, path)
-	for id, key := range acked {
+	for id, key := range created {
 		rec, err := j.Lookup(context.Background(), "s", id)
 		require.NoError(t, err, "acknowledged %s is missing after SIGKILL", id)
 		assert.Equal(t, key, rec.Key)
 		assert.Equal(t, "body of "+id, string(rec.Body))
-		assert.Equal(t, idem.StatePending, rec.State)
+		if settled[id] {
+			require.Equal(t, idem.StateSucceeded, rec.State, "%s: its settlement was carried by a durable write that returned", id)
+			assert.Equal(t, "order for "+id, string(rec.Response.Body))
+		} else {
+			// The last one: its buffered outcome may or may not have been
+			// committed; either way the record is whole.
+			assert.Contains(t, []idem.State{idem.StateInFlight, idem.StateSucceeded}, rec.State, id)
+		}
 	}
 }
 

@@ -248,6 +248,17 @@ func (j *SQLiteJournal) readOne(ctx context.Context, what, query string, args ..
 	return rec, j.db.Classify(err)
 }
 
+// fileMode is the commit mode that gives durability d.
+func fileMode(d Durability) sqlitefile.Mode {
+	switch d {
+	case Deferred:
+		return sqlitefile.Deferred
+	case Buffered:
+		return sqlitefile.Buffered
+	}
+	return sqlitefile.Durable
+}
+
 // beforeRead refuses reads after Close and commits buffered writes, which
 // the read connections would not see otherwise. A read goes on if that
 // commit fails (a full disk, say): it sees the journal as last committed,
@@ -268,7 +279,7 @@ func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability) (R
 		return Record{}, err
 	}
 	var out Record
-	err := j.db.Write(ctx, sqlitefile.Mode(d), func(tx *sqlitefile.Tx) error {
+	err := j.db.Write(ctx, fileMode(d), func(tx *sqlitefile.Tx) error {
 		id, stored, err := j.lockedGet(tx, rec.Key)
 		if err != nil {
 			return err

@@ -268,7 +268,9 @@ func (db *DB) runBatch(reqs []*writeReq) {
 	db.stats.MaxBatch = max(db.stats.MaxBatch, len(reqs))
 	db.statsMu.Unlock()
 	if mode == Buffered && len(db.carried) > 0 && time.Since(db.openedAt) < db.opts.LingerDelay {
-		if !db.buffered.Swap(true) {
+		db.buffered.Store(true)
+		if !db.lingerArmed {
+			db.lingerArmed = true
 			db.linger.Reset(db.opts.LingerDelay)
 		}
 		finish(nil)
@@ -375,7 +377,7 @@ func (db *DB) commit() error {
 		db.rollback()
 		return fmt.Errorf("commit: %w", db.classify(err))
 	}
-	db.inTx, db.carried = false, nil
+	db.inTx, db.carried, db.lingerArmed = false, nil, false
 	db.buffered.Store(len(db.replay) > 0)
 	db.statsMu.Lock()
 	if db.syncFull || db.opts.SyncNormal {
@@ -420,7 +422,7 @@ func (db *DB) begin() error {
 // of the next transaction, which the linger timer begins if no write does.
 func (db *DB) rollback() {
 	_, _ = db.ctl.rollback.ExecContext(batchCtx)
-	db.inTx = false
+	db.inTx, db.lingerArmed = false, false
 	if len(db.carried) > 0 {
 		db.replay = append(db.replay, db.carried...)
 		db.carried = nil

@@ -122,9 +122,11 @@ type DB struct {
 	replay   []func(*Tx) error
 	buffered atomic.Bool
 	// linger commits buffered writes that no other write came to carry
-	// within LingerDelay. The leader arms it (a timer, not a goroutine to
-	// wake: it is armed on every buffered write at one writer).
-	linger *time.Timer
+	// within LingerDelay. The leader arms it once per transaction it leaves
+	// open (lingerArmed): a timer, not a goroutine to wake, since at one
+	// writer that is once per operation.
+	linger      *time.Timer
+	lingerArmed bool
 
 	closing   chan struct{}
 	closeOnce sync.Once

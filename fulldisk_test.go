@@ -45,6 +45,9 @@ type fullDiskReport struct {
 	Settled     bool     // the failed operation succeeded once space was back
 	LostAcked   []string // acknowledged operations not found intact afterwards
 	Unrecovered string   // why recovery failed, if it did
+	// Buffered outcomes that the failed commit rolled back and that were
+	// run again, and those lost.
+	Replayed, LostBuffered int64
 }
 
 // childFullDisk runs the scenario on IDEM_FULLDISK_DIR, freeing space as
@@ -151,6 +154,8 @@ func childFullDisk() error {
 			rep.LostAcked = append(rep.LostAcked, id)
 		}
 	}
+	st := j.Stats()
+	rep.Replayed, rep.LostBuffered = st.Replayed, st.LostBuffered
 	mu.Lock()
 	for _, n := range executions {
 		rep.Executions = append(rep.Executions, n)
@@ -185,8 +190,8 @@ func TestFullDiskIsAClearErrorAndLosesNothing(t *testing.T) {
 			require.NoError(t, err)
 			var rep fullDiskReport
 			require.NoError(t, json.Unmarshal(out, &rep), "%s", out)
-			t.Logf("%s: %d operations acknowledged, then %s failed (sent: %v): %s",
-				mode, rep.Acked, rep.FailedID, rep.SentBefore, rep.FailedErr)
+			t.Logf("%s: %d operations acknowledged, then %s failed (sent: %v): %s; %d buffered outcomes replayed",
+				mode, rep.Acked, rep.FailedID, rep.SentBefore, rep.FailedErr, rep.Replayed)
 			require.NotEmpty(t, rep.FailedID, rep.Unrecovered)
 			assert.Positive(t, rep.Acked)
 			assert.True(t, rep.DiskFull, "the error matches ErrDiskFull: %s", rep.FailedErr)
@@ -196,6 +201,7 @@ func TestFullDiskIsAClearErrorAndLosesNothing(t *testing.T) {
 			assert.Empty(t, rep.Unrecovered)
 			assert.True(t, rep.Settled, "once space is back, the failed operation finishes")
 			assert.Empty(t, rep.LostAcked, "every acknowledged operation is intact")
+			assert.Zero(t, rep.LostBuffered, "no buffered outcome was lost")
 			require.Len(t, rep.Executions, rep.Acked+1, "one key per operation reached the server")
 			for _, n := range rep.Executions {
 				assert.Equal(t, 1, n, "nothing executed twice")

@@ -176,13 +176,19 @@ type SQLiteStats struct {
 	Flushes int64
 	// Checkpoints counts WAL checkpoints.
 	Checkpoints int64
+	// Replayed counts buffered writes run again because the commit that
+	// carried them failed (a full disk, say); LostBuffered those that no
+	// longer applied then, because another process had changed the record,
+	// which now answers for it.
+	Replayed, LostBuffered int64
 }
 
 // Stats returns the committer's counters.
 func (j *SQLiteJournal) Stats() SQLiteStats {
 	s := j.db.Stats()
 	return SQLiteStats{Writes: s.Writes, DurableCommits: s.DurableCommits, DeferredCommits: s.DeferredCommits,
-		MaxBatch: s.MaxBatch, Flushes: s.Flushes, Checkpoints: s.Checkpoints}
+		MaxBatch: s.MaxBatch, Flushes: s.Flushes, Checkpoints: s.Checkpoints,
+		Replayed: s.Replayed, LostBuffered: s.LostBuffered}
 }
 
 // Close makes every deferred write durable and closes the file.

@@ -80,7 +80,7 @@ func testConcurrentUpdate(t *testing.T, j idem.Journal) {
 			next.State = idem.StateInFlight
 			next.Attempts = cur.Attempts + 1
 			next.LastError = fmt.Sprintf("racer %d, round %d", i, round)
-			d := []idem.Durability{idem.Durable, idem.Deferred}[i%2]
+			d := []idem.Durability{idem.Durable, idem.Deferred, idem.Buffered}[i%3]
 			wg.Go(func() {
 				<-start
 				results[i].rec, results[i].err = j.Update(t.Context(), next, d)

@@ -92,6 +92,16 @@ type Config struct {
 	// ResumeConcurrency is how many operations Resume drives at once.
 	// Defaults to 8.
 	ResumeConcurrency int
+	// CommitOutcomes makes Do commit a success before it returns. By
+	// default a success is buffered: Do returns before its commit, which
+	// the next journal write makes (usually the next operation's intent,
+	// so that both share one fsync), and a crash of the process in between
+	// leaves the record in_flight, for Resume to settle with a status check
+	// while the server still keeps the key (Retention); after that it
+	// expires, for an operator. Set it where a crash must not depend on
+	// that: each operation then costs a second commit, without fsync. A
+	// rejection is always on disk before Do returns.
+	CommitOutcomes bool
 	// ResumeInterval, when positive, makes the client run Resume in the
 	// background every ResumeInterval, from New until Close, so that
 	// operations a call left unsettled (the server was down, the outcome

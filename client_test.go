@@ -456,6 +456,13 @@ func TestOutcomeDurability(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateSucceeded, rec.State, "reads through the journal see it at once")
 	assert.Equal(t, idem.StateSucceeded, rawState(t, path, res.Key), "and commit it")
+
+	committing, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, CommitOutcomes: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = committing.Close() })
+	res, err = committing.Do(ctx, idem.Op{ID: "pay-3", URL: "/ok", Body: []byte(`{}`)})
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rawState(t, path, res.Key), "with CommitOutcomes, a success is committed before Do returns")
 }
 
 func TestResultSaysWhenTheAnswerCameFromTheJournal(t *testing.T) {

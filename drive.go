@@ -313,9 +313,10 @@ func (d *driver) stored(resp *http.Response, body []byte) *Response {
 	return &Response{StatusCode: resp.StatusCode, Header: h, Body: body, Replayed: wire.Replayed(resp.Header)}
 }
 
-// settle records a definitive answer. A success is buffered: if it is
-// lost, the record reads in_flight or unknown and a status check returns
-// the same answer, which the server keeps. A rejection is durable: a server
+// settle records a definitive answer. A success is buffered (unless
+// Config.CommitOutcomes): if it is lost, the record reads in_flight or
+// unknown and a status check returns the same answer, which the server
+// keeps. A rejection is durable: a server
 // need not keep a request it refused, so a status check could answer
 // not_found and a resume would send the request again, after this call
 // reported it rejected.
@@ -334,8 +335,11 @@ func (d *driver) settle(ctx context.Context, v Decision, resp *Response) error {
 		next.LastError = fmt.Sprintf("response body cut at %d bytes (Config.MaxResponseBytes)", d.c.cfg.MaxResponseBytes)
 	}
 	dur := Buffered
-	if next.State == StateRejected {
+	switch {
+	case next.State == StateRejected:
 		dur = Durable
+	case d.c.cfg.CommitOutcomes:
+		dur = Deferred
 	}
 	if err := d.update(outcomeCtx(ctx), next, dur); err != nil {
 		return d.journalFailed(err)

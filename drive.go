@@ -316,10 +316,9 @@ func (d *driver) stored(resp *http.Response, body []byte) *Response {
 // settle records a definitive answer. A success is buffered (unless
 // Config.CommitOutcomes): if it is lost, the record reads in_flight or
 // unknown and a status check returns the same answer, which the server
-// keeps. A rejection is durable: a server
-// need not keep a request it refused, so a status check could answer
-// not_found and a resume would send the request again, after this call
-// reported it rejected.
+// keeps. A rejection is durable: a server need not keep a request it
+// refused, so a status check could answer not_found and a resume would
+// send the request again, after this call reported it rejected.
 func (d *driver) settle(ctx context.Context, v Decision, resp *Response) error {
 	next := d.rec
 	next.State = StateSucceeded

@@ -477,14 +477,28 @@ func TestBufferedWritesFromManyGoroutines(t *testing.T) {
 	assert.Zero(t, db.Stats().LostBuffered)
 }
 
+// openWithFailingCommit opens a test file where failsAtCommit makes the
+// next commit fail: a deferred foreign key is checked at COMMIT, so the
+// write runs and the commit is refused.
+func openWithFailingCommit(t *testing.T) *DB {
+	t.Helper()
+	schema := append(append([]string{}, testSchema...),
+		`CREATE TABLE child (parent TEXT REFERENCES kv (k) DEFERRABLE INITIALLY DEFERRED)`)
+	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour; o.Migrations = schema })
+	_, err := db.writer.ExecContext(context.Background(), "PRAGMA foreign_keys=ON")
+	require.NoError(t, err)
+	return db
+}
+
+func failsAtCommit(tx *Tx) error {
+	_, err := tx.Exec(`INSERT INTO child (parent) VALUES ('missing')`)
+	return err
+}
+
 func TestBufferedWritesRolledBackByAFailedCommitAreRunAgain(t *testing.T) {
 	t.Parallel()
-	schema := append([]string{}, testSchema...)
-	schema = append(schema, `CREATE TABLE child (parent TEXT REFERENCES kv (k) DEFERRABLE INITIALLY DEFERRED)`)
-	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour; o.Migrations = schema })
+	db := openWithFailingCommit(t)
 	ctx := context.Background()
-	_, err := db.writer.ExecContext(ctx, "PRAGMA foreign_keys=ON")
-	require.NoError(t, err)
 	var replays atomic.Int32
 	require.NoError(t, db.Write(ctx, Buffered, func(tx *Tx) error {
 		if tx.Replay() {
@@ -492,13 +506,9 @@ func TestBufferedWritesRolledBackByAFailedCommitAreRunAgain(t *testing.T) {
 		}
 		return put("a", "1")(tx)
 	}))
-	// A deferred foreign key is checked at COMMIT: the write runs, the
-	// commit fails, and the whole transaction is rolled back, the buffered
-	// write with it, although it had returned.
-	err = db.Write(ctx, Durable, func(tx *Tx) error {
-		_, err := tx.Exec(`INSERT INTO child (parent) VALUES ('missing')`)
-		return err
-	})
+	// The commit fails, and the whole transaction is rolled back, the
+	// buffered write with it, although it had returned.
+	err := db.Write(ctx, Durable, failsAtCommit)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "commit")
 	_, seen := rawGet(t, db.Path(), "a")
@@ -518,17 +528,10 @@ func TestBufferedWritesRolledBackByAFailedCommitAreRunAgain(t *testing.T) {
 
 func TestRolledBackBufferedWritesAreRunAgainWithoutAnotherWrite(t *testing.T) {
 	t.Parallel()
-	schema := append([]string{}, testSchema...)
-	schema = append(schema, `CREATE TABLE child (parent TEXT REFERENCES kv (k) DEFERRABLE INITIALLY DEFERRED)`)
-	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour; o.Migrations = schema })
+	db := openWithFailingCommit(t)
 	ctx := context.Background()
-	_, err := db.writer.ExecContext(ctx, "PRAGMA foreign_keys=ON")
-	require.NoError(t, err)
 	require.NoError(t, db.Write(ctx, Buffered, put("a", "1")))
-	require.Error(t, db.Write(ctx, Durable, func(tx *Tx) error {
-		_, err := tx.Exec(`INSERT INTO child (parent) VALUES ('missing')`)
-		return err
-	}))
+	require.Error(t, db.Write(ctx, Durable, failsAtCommit))
 	require.Eventually(t, func() bool {
 		_, seen := rawGet(t, db.Path(), "a")
 		return seen
@@ -537,22 +540,15 @@ func TestRolledBackBufferedWritesAreRunAgainWithoutAnotherWrite(t *testing.T) {
 
 func TestReplayedWriteThatNoLongerAppliesIsCounted(t *testing.T) {
 	t.Parallel()
-	schema := append([]string{}, testSchema...)
-	schema = append(schema, `CREATE TABLE child (parent TEXT REFERENCES kv (k) DEFERRABLE INITIALLY DEFERRED)`)
-	db := openTest(t, func(o *Options) { o.LingerDelay = time.Hour; o.Migrations = schema })
+	db := openWithFailingCommit(t)
 	ctx := context.Background()
-	_, err := db.writer.ExecContext(ctx, "PRAGMA foreign_keys=ON")
-	require.NoError(t, err)
 	require.NoError(t, db.Write(ctx, Buffered, func(tx *Tx) error {
 		if tx.Replay() {
 			return errors.New("the record changed meanwhile")
 		}
 		return put("a", "1")(tx)
 	}))
-	require.Error(t, db.Write(ctx, Durable, func(tx *Tx) error {
-		_, err := tx.Exec(`INSERT INTO child (parent) VALUES ('missing')`)
-		return err
-	}))
+	require.Error(t, db.Write(ctx, Durable, failsAtCommit))
 	require.NoError(t, db.Write(ctx, Durable, put("b", "2")))
 	assert.EqualValues(t, 1, db.Stats().LostBuffered)
 	_, seen := rawGet(t, db.Path(), "a")

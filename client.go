@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -27,9 +28,16 @@ type Config struct {
 
 	// BaseURL resolves relative Op.URLs.
 	BaseURL string
-	// Scope is the scope of operations whose Op.Scope is empty. Defaults to
-	// "default".
+	// Scope is the scope of operations whose Op.Scope is empty: the tenant
+	// this client acts for. Defaults to "default".
 	Scope string
+	// ResumeScopes are the scopes Resume (and background resume) drives,
+	// for a client that serves several tenants (its Authorize choosing
+	// credentials per operation with OperationFrom). Defaults to
+	// []string{Scope}: a client resumes only its own tenant's operations,
+	// because its credentials belong to that tenant. The option
+	// ResumeAllScopes takes every scope, for an operator.
+	ResumeScopes []string
 
 	// Status settles operations whose outcome is unknown. Defaults to
 	// ReplayStatus(), which re-sends the same key and bytes; use
@@ -37,25 +45,38 @@ type Config struct {
 	Status StatusChecker
 	// Authorize adds credentials to every request, attempt and status check
 	// alike, right before it is sent: a token fetched after a restart is
-	// fresh, and no credential is ever journaled.
+	// fresh, and no credential is ever journaled. OperationFrom tells it
+	// which operation (scope, ID, key) the request is for, so it can choose
+	// credentials per tenant.
 	Authorize func(*http.Request) error
 	// HTTPClient supplies the transport (and cookie jar). Its Timeout and
-	// CheckRedirect are not used: each attempt is bounded by AttemptTimeout
-	// and redirects are never followed, so that a write is never silently
-	// re-sent elsewhere. Defaults to a pooled transport.
+	// CheckRedirect are not used: each attempt is bounded by AttemptTimeout,
+	// and a redirect is followed only when it keeps the method and body
+	// (307, 308) and stays on the request's origin, with the same key and
+	// Authorize run again, so that a write and its credentials never go
+	// elsewhere; any other redirect is the answer. Defaults to a pooled
+	// transport.
 	HTTPClient *http.Client
 
-	// KeyHeader is the request header that carries the key. Defaults to
-	// "Idempotency-Key".
+	// KeyHeader is the request header that carries the key of operations
+	// this client creates. Defaults to "Idempotency-Key".
 	KeyHeader string
-	// QuoteKey sends the key as an RFC 8941 sf-string ("…"), as the IETF
-	// draft specifies, instead of a bare token, which Stripe and most
-	// servers expect. The form never changes between attempts.
+	// QuoteKey sends the key of operations this client creates as an RFC
+	// 8941 sf-string ("…"), as the IETF draft specifies, instead of a bare
+	// token, which Stripe and most servers expect.
+	//
+	// KeyHeader and QuoteKey are journaled with each operation: every later
+	// attempt, replay and status check of that operation uses its journaled
+	// form, whichever client, process or tool sends it.
 	QuoteKey bool
 	// Keys chooses how keys are minted. Defaults to KeyRandom (UUIDv4).
 	Keys KeyKind
-	// KeyNamespace is the UUIDv5 namespace of KeyDeterministic. Defaults
-	// to DefaultKeyNamespace.
+	// KeyNamespace is the UUIDv5 namespace of KeyDeterministic, required
+	// with it: generate one with uuid.New() for the application, and keep
+	// it like a credential. Anyone who knows it can compute the
+	// application's keys from scopes and operation IDs, and against a
+	// server that scopes keys by key alone, read or pre-empt its stored
+	// answers.
 	KeyNamespace uuid.UUID
 
 	// Retry bounds the retries and status checks of one call.
@@ -82,12 +103,16 @@ type Config struct {
 	SecretHeaders []string
 
 	// LeaseDuration is how long a worker's claim on an operation lasts
-	// without renewal. The client renews its leases every third of it, so
-	// an operation whose process died is taken over within LeaseDuration.
-	// Defaults to 15 s.
+	// without renewal. The client renews its leases every third of it.
+	// When its process dies, a journal that can see it (SQLite: every
+	// process sharing the file is on one machine) lets another take its
+	// operations at once; one that cannot (a journal shared by machines)
+	// lets them be taken when the lease lapses. Defaults to 15 s.
 	LeaseDuration time.Duration
-	// Owner names this client in leases and the journal's history.
-	// Defaults to host/pid/random.
+	// Owner names this client in leases and the journal's history; the
+	// client adds "#" and a random suffix, so that a process restarted
+	// under the same name is a new owner and never mistakes the dead
+	// one's leases for its own. Defaults to host/pid.
 	Owner string
 	// ResumeConcurrency is how many operations Resume drives at once.
 	// Defaults to 8.
@@ -103,7 +128,8 @@ type Config struct {
 	// rejection is always on disk before Do returns.
 	CommitOutcomes bool
 	// ResumeInterval, when positive, makes the client run Resume in the
-	// background every ResumeInterval, from New until Close, so that
+	// background every ResumeInterval, from New until Close or Shutdown,
+	// so that
 	// operations a call left unsettled (the server was down, the outcome
 	// unknown) and those a crashed process left behind are finished without
 	// the application calling Resume. Its reports go to OnResumeProgress
@@ -133,34 +159,48 @@ type Transition struct {
 	StatusCode int
 	// Reason says why, as journaled in Record.LastError.
 	Reason string
+	// Kind and Detail are the history event's (see Event).
+	Kind   EventKind
+	Detail string
 	At     time.Time
 }
 
 // Client drives operations through the journal. It is safe for concurrent
-// use; create one per journal and reuse it.
+// use; create one per journal and tenant, reuse it, and Close (or Shutdown)
+// it before the process exits, so that nothing it buffered is lost.
 type Client struct {
-	cfg       Config
-	journal   Journal
-	base      *url.URL
-	keyHeader string
-	secrets   []string
-	http      *http.Client
-	status    StatusChecker
-	classify  Classifier
-	retry     RetryPolicy
-	budget    *retryBudget
-	log       *slog.Logger
-	now       func() time.Time
+	cfg        Config
+	journal    Journal
+	base       *url.URL
+	keyHeader  string
+	secrets    []string
+	owner      string        // the lease owner: Config.Owner and a unique suffix
+	http       *http.Client  // the client's transport, closed by Close
+	attempts   *http.Client  // the same, for attempts and status checks
+	status     StatusChecker // Config.Status
+	statusName string
+	classify   Classifier
+	retry      RetryPolicy
+	budget     *retryBudget
+	log        *slog.Logger
+	now        func() time.Time
+	unregister func() error // ends the owner's registration with the journal
 
-	// ctx is canceled by Close; every call's context is tied to it.
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // calls in progress and the lease renewer
+	// callCtx is canceled when calls in progress must stop (Close, or the
+	// end of Shutdown's context); bgCtx stops the lease renewer, last.
+	callCtx    context.Context
+	cancelCall context.CancelFunc
+	bgCtx      context.Context
+	cancelBG   context.CancelFunc
+	calls      sync.WaitGroup // calls in progress
+	bg         sync.WaitGroup // the lease renewer and the background resumer
+	closing    chan struct{}  // closed when Close or Shutdown begins
 
-	mu      sync.Mutex
-	closed  bool
-	flights map[scopeID]*flight
-	leases  int // operations this client is driving, so holding leases
+	mu       sync.Mutex
+	closed   bool
+	shutdown chan struct{} // closed once Close or Shutdown has finished
+	flights  map[scopeID]*flight
+	held     map[string]Lease // leases of the operations this client drives, by key
 }
 
 // New checks cfg and returns a client. It starts one goroutine, which
@@ -169,7 +209,8 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Journal == nil {
 		return nil, fmt.Errorf("%w: Config.Journal is nil; open one with idem.OpenSQLite", ErrInvalidConfig)
 	}
-	c := &Client{cfg: cfg, journal: cfg.Journal, flights: map[scopeID]*flight{}}
+	c := &Client{cfg: cfg, journal: cfg.Journal, flights: map[scopeID]*flight{}, held: map[string]Lease{},
+		closing: make(chan struct{}), shutdown: make(chan struct{})}
 	if cfg.BaseURL != "" {
 		u, err := url.Parse(cfg.BaseURL)
 		if err != nil || !u.IsAbs() || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
@@ -190,11 +231,22 @@ func New(cfg Config) (*Client, error) {
 	if c.keyHeader == "" {
 		c.keyHeader = wire.KeyHeader
 	}
+	if !wire.IsToken(c.keyHeader) {
+		return nil, fmt.Errorf("%w: Config.KeyHeader %q is not a valid header name", ErrInvalidConfig, cfg.KeyHeader)
+	}
 	if cfg.Keys > KeyDeterministic {
 		return nil, fmt.Errorf("%w: Config.Keys %d is not a KeyKind", ErrInvalidConfig, cfg.Keys)
 	}
-	if c.cfg.KeyNamespace == uuid.Nil {
-		c.cfg.KeyNamespace = DefaultKeyNamespace
+	if err := checkKeyNamespace(cfg.Keys, cfg.KeyNamespace); err != nil {
+		return nil, err
+	}
+	if len(c.cfg.ResumeScopes) == 0 {
+		c.cfg.ResumeScopes = []string{c.cfg.Scope}
+	}
+	for _, sc := range c.cfg.ResumeScopes {
+		if err := checkName("Config.ResumeScopes", sc, maxScopeLength, "list tenant or namespace names"); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		}
 	}
 	c.secrets = []string{"Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie"}
 	for _, h := range cfg.SecretHeaders {
@@ -225,8 +277,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if c.cfg.Owner == "" {
 		host, _ := os.Hostname()
-		c.cfg.Owner = fmt.Sprintf("%s/%d/%s", host, os.Getpid(), uuid.NewString()[:8])
+		c.cfg.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
 	}
+	c.owner = c.cfg.Owner + "#" + uuid.NewString()[:8]
 	c.now = time.Now
 	c.retry = cfg.Retry.withDefaults()
 	c.budget = newRetryBudget(c.retry, c.now)
@@ -238,22 +291,43 @@ func New(cfg Config) (*Client, error) {
 	if c.status == nil {
 		c.status = ReplayStatus()
 	}
+	if a, ok := c.status.(StatusAdapter); ok {
+		if err := a.checkConfig(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+		}
+	}
+	c.statusName = statusCheckerName(c.status)
 	c.log = cfg.Logger
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
-	c.http = c.newHTTPClient()
-	c.ctx, c.cancel = context.WithCancel(context.Background())
-	c.wg.Add(1)
+	c.http, c.attempts = c.newHTTPClients()
+	unregister, err := c.journal.Register(context.Background(), c.owner)
+	if err != nil {
+		return nil, fmt.Errorf("idem: registering this client with the journal: %w", err)
+	}
+	c.unregister = unregister
+	c.callCtx, c.cancelCall = context.WithCancel(context.Background())
+	c.bgCtx, c.cancelBG = context.WithCancel(context.Background())
+	c.bg.Add(1)
 	go c.renewLeases()
 	if c.cfg.ResumeInterval > 0 {
-		c.wg.Add(1)
+		c.bg.Add(1)
 		go c.resumeEvery(c.cfg.ResumeInterval)
 	}
 	return c, nil
 }
 
-func (c *Client) newHTTPClient() *http.Client {
+// Owner returns the name under which this client holds leases: Config.Owner
+// and a suffix of its own.
+func (c *Client) Owner() string { return c.owner }
+
+// newHTTPClients returns the client's HTTP client, whose
+// CloseIdleConnections Close calls, and the same for attempts: without
+// CloseIdleConnections, which go-retryablehttp calls after every round
+// that ends in an error and which would empty the pool every other
+// operation shares.
+func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 	var base http.RoundTripper
 	var jar http.CookieJar
 	if c.cfg.HTTPClient != nil {
@@ -265,14 +339,32 @@ func (c *Client) newHTTPClient() *http.Client {
 		t.MaxIdleConnsPerHost = 256
 		base = t
 	}
-	return &http.Client{
-		Transport: authorizing{base: base, authorize: c.cfg.Authorize},
-		Jar:       jar,
-		Timeout:   c.cfg.AttemptTimeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		},
+	own := &http.Client{
+		Transport:     authorizing{base: base, authorize: c.cfg.Authorize},
+		Jar:           jar,
+		Timeout:       c.cfg.AttemptTimeout,
+		CheckRedirect: sameOriginRedirect,
 	}
+	attempts := *own
+	attempts.Transport = keepIdle{own.Transport}
+	return own, &attempts
+}
+
+// sameOriginRedirect follows a 307 or 308, which keep the method and the
+// body, when it stays on the first request's origin (scheme, host and
+// port), at most 5 times; net/http then sends the same headers, the key
+// among them, and the transport runs Authorize again. Anything else is
+// returned as the answer.
+func sameOriginRedirect(req *http.Request, via []*http.Request) error {
+	first := via[0].URL
+	switch {
+	case req.Response == nil,
+		req.Response.StatusCode != http.StatusTemporaryRedirect && req.Response.StatusCode != http.StatusPermanentRedirect,
+		len(via) > 5,
+		req.URL.Scheme != first.Scheme || req.URL.Host != first.Host:
+		return http.ErrUseLastResponse
+	}
+	return nil
 }
 
 // authorizing runs Authorize on a copy of each request right before it is
@@ -296,23 +388,89 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 	return a.base.RoundTrip(r)
 }
 
+// CloseIdleConnections closes the idle connections of the transport, so
+// that Close leaves no connection (and no goroutine reading one) behind.
+func (a authorizing) CloseIdleConnections() {
+	if c, ok := a.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// keepIdle hides CloseIdleConnections from go-retryablehttp.
+type keepIdle struct{ rt http.RoundTripper }
+
+func (k keepIdle) RoundTrip(req *http.Request) (*http.Response, error) { return k.rt.RoundTrip(req) }
+
 func (c *Client) secretHeader(canon string) bool { return slices.Contains(c.secrets, canon) }
 
-// Close interrupts the calls in progress (their operations stay journaled,
-// and Resume finishes them), waits for them to return and stops the lease
-// renewer. It does not close the journal.
+// Close interrupts the calls in progress (their operations stay
+// journaled, and Resume finishes them), waits for them to return, stops the
+// client's goroutines, makes every journal write the client made durable
+// (Journal.Sync) and closes idle connections. It does not close the
+// journal. Shutdown lets calls in progress finish first.
 func (c *Client) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := c.Shutdown(ctx)
+	if errors.Is(err, context.Canceled) {
+		err = nil // Close interrupts by design
+	}
+	return err
+}
+
+// Shutdown stops the client gracefully: new calls fail with
+// ErrClientClosed at once, calls in progress go on until they return or ctx
+// ends (then they are interrupted, their operations stay journaled, and
+// Shutdown returns ctx's error), the background resumer stops, and then,
+// as in Close, the lease renewer stops, the client leaves the journal's
+// owners, every write it made is made durable (Journal.Sync), and idle
+// connections are closed.
+//
+// What a crash (as opposed to Close or Shutdown) can cost: a success
+// recorded buffered and not yet committed (at most about a millisecond of
+// them, by default) reads again as in_flight, so Resume asks the server,
+// which answers with the same result, as long as it keeps the key
+// (Config.Retention; set Config.CommitOutcomes not to depend on it). An
+// intent is never lost: it is on disk before anything is sent.
+func (c *Client) Shutdown(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil
+		select {
+		case <-c.shutdown:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	c.closed = true
+	close(c.closing)
 	c.mu.Unlock()
-	c.cancel()
-	c.wg.Wait()
+	defer close(c.shutdown)
+
+	done := make(chan struct{})
+	go func() { c.calls.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+		c.cancelCall()
+		<-done
+	}
+	c.cancelCall()
+	c.cancelBG()
+	c.bg.Wait()
+	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if serr := c.journal.Sync(syncCtx); serr != nil && !errors.Is(serr, ErrJournalClosed) {
+		err = errors.Join(err, fmt.Errorf("idem: making the journal durable: %w", serr))
+	}
+	if uerr := c.unregister(); uerr != nil {
+		c.log.Warn("idem: leaving the journal's owners", "owner", c.owner, "error", uerr)
+	}
 	c.http.CloseIdleConnections()
-	return nil
+	return err
 }
 
 // enter registers a call in progress and ties ctx to the client's life:
@@ -323,24 +481,44 @@ func (c *Client) enter(ctx context.Context) (context.Context, func(), error) {
 	if c.closed {
 		return nil, nil, ErrClientClosed
 	}
-	c.wg.Add(1)
+	c.calls.Add(1)
 	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(c.ctx, cancel)
-	return ctx, func() { stop(); cancel(); c.wg.Done() }, nil
+	stop := context.AfterFunc(c.callCtx, cancel)
+	return ctx, func() { stop(); cancel(); c.calls.Done() }, nil
+}
+
+// hold records that this client drives the operation key under lease l, so
+// that the renewer keeps l alive; unhold forgets it.
+func (c *Client) hold(key string, l Lease) {
+	if l.Owner == "" {
+		return
+	}
+	c.mu.Lock()
+	c.held[key] = l
+	c.mu.Unlock()
+}
+
+func (c *Client) unhold(key string) {
+	c.mu.Lock()
+	delete(c.held, key)
+	c.mu.Unlock()
 }
 
 // Do runs op to a definitive answer: it journals the operation with its key
 // before sending, sends it, retries with the same key, and checks the
 // server's status when the outcome is unknown.
 //
-// err is nil exactly when the answer is definitive: res.State is
-// StateSucceeded or StateRejected, with the server's status, headers and
-// body. Otherwise err says what is known: an *OperationError matching
-// ErrOutcomeUnknown or ErrNotSent (the operation is journaled and Resume,
-// or another Do, finishes it), ErrNeedsReconciliation, or ErrKeyConflict;
-// ErrFingerprintMismatch when op.ID was journaled with another request;
-// ErrInvalidOp, ErrBodyTooLarge or a journal error, in which case nothing
-// was sent.
+// err is nil exactly when the operation succeeded: res.State is
+// StateSucceeded, with the server's status, headers and body. A definitive
+// refusal returns res (StateRejected, with the server's answer) and an
+// *OperationError matching ErrRejected (and ErrKeyConflict when the server
+// said the key was reused). Otherwise res is nil and err says what is
+// known: an *OperationError matching ErrOutcomeUnknown or ErrNotSent (the
+// operation is journaled and Resume, or another Do, finishes it),
+// ErrNeedsReconciliation, ErrCanceled, or ErrFingerprintMismatch (op.ID is
+// journaled with another request); ErrInvalidOp, ErrBodyTooLarge or a
+// journal error, in which case nothing was sent. The package documentation
+// has the whole table.
 //
 // Calling Do again with the same scope and ID reuses the key and, once the
 // operation is settled, returns the journaled result without sending. Calls
@@ -361,21 +539,22 @@ func (c *Client) Do(ctx context.Context, op Op) (*Result, error) {
 			return nil, err
 		}
 		now := c.now()
-		rec := p.record(key)
+		rec := p.record(key, c.newForm())
 		rec.State = StateInFlight
 		rec.Attempts = 1
 		rec.ExpiresAt = now.Add(c.cfg.Retention)
-		rec.Lease = Lease{Owner: c.cfg.Owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
+		rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
 		stored, created, err := c.journal.Create(ctx, rec)
 		if err != nil {
-			return nil, err
+			return nil, c.createFailed(stored, err)
 		}
 		if !created {
 			return c.continueExisting(ctx, stored)
 		}
-		c.transition(Record{}, stored)
+		c.transition(Record{}, stored, Event{Kind: EventCreate})
 		d := c.newDriver(stored)
-		d.sendNow, d.maybeApplied = true, false // in_flight, but not yet sent
+		// in_flight, attempt 1, journaled: but not sent yet.
+		d.next, d.journaled, d.maybeApplied = stepSend, true, false
 		return d.run(ctx)
 	})
 }
@@ -398,16 +577,28 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := p.record(key)
+	rec := p.record(key, c.newForm())
 	rec.State = StatePending
 	stored, created, err := c.journal.Create(ctx, rec)
 	if err != nil {
-		return nil, err
+		return nil, c.createFailed(stored, err)
 	}
 	if created {
-		c.transition(Record{}, stored)
+		c.transition(Record{}, stored, Event{Kind: EventCreate})
 	}
 	return &Operation{c: c, key: stored.Key, scope: stored.Scope, id: stored.ID}, nil
+}
+
+// createFailed reports a refused Create: a fingerprint mismatch comes as an
+// *OperationError naming the existing record, its key and state, so that
+// the caller can act on it; any other error as the journal gave it.
+func (c *Client) createFailed(existing Record, err error) error {
+	if errors.Is(err, ErrFingerprintMismatch) && existing.Key != "" {
+		e := opError(existing, err)
+		e.sentinel = ErrFingerprintMismatch
+		return e
+	}
+	return err
 }
 
 // Lookup returns what the journal holds for (scope, id); an empty scope
@@ -443,7 +634,7 @@ func (c *Client) Reconcile(ctx context.Context, key string, state State, note st
 		rec.Note = note
 		rec.LastError = "reconciled by an operator"
 		return nil
-	})
+	}, "reconciled as "+state.String())
 }
 
 // Cancel withdraws a pending operation that was never sent; it ends
@@ -457,12 +648,12 @@ func (c *Client) Cancel(ctx context.Context, key string) error {
 		rec.State = StateCanceled
 		rec.LastError = "canceled"
 		return nil
-	})
+	}, "canceled by the application or an operator")
 }
 
 // settle applies an operator's change with a durable compare-and-swap,
 // re-reading on a concurrent change.
-func (c *Client) settle(ctx context.Context, key string, change func(*Record) error) error {
+func (c *Client) settle(ctx context.Context, key string, change func(*Record) error, detail string) error {
 	ctx, done, err := c.enter(ctx)
 	if err != nil {
 		return err
@@ -480,29 +671,31 @@ func (c *Client) settle(ctx context.Context, key string, change func(*Record) er
 		// An operator's write holds no lease: the journal refuses it with
 		// ErrLeased while a live worker drives the operation.
 		next.Lease = Lease{}
-		stored, err := c.journal.Update(ctx, next, Durable)
+		why := Event{Kind: EventOperator, Detail: detail}
+		stored, err := c.journal.Update(ctx, next, Durable, why)
 		if errors.Is(err, ErrConflict) {
 			continue
 		}
 		if err != nil {
 			return err
 		}
-		c.transition(rec, stored)
+		c.transition(rec, stored, why)
 		return nil
 	}
 }
 
 // transition reports a journaled change to the hook and the log.
-func (c *Client) transition(from, to Record) {
+func (c *Client) transition(from, to Record, why Event) {
 	code := 0
 	if to.Response != nil {
 		code = to.Response.StatusCode
 	}
 	c.log.Debug("idem: transition", "key", to.Key, "scope", to.Scope, "id", to.ID,
-		"from", from.State.String(), "to", to.State.String(), "attempt", to.Attempts, "status", code)
+		"from", from.State.String(), "to", to.State.String(), "attempt", to.Attempts, "status", code,
+		"event", why.Kind.String(), "detail", why.Detail)
 	if c.cfg.OnTransition != nil && from.State != to.State {
 		c.cfg.OnTransition(Transition{Key: to.Key, Scope: to.Scope, ID: to.ID, From: from.State, To: to.State,
-			Attempt: to.Attempts, StatusCode: code, Reason: to.LastError, At: to.UpdatedAt})
+			Attempt: to.Attempts, StatusCode: code, Reason: to.LastError, Kind: why.Kind, Detail: why.Detail, At: to.UpdatedAt})
 	}
 }
 
@@ -524,14 +717,12 @@ func (c *Client) startFlight(op scopeID) (f *flight, leader bool) {
 	}
 	f = &flight{done: make(chan struct{})}
 	c.flights[op] = f
-	c.leases++
 	return f, true
 }
 
 func (c *Client) endFlight(op scopeID, f *flight) {
 	c.mu.Lock()
 	delete(c.flights, op)
-	c.leases--
 	c.mu.Unlock()
 	close(f.done)
 }
@@ -572,15 +763,19 @@ func (c *Client) run(ctx context.Context, scope, id string, fn func(context.Cont
 func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, error) {
 	wait := 0
 	for {
-		switch {
-		case rec.State.Terminal() && rec.State != StateCanceled:
+		switch rec.State {
+		case StateSucceeded:
 			res := resultFrom(rec)
 			res.Journaled = true
 			return res, nil
-		case rec.State == StateCanceled, rec.State == StateExpired:
+		case StateRejected:
+			res := resultFrom(rec)
+			res.Journaled = true
+			return res, opError(rec, nil)
+		case StateCanceled, StateExpired:
 			return nil, opError(rec, nil)
 		}
-		acquired, err := c.journal.Acquire(ctx, rec.Key, c.cfg.Owner, c.cfg.LeaseDuration)
+		acquired, err := c.journal.Acquire(ctx, rec.Key, c.owner, c.cfg.LeaseDuration)
 		if err == nil {
 			return c.newDriver(acquired).run(ctx)
 		}
@@ -590,7 +785,8 @@ func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, err
 		rec = acquired
 		if errors.Is(err, ErrLeased) {
 			// Another process drives it: poll until it settles or its lease
-			// frees (it renews while alive, so a dead one frees it soon).
+			// frees (it renews while alive; when it dies, the journal
+			// frees it at once if it can see that, else when it lapses).
 			wait++
 			d := min(c.retry.MinBackoff<<min(wait, 6), time.Second)
 			if err := sleep(ctx, d); err != nil {
@@ -604,49 +800,50 @@ func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, err
 }
 
 // renewLeases keeps the leases of the operations this client drives alive,
-// so a lease only expires when its process is gone.
+// so a lease only lapses when its process is gone. It renews each by key
+// and epoch, never by owner name.
 func (c *Client) renewLeases() {
-	defer c.wg.Done()
+	defer c.bg.Done()
 	t := time.NewTicker(c.cfg.LeaseDuration / 3)
 	defer t.Stop()
 	for {
 		select {
-		case <-c.ctx.Done():
+		case <-c.bgCtx.Done():
 			return
 		case <-t.C:
 		}
 		c.mu.Lock()
-		busy := c.leases > 0
+		held := maps.Clone(c.held)
 		c.mu.Unlock()
-		if !busy {
+		if len(held) == 0 {
 			continue
 		}
-		if _, err := c.journal.Renew(c.ctx, c.cfg.Owner, c.cfg.LeaseDuration); err != nil && c.ctx.Err() == nil {
-			c.log.Warn("idem: renewing leases failed", "owner", c.cfg.Owner, "error", err)
+		if _, err := c.journal.Renew(c.bgCtx, held, c.cfg.LeaseDuration); err != nil && c.bgCtx.Err() == nil {
+			c.log.Warn("idem: renewing leases failed", "owner", c.owner, "leases", len(held), "error", err)
 		}
 	}
 }
 
-// resumeEvery runs Resume every interval until Close (Config.ResumeInterval).
+// resumeEvery runs Resume every interval until Close or Shutdown
+// (Config.ResumeInterval).
 func (c *Client) resumeEvery(interval time.Duration) {
-	defer c.wg.Done()
+	defer c.bg.Done()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
-		case <-c.ctx.Done():
+		case <-c.closing:
 			return
 		case <-t.C:
 		}
-		rep, err := c.Resume(c.ctx)
+		rep, err := c.Resume(c.bgCtx)
 		switch {
-		case c.ctx.Err() != nil:
+		case errors.Is(err, ErrClientClosed), c.bgCtx.Err() != nil:
 			return
 		case err != nil:
 			c.log.Warn("idem: background resume failed", "error", err)
-		case rep.Claimed > 0:
-			c.log.Info("idem: background resume", "claimed", rep.Claimed, "succeeded", rep.Succeeded,
-				"rejected", rep.Rejected, "pending", rep.Pending, "unknown", rep.Unknown, "expired", rep.Expired)
+		case rep.Claimed > 0 || rep.Expired > 0:
+			c.log.Info("idem: background resume", rep.logAttrs()...)
 		}
 	}
 }
@@ -664,15 +861,4 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func opError(rec Record, cause error) *OperationError {
-	e := &OperationError{Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State, Attempts: rec.Attempts, Err: cause}
-	if rec.Response != nil {
-		e.StatusCode = rec.Response.StatusCode
-	}
-	if cause == nil && rec.LastError != "" && !rec.State.Terminal() {
-		e.Err = errors.New(rec.LastError)
-	}
-	return e
 }

@@ -161,9 +161,9 @@ func (t *timedJournal) Create(ctx context.Context, r idem.Record) (idem.Record, 
 	return t.Journal.Create(ctx, r)
 }
 
-func (t *timedJournal) Update(ctx context.Context, r idem.Record, d idem.Durability) (idem.Record, error) {
+func (t *timedJournal) Update(ctx context.Context, r idem.Record, d idem.Durability, why idem.Event) (idem.Record, error) {
 	defer t.since(time.Now())
-	return t.Journal.Update(ctx, r, d)
+	return t.Journal.Update(ctx, r, d, why)
 }
 
 func (t *timedJournal) since(start time.Time) { t.spent.Add(int64(time.Since(start))) }

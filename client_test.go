@@ -58,13 +58,16 @@ func TestRetryAfterIsHonouredWithTheSameKey(t *testing.T) {
 	t.Parallel()
 	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		if n == 1 {
-			w.Header().Set("Retry-After", "30") // capped by MaxRetryAfter
+			w.Header().Set("Retry-After", "1") // within MaxRetryAfter: the call waits
 			w.WriteHeader(http.StatusTooManyRequests)
 			return
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry()})
+	policy := fastRetry()
+	policy.MaxRetryAfter = 5 * time.Second
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy})
+	start := time.Now()
 	res, err := c.Do(context.Background(), idem.Op{ID: "a", URL: "/orders"})
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateSucceeded, res.State)
@@ -73,6 +76,7 @@ func TestRetryAfterIsHonouredWithTheSameKey(t *testing.T) {
 	assert.Equal(t, res.Key, keys[0])
 	assert.Equal(t, keys[0], keys[1], "a retry carries the same key")
 	assert.Equal(t, 2, res.Attempts)
+	assert.GreaterOrEqual(t, time.Since(start), time.Second, "the retry waited for the server's Retry-After")
 }
 
 func TestNoWaitRunsPastTheContextDeadline(t *testing.T) {
@@ -283,7 +287,7 @@ func TestReconcileAndCancelRespectALiveLease(t *testing.T) {
 	rec, _, err := j.Create(ctx, rec)
 	require.NoError(t, err)
 	rec.State = idem.StateUnknown
-	rec, err = j.Update(ctx, rec, idem.Durable) // the holder's own write
+	rec, err = j.Update(ctx, rec, idem.Durable, idem.Event{}) // the holder's own write
 	require.NoError(t, err)
 
 	err = c.Reconcile(ctx, rec.Key, idem.StateSucceeded, "found it")
@@ -293,7 +297,7 @@ func TestReconcileAndCancelRespectALiveLease(t *testing.T) {
 	assert.Equal(t, rec, got, "nothing changed")
 
 	pending, _, err := j.Create(ctx, idem.Record{Key: "k2", Scope: "default", ID: "op2", Method: "POST",
-		URL: "http://127.0.0.1/x", Fingerprint: "f", State: idem.StatePending})
+		URL: "http://127.0.0.1/x", Fingerprint: "f", KeyHeader: "Idempotency-Key", State: idem.StatePending})
 	require.NoError(t, err)
 	_, err = j.Acquire(ctx, pending.Key, "worker-1", time.Hour)
 	require.NoError(t, err)
@@ -443,7 +447,7 @@ func TestOutcomeDurability(t *testing.T) {
 	ctx := context.Background()
 
 	res, err := c.Do(ctx, idem.Op{ID: "pay-1", URL: "/refused", Body: []byte(`{}`)})
-	require.NoError(t, err, "a rejection is a definitive answer")
+	require.ErrorIs(t, err, idem.ErrRejected, "a rejection is a definitive answer, and an error")
 	require.Equal(t, idem.StateRejected, res.State)
 	assert.Equal(t, idem.StateRejected, rawState(t, path, res.Key), "the rejection was committed before Do returned")
 

@@ -6,7 +6,9 @@ import (
 )
 
 // Errors a client call returns. Match them with errors.Is; an
-// *OperationError carries what the journal knows.
+// *OperationError carries what the journal knows. The package
+// documentation has the table of every error, what it means for the
+// operation, and in which order to test them.
 var (
 	// ErrOutcomeUnknown: the request may have reached the server and no
 	// definitive answer came back (a timeout, a reset, a status endpoint
@@ -18,18 +20,25 @@ var (
 	// operation is journaled as pending: Resume or Do will send it with the
 	// same key, unless it is withdrawn with Cancel.
 	ErrNotSent = errors.New("idem: not sent")
+	// ErrRejected: the server gave a definitive answer other than success
+	// (a 4xx, a key conflict, a 5xx it replays from its store). The
+	// operation is settled as rejected and will never be sent again; the
+	// *OperationError and the Result both carry the server's status and
+	// body.
+	ErrRejected = errors.New("idem: rejected by the server")
+	// ErrKeyConflict: the server says the key was already used with a
+	// different request. The operation is rejected: errors matching it
+	// also match ErrRejected.
+	ErrKeyConflict = errors.New("idem: server reports the key was used with a different request")
 	// ErrNeedsReconciliation: the server's key retention passed before the
 	// outcome was confirmed, so the operation is expired and will not be
 	// re-sent. An operator settles it with Reconcile.
 	ErrNeedsReconciliation = errors.New("idem: operation needs reconciliation")
-	// ErrKeyConflict: the server says the key was already used with a
-	// different request (422, or a problem type saying so). The operation
-	// is rejected.
-	ErrKeyConflict = errors.New("idem: server reports the key was used with a different request")
 	// ErrKeyNotHonoured: the server answered one key twice with different
 	// results, so it executed the request again: it does not keep
-	// idempotency keys. The operation is expired (ErrNeedsReconciliation):
-	// nothing more is sent, and an operator checks for a duplicate.
+	// idempotency keys. The operation is expired: errors matching it also
+	// match ErrNeedsReconciliation. Nothing more is sent, and an operator
+	// checks for a duplicate.
 	ErrKeyNotHonoured = errors.New("idem: the server does not honour idempotency keys")
 	// ErrCanceled: the operation was withdrawn with Cancel before it was
 	// sent.
@@ -39,21 +48,23 @@ var (
 	// ErrInvalidConfig: New was given a Config it cannot use.
 	ErrInvalidConfig = errors.New("idem: invalid config")
 	// ErrRetryBudgetExhausted: the client's shared retry budget is spent
-	// (many operations are failing at once), so no retry was made.
+	// (many operations are failing at once), so no retry was made. It is
+	// the cause of an ErrNotSent or ErrOutcomeUnknown.
 	ErrRetryBudgetExhausted = errors.New("idem: retry budget exhausted")
-	// ErrClientClosed: the client was closed.
+	// ErrClientClosed: the client was closed or is shutting down.
 	ErrClientClosed = errors.New("idem: client is closed")
 )
 
-// OperationError reports an operation that did not reach a definitive
-// answer, or was rejected for a key conflict. It says what the journal
-// holds: the operation is safely journaled in State under Key.
+// OperationError reports an operation that is not settled as succeeded: it
+// says what the journal holds, the operation's key and state, and why.
 //
-// It matches, with errors.Is, the sentinel for its state (ErrNotSent for
-// pending; ErrOutcomeUnknown for in_flight and unknown;
-// ErrNeedsReconciliation for expired; ErrCanceled for canceled;
-// ErrKeyConflict for a key conflict) and its cause, such as
-// context.DeadlineExceeded.
+// It matches, with errors.Is, the sentinel of its state (ErrNotSent for
+// pending; ErrOutcomeUnknown for in_flight and unknown; ErrRejected, and
+// ErrKeyConflict when that was the server's reason, for rejected;
+// ErrNeedsReconciliation for expired; ErrCanceled for canceled), or
+// ErrFingerprintMismatch when the operation ID was journaled with another
+// request (State is then the existing record's), and its cause, such as
+// context.DeadlineExceeded, ErrBadStatus or ErrKeyNotHonoured.
 type OperationError struct {
 	Key   string
 	Scope string
@@ -62,40 +73,54 @@ type OperationError struct {
 	State State
 	// Attempts is the number of attempts journaled so far.
 	Attempts int
-	// StatusCode is the last HTTP status received, or zero.
+	// StatusCode is the last HTTP status received, or zero; Body is the
+	// server's answer when the operation was rejected.
 	StatusCode int
-	// Err is the last cause.
+	Body       []byte
+	// Err is the cause: why the operation is where it is.
 	Err error
 
-	conflict bool
+	// sentinel overrides the state's sentinel (ErrFingerprintMismatch).
+	sentinel error
+	conflict bool // rejected for a key conflict
 }
 
-func (e *OperationError) sentinel() error {
+// sentinels returns the sentinels e matches, most specific first.
+func (e *OperationError) sentinels() []error {
 	switch {
+	case e.sentinel != nil:
+		return []error{e.sentinel}
 	case e.conflict:
-		return ErrKeyConflict
-	case e.State == StatePending:
-		return ErrNotSent
-	case e.State == StateExpired:
-		return ErrNeedsReconciliation
-	case e.State == StateCanceled:
-		return ErrCanceled
-	default:
-		return ErrOutcomeUnknown
+		return []error{ErrKeyConflict, ErrRejected}
 	}
+	switch e.State {
+	case StatePending:
+		return []error{ErrNotSent}
+	case StateRejected:
+		return []error{ErrRejected}
+	case StateExpired:
+		return []error{ErrNeedsReconciliation}
+	case StateCanceled:
+		return []error{ErrCanceled}
+	}
+	return []error{ErrOutcomeUnknown}
 }
 
 func (e *OperationError) Error() string {
 	var what string
-	switch e.sentinel() {
+	switch e.sentinels()[0] {
 	case ErrNotSent:
 		what = "was not sent; it is journaled as pending and Resume (or Do) will send it with the same key, or Cancel withdraws it"
-	case ErrNeedsReconciliation:
-		what = "is expired: the server's key retention passed before its outcome was confirmed; it will not be re-sent; settle it with Reconcile"
-	case ErrCanceled:
-		what = "was canceled before it was sent"
+	case ErrRejected:
+		what = "was rejected by the server; it will not be sent again"
 	case ErrKeyConflict:
 		what = "was rejected: the server says its key was already used with a different request"
+	case ErrNeedsReconciliation:
+		what = "is expired and will not be re-sent; check the business records, then settle it with Reconcile"
+	case ErrCanceled:
+		what = "was canceled before it was sent"
+	case ErrFingerprintMismatch:
+		what = fmt.Sprintf("is already journaled (%s) with a different request; nothing was sent; use a new operation ID for a different request", e.State)
 	default:
 		what = fmt.Sprintf("has an unknown outcome (journaled as %s); it may have been applied; Resume (or Do) will check its status and never send it under a new key", e.State)
 	}
@@ -113,12 +138,41 @@ func (e *OperationError) Error() string {
 	return msg
 }
 
-// Unwrap returns the sentinel for the state and the cause.
+// Unwrap returns the sentinels and the cause.
 func (e *OperationError) Unwrap() []error {
 	if e.Err == nil {
-		return []error{e.sentinel()}
+		return e.sentinels()
 	}
-	return []error{e.sentinel(), e.Err}
+	return append(e.sentinels(), e.Err)
+}
+
+// opError describes rec, as the journal holds it, with cause. A record's
+// LastError stands in for a missing cause of an unsettled operation, and a
+// rejected record's answer is its Body.
+func opError(rec Record, cause error) *OperationError {
+	e := &OperationError{Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State, Attempts: rec.Attempts, Err: cause}
+	if rec.Response != nil {
+		e.StatusCode = rec.Response.StatusCode
+		if rec.State == StateRejected {
+			e.Body = rec.Response.Body
+		}
+	}
+	if cause == nil && rec.LastError != "" && rec.State != StateSucceeded && rec.State != StateCanceled {
+		e.Err = errors.New(rec.LastError)
+	}
+	if rec.State == StateRejected && rec.LastError != "" && isConflictNote(rec.LastError) {
+		e.conflict = true
+	}
+	return e
+}
+
+// conflictNote starts the LastError of an operation rejected for a key
+// conflict, so that the journal keeps why, and a later call reading the
+// record reports ErrKeyConflict too.
+const conflictNote = "key conflict: "
+
+func isConflictNote(s string) bool {
+	return len(s) >= len(conflictNote) && s[:len(conflictNote)] == conflictNote
 }
 
 func invalidOp(format string, args ...any) error {

@@ -522,7 +522,7 @@ func TestFaultsHiddenResendThenRefusedIsNotNotSent(t *testing.T) {
 	srv := testserver.Start(t)
 	policy := fastRetry()
 	policy.MaxAttempts = 5
-	proxy, err := faultproxy.New(srv.URL, faultproxy.Config{Script: []faultproxy.Fault{
+	proxy, err := faultproxy.New(srv.URL, faultproxy.Config{RetryAfter: -1, Script: []faultproxy.Fault{
 		faultproxy.Pass,                                                                        // warm-up: leaves a keep-alive connection in the client's pool
 		faultproxy.DropResponse,                                                                // the hidden write on the reused connection: committed, then dropped
 		faultproxy.Answer429,                                                                   // net/http's silent re-send on a new connection
@@ -547,6 +547,8 @@ func TestFaultsHiddenResendThenRefusedIsNotNotSent(t *testing.T) {
 	require.Equal(t, 2, srv.TotalOrders(), "the dropped write committed the operation's order")
 	require.Equal(t, 7, proxy.Stats().Requests, "1 warm-up + 1 hidden write + 5 attempts")
 	allSame(t, srv.KeysSeen()[1:], rec.Key)
+	assert.Equal(t, 5, rec.Attempts, "the client's attempts: RetryPolicy.MaxAttempts")
+	assert.Equal(t, 1, rec.TransportResends, "the transport's own re-send, counted apart")
 
 	assert.NotErrorIs(t, err, idem.ErrNotSent, "an operation the server applied is reported as certainly not applied")
 	assert.NotEqual(t, idem.StatePending, rec.State, "journaled pending (never sent) although the server holds its order; last error %q", rec.LastError)
@@ -577,7 +579,7 @@ func TestFaultsLateArrivalAfterNotFoundIsNotNotSent(t *testing.T) {
 	srv := testserver.Start(t)
 	policy := fastRetry()
 	policy.MaxAttempts = 3
-	proxy, err := faultproxy.New(srv.URL, faultproxy.Config{Delay: time.Second, Script: []faultproxy.Fault{
+	proxy, err := faultproxy.New(srv.URL, faultproxy.Config{Delay: time.Second, RetryAfter: -1, Script: []faultproxy.Fault{
 		faultproxy.LateForward, // attempt 1: held 1 s, then forwarded; the client gives up at 200 ms
 		faultproxy.Answer429,   // after the status check said not_found: the re-send, attempt 2
 		faultproxy.Answer429,   // attempt 3

@@ -47,7 +47,7 @@ func fzKeyReused(h http.Header, body []byte) bool {
 	// Which content types are problem+json is ParseProblem's to say (and
 	// FuzzParseProblem's to check); here only the table is checked.
 	pr, ok := wire.ParseProblem(h.Get("Content-Type"), body)
-	return ok && pr.Type == wire.ProblemKeyReused
+	return ok && (pr.Type == wire.ProblemKeyReused || pr.Type == "https://hono-idempotency.dev/errors/fingerprint-mismatch")
 }
 
 func FuzzClassify(f *testing.F) {
@@ -75,6 +75,10 @@ func FuzzClassify(f *testing.F) {
 		{code: 422, hasResponse: true, written: true, header: "Content-Type: application/problem+json", body: `{"type":"https://example.com/validation"}`},
 		{code: 422, hasResponse: true, written: true, header: "Content-Type: application/json", body: `{"error":"bad"}`},
 		{code: 417, hasResponse: true, written: true},
+		{code: 409, hasResponse: true, written: true, header: "Idempotent-Replayed: true", body: `{"error":"conflict"}`, comment: "a stored 409"},
+		{code: 422, hasResponse: true, written: true, header: "Content-Type: application/problem+json", body: `{"type":"https://hono-idempotency.dev/errors/fingerprint-mismatch"}`},
+		{code: 422, hasResponse: true, written: true, header: "Content-Type: text/plain", body: `{"error":"request with same idempotency key has different content"}`},
+		{code: 307, hasResponse: true, written: true, header: "Location: https://elsewhere.example/"},
 		{code: 400, hasResponse: true, written: true, body: `{"error":{"type":"idempotency_error"}}`},
 		{code: 400, hasResponse: true, written: true, body: `{"error":"invalid"}`},
 		{code: 429, hasResponse: true, written: true, header: "Retry-After: 120"},
@@ -161,22 +165,24 @@ func FuzzClassify(f *testing.F) {
 		if d.Verdict == idem.Retry && !refused {
 			t.Fatalf("HTTP %d was answered, and is not one that refuses before processing, yet it is %v", code, d.Verdict)
 		}
+		// A key conflict is recognised by a problem type at any status, or
+		// by a documented body at 400, 409 and 422: never by a status
+		// alone.
+		replayed := wire.Replayed(h)
 		var want []idem.Verdict
 		switch {
+		case reused:
+			want = []idem.Verdict{idem.KeyConflict}
+		case code == http.StatusBadRequest, code == http.StatusUnprocessableEntity:
+			want = []idem.Verdict{idem.KeyConflict, idem.Rejected}
+		case code == http.StatusConflict && replayed:
+			want = []idem.Verdict{idem.KeyConflict, idem.Rejected}
 		case code == http.StatusConflict:
 			want = []idem.Verdict{idem.KeyConflict, idem.InProgress}
-			if reused {
-				want = want[:1]
-			}
-		case reused, code == http.StatusExpectationFailed,
-			code == http.StatusBadRequest && bytes.Contains(body, []byte("idempotency_error")):
-			want = []idem.Verdict{idem.KeyConflict}
-		case code == http.StatusUnprocessableEntity:
-			want = []idem.Verdict{idem.KeyConflict, idem.Rejected}
+		case replayed:
+			want = []idem.Verdict{idem.Rejected}
 		case refused:
 			want = []idem.Verdict{idem.Retry}
-		case code >= 500 && code <= 599 && wire.Replayed(h):
-			want = []idem.Verdict{idem.Rejected}
 		case code >= 500 && code <= 599, code == http.StatusRequestTimeout:
 			want = []idem.Verdict{idem.RetrySameKey}
 		case code < 500:
@@ -281,7 +287,7 @@ func fzRecords() ([]idem.Record, [][]idem.Event, error) {
 		evs := []idem.Event{created}
 		if update != nil {
 			var ev idem.Event
-			if rec, ev, err = idem.ApplyUpdate(rec, update(rec), fzTime.Add(40*time.Millisecond)); err != nil {
+			if rec, ev, err = idem.ApplyUpdate(rec, update(rec), fzTime.Add(40*time.Millisecond), idem.Event{}); err != nil {
 				return err
 			}
 			evs = append(evs, ev)
@@ -294,7 +300,7 @@ func fzRecords() ([]idem.Record, [][]idem.Event, error) {
 	errs := []error{
 		// Succeeded, UUID key (stored as 16 bytes), leased while in flight.
 		add(idem.Record{Key: "3f1c9a4e-6d2b-4e8f-9a7c-1b2d3e4f5a6b", Scope: "acme", ID: "order-1", Method: "POST",
-			URL: "https://api.example.com/orders", Header: hdr, Body: []byte(`{"amount":100}`), Fingerprint: fp,
+			URL: "https://api.example.com/orders", Header: hdr, Body: []byte(`{"amount":100}`), Fingerprint: fp, KeyHeader: "Idempotency-Key",
 			State: idem.StateInFlight, Attempts: 1, ExpiresAt: fzTime.Add(24 * time.Hour),
 			Lease: idem.Lease{Owner: "worker-1", ExpiresAt: fzTime.Add(30 * time.Second)}},
 			func(r idem.Record) idem.Record {
@@ -304,11 +310,11 @@ func fzRecords() ([]idem.Record, [][]idem.Event, error) {
 			}),
 		// Pending, a key that is not a UUID, a binary body.
 		add(idem.Record{Key: "order-42", Scope: "acme", ID: "order-2", Method: "PUT",
-			URL: "https://api.example.com/orders/42", Body: []byte{0, 1, 2, 0xff}, Fingerprint: "not-hex",
+			URL: "https://api.example.com/orders/42", Body: []byte{0, 1, 2, 0xff}, Fingerprint: "not-hex", KeyHeader: "X-Request-Key", KeyQuoted: true,
 			State: idem.StatePending, NextAttemptAt: fzTime}, nil),
 		// Rejected with a replayed problem.
 		add(idem.Record{Key: "a4b1c3d2-0000-4000-8000-000000000001", Scope: "other", ID: "refund-1", Method: "POST",
-			URL: "https://api.example.com/refunds", Fingerprint: fp, State: idem.StateInFlight, Attempts: 2,
+			URL: "https://api.example.com/refunds", Fingerprint: fp, KeyHeader: "Idempotency-Key", State: idem.StateInFlight, Attempts: 2,
 			ExpiresAt: fzTime.Add(time.Hour)},
 			func(r idem.Record) idem.Record {
 				r.State = idem.StateRejected
@@ -319,7 +325,7 @@ func fzRecords() ([]idem.Record, [][]idem.Event, error) {
 			}),
 		// Unknown, waiting for a status check.
 		add(idem.Record{Key: "k-unknown", Scope: "acme", ID: "order-3", Method: "POST", URL: "https://api.example.com/orders",
-			Fingerprint: fp, State: idem.StateInFlight, Attempts: 1, ExpiresAt: fzTime.Add(time.Hour)},
+			Fingerprint: fp, KeyHeader: "Idempotency-Key", State: idem.StateInFlight, Attempts: 1, ExpiresAt: fzTime.Add(time.Hour)},
 			func(r idem.Record) idem.Record {
 				r.State, r.LastError, r.NextAttemptAt = idem.StateUnknown, "read: connection reset by peer", fzTime.Add(time.Second)
 				return r

@@ -40,9 +40,10 @@ type Journal interface {
 	// Update is a compare-and-swap: it applies rec to the stored record with
 	// the same key if the stored Version equals rec.Version and rec.Lease
 	// still holds the stored lease (see ApplyUpdate for the exact rules), and
-	// appends one Event to the record's history. It returns the new record.
-	// Exactly one of two racing writers wins; the other gets ErrConflict,
-	// ErrLeaseLost or ErrLeased and nothing changes.
+	// appends one Event to the record's history: why's Kind and Detail say
+	// what happened, the journal fills in the rest. It returns the new
+	// record. Exactly one of two racing writers wins; the other gets
+	// ErrConflict, ErrLeaseLost or ErrLeased and nothing changes.
 	//
 	// d says when Update may return. Durable returns after the write is on
 	// disk. Deferred may return before, and the write becomes durable with
@@ -53,27 +54,48 @@ type Journal interface {
 	// in_flight: if lost, the record reads in_flight and resumes as a status
 	// check, which the server answers with the same response). A value
 	// other than these three is refused with ErrInvalidRecord.
-	Update(ctx context.Context, rec Record, d Durability) (Record, error)
+	Update(ctx context.Context, rec Record, d Durability, why Event) (Record, error)
 
 	// Claim leases up to req.Limit active records whose NextAttemptAt has
-	// come and whose lease is free or expired, to req.Owner for req.Lease,
-	// oldest due first. Each claim increments the record's lease epoch, so
-	// a worker whose lease was taken over is fenced out. A request without
-	// an owner, a positive limit and a positive lease is ErrInvalidRecord.
+	// come and whose lease is free, expired, or held by an owner known to
+	// be gone (see Register), to req.Owner for req.Lease, oldest due first.
+	// Each claim increments the record's lease epoch, so a worker whose
+	// lease was taken over is fenced out, and appends an EventClaim naming
+	// the previous holder and why its lease was taken. A request without an
+	// owner, a positive limit and a positive lease is ErrInvalidRecord.
 	Claim(ctx context.Context, req ClaimRequest) ([]Record, error)
 
 	// Acquire leases the record with the given key to owner for lease,
-	// whatever its NextAttemptAt. When a lease is still live (whoever holds
-	// it, this owner included) it returns the current record and ErrLeased;
-	// when the record is not active it returns the current record and
-	// ErrNotActive.
+	// whatever its NextAttemptAt, as Claim does. When a lease is still live
+	// and its owner is not known to be gone (whoever holds it, this owner
+	// included) it returns the current record and ErrLeased; when the
+	// record is not active it returns the current record and ErrNotActive.
 	Acquire(ctx context.Context, key, owner string, lease time.Duration) (Record, error)
 
-	// Renew extends every live lease held by owner to now+lease and reports
-	// how many it extended. It does not change the records' versions, so a
+	// Renew extends each lease in held, a map from key to the lease its
+	// holder was given by Claim, Acquire or Create, to now+lease, if that
+	// lease (owner and epoch) is still the record's, and reports how many it
+	// extended. Leases are renewed by key and epoch, never by owner name, so
+	// a process restarted under the same name never renews the leases of
+	// the one that died. Renew does not change the records' versions, so a
 	// holder's next Update still succeeds. Renew is deferred: a lost renewal
 	// only lets a lease expire sooner.
-	Renew(ctx context.Context, owner string, lease time.Duration) (int, error)
+	Renew(ctx context.Context, held map[string]Lease, lease time.Duration) (int, error)
+
+	// Register tells the journal that owner is a live worker until
+	// unregister is called or its process ends, whichever comes first, so
+	// that Claim and Acquire can take the leases of an owner that is gone
+	// at once, instead of when they lapse. Owner names must be unique per
+	// registration: a process that restarts registers a new name. A journal
+	// that cannot observe liveness (one shared by several machines, say)
+	// accepts the registration and lets leases lapse; a lease of an owner
+	// that never registered is taken only when it lapses.
+	Register(ctx context.Context, owner string) (unregister func() error, err error)
+
+	// Sync makes every write the journal has accepted so far durable,
+	// buffered and deferred ones included. Client.Close and Shutdown call
+	// it, so that a clean exit loses nothing.
+	Sync(ctx context.Context) error
 
 	// Release gives up the lease l on the record with the given key. It
 	// returns ErrLeaseLost if l is no longer the record's lease, which is
@@ -124,11 +146,26 @@ type Record struct {
 	// Fingerprint is the hex SHA-256 that identifies the request's content
 	// (see Fingerprint). The same ID with another fingerprint is refused.
 	Fingerprint string
+	// KeyHeader is the request header that carries Key, and KeyQuoted says
+	// whether the key is sent as an RFC 8941 sf-string rather than a bare
+	// token: the key's wire form when the record was created. Every later
+	// attempt, replay and status check uses it, whatever the configuration
+	// of the client, process or tool that sends it. Required by Create.
+	// Records journaled before idem kept the form (SQLite schema 1) read
+	// with an empty KeyHeader; they are sent in the sending client's form.
+	KeyHeader string
+	KeyQuoted bool
 
 	// State is where the operation stands.
 	State State
-	// Attempts counts the attempts started.
+	// Attempts counts the attempts the client started, each a send of the
+	// request (a replay made to check the status included).
 	Attempts int
+	// TransportResends counts the times Go's HTTP transport sent an attempt
+	// again by itself, on a new connection, after a reused one died before
+	// any reply (net/http does so for requests that carry an idempotency
+	// key). Each may have reached the server; none is in Attempts.
+	TransportResends int
 	// NextAttemptAt is when the operation is next due; Claim skips records
 	// whose time has not come.
 	NextAttemptAt time.Time
@@ -179,12 +216,17 @@ type Response struct {
 	Replayed bool
 }
 
-// An Event is one entry of a record's append-only history: every Create and
-// Update appends one.
+// An Event is one entry of a record's append-only history: every Create,
+// Update, Claim and Acquire appends one, so the history tells why the
+// operation went where it went.
 type Event struct {
 	// Version is the record's version after the change.
 	Version int64
 	At      time.Time
+	// Kind says what happened; Detail says it in words, such as why an
+	// attempt was sent again or what a status check answered.
+	Kind   EventKind
+	Detail string
 	// From is zero for the event that created the record.
 	From, To State
 	// Attempt is the record's attempt count after the change.
@@ -195,6 +237,48 @@ type Event struct {
 	Error string
 	// Owner is the lease owner that made the change, if any.
 	Owner string
+}
+
+// EventKind says what an Event records.
+type EventKind uint8
+
+const (
+	// EventUpdate is a change with no more specific kind, and every event
+	// of a journal written before events had kinds.
+	EventUpdate EventKind = iota
+	// EventCreate: the record was created, pending (Begin) or in_flight
+	// (Do, which sends it at once).
+	EventCreate
+	// EventSend: an attempt starts. Detail says why it is sent (again).
+	EventSend
+	// EventAnswer: an attempt ended, and what it got (or did not get)
+	// decided the state.
+	EventAnswer
+	// EventStatus: a status check, and its answer or why it failed.
+	EventStatus
+	// EventClaim: a worker took the lease; Detail names the previous
+	// holder and why its lease could be taken.
+	EventClaim
+	// EventStop: a call stopped with the operation unsettled; Detail says
+	// when it is due again.
+	EventStop
+	// EventExpire: the server's key retention passed, or the server was
+	// found not to honour keys: nothing more is sent.
+	EventExpire
+	// EventOperator: an operator's decision (Reconcile, Cancel).
+	EventOperator
+)
+
+var eventKindNames = [...]string{EventUpdate: "update", EventCreate: "create", EventSend: "send",
+	EventAnswer: "answer", EventStatus: "status", EventClaim: "claim", EventStop: "stop",
+	EventExpire: "expire", EventOperator: "operator"}
+
+// String returns the kind's name, such as "status".
+func (k EventKind) String() string {
+	if int(k) < len(eventKindNames) {
+		return eventKindNames[k]
+	}
+	return fmt.Sprintf("EventKind(%d)", uint8(k))
 }
 
 // Filter selects records for List. The zero Filter matches every record.

@@ -69,7 +69,7 @@ func jbID(i int) string { return fmt.Sprintf("checkout/cart-%07d", i) }
 func jbIntent(key, id string, now time.Time) idem.Record {
 	return idem.Record{
 		Key: key, Scope: jbScope, ID: id, Method: jbMethod, URL: jbURL,
-		Header: jbReqHeader, Body: jbBody, Fingerprint: jbFP,
+		Header: jbReqHeader, Body: jbBody, Fingerprint: jbFP, KeyHeader: "Idempotency-Key",
 		State: idem.StateInFlight, Attempts: 1, ExpiresAt: now.Add(24 * time.Hour),
 		Lease: idem.Lease{Owner: jbOwner, ExpiresAt: now.Add(30 * time.Second)},
 	}
@@ -93,7 +93,7 @@ func jbOperation(ctx context.Context, j idem.Journal, key, id string, outcome id
 	if !created {
 		return fmt.Errorf("record %s/%s already existed", jbScope, id)
 	}
-	_, err = j.Update(ctx, jbOutcome(stored), outcome)
+	_, err = j.Update(ctx, jbOutcome(stored), outcome, idem.Event{Kind: idem.EventAnswer})
 	return err
 }
 
@@ -379,7 +379,7 @@ func jbBulkRecord(key string, i int) (idem.Record, []idem.Event, error) {
 	if err != nil {
 		return idem.Record{}, nil, err
 	}
-	done, settled, err := idem.ApplyUpdate(rec, jbOutcome(rec), now.Add(40*time.Millisecond))
+	done, settled, err := idem.ApplyUpdate(rec, jbOutcome(rec), now.Add(40*time.Millisecond), idem.Event{Kind: idem.EventAnswer})
 	if err != nil {
 		return idem.Record{}, nil, err
 	}

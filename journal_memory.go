@@ -27,6 +27,10 @@ type MemoryJournal struct {
 	seq     int64
 	byKey   map[string]*memEntry
 	byOp    map[scopeID]*memEntry
+	// live and gone are the registered owners and those that unregistered:
+	// in one process, an owner is gone exactly when it says so.
+	live map[string]bool
+	gone map[string]bool
 }
 
 type scopeID struct{ scope, id string }
@@ -47,8 +51,14 @@ func NewMemoryJournal() *MemoryJournal {
 		now:     time.Now,
 		byKey:   make(map[string]*memEntry),
 		byOp:    make(map[scopeID]*memEntry),
+		live:    make(map[string]bool),
+		gone:    make(map[string]bool),
 	}
 }
+
+// ownerGone reports whether owner registered and then unregistered. The
+// caller holds m.mu.
+func (m *MemoryJournal) ownerGone(owner string) bool { return m.gone[owner] }
 
 func (m *MemoryJournal) lock(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
@@ -124,7 +134,7 @@ func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 }
 
 // Update implements Journal. Durability is ignored: nothing is durable here.
-func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability) (Record, error) {
+func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
 	if err := d.check(); err != nil {
 		return Record{}, err
 	}
@@ -136,7 +146,7 @@ func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability) (R
 	if !ok {
 		return Record{}, notFound("key " + rec.Key)
 	}
-	out, ev, err := ApplyUpdate(e.rec, rec, m.now())
+	out, ev, err := ApplyUpdate(e.rec, rec, m.now(), why)
 	if err != nil {
 		return Record{}, err
 	}
@@ -157,7 +167,7 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 	now := m.now()
 	var due []*memEntry
 	for _, e := range m.byKey {
-		if Claimable(e.rec, now, req.DueBy) && (req.Scope == "" || e.rec.Scope == req.Scope) &&
+		if Claimable(e.rec, now, req.DueBy, m.ownerGone) && (req.Scope == "" || e.rec.Scope == req.Scope) &&
 			strings.HasPrefix(e.rec.URL, req.URLPrefix) {
 			due = append(due, e)
 		}
@@ -167,11 +177,12 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 	})
 	var out []Record
 	for _, e := range due[:min(len(due), req.Limit)] {
-		rec, err := ApplyClaim(e.rec, req.Owner, req.Lease, now)
+		rec, ev, err := ApplyClaim(e.rec, req.Owner, req.Lease, now, m.ownerGone)
 		if err != nil {
 			return nil, err
 		}
 		e.rec = rec
+		e.history = append(e.history, ev)
 		out = append(out, CloneRecord(rec))
 	}
 	return out, nil
@@ -195,29 +206,68 @@ func (m *MemoryJournal) Acquire(ctx context.Context, key, owner string, lease ti
 	if !ok {
 		return Record{}, notFound("key " + key)
 	}
-	rec, err := ApplyClaim(e.rec, owner, lease, m.now())
+	rec, ev, err := ApplyClaim(e.rec, owner, lease, m.now(), m.ownerGone)
 	if err != nil {
 		return CloneRecord(e.rec), err
 	}
 	e.rec = rec
+	e.history = append(e.history, ev)
 	return CloneRecord(rec), nil
 }
 
 // Renew implements Journal.
-func (m *MemoryJournal) Renew(ctx context.Context, owner string, lease time.Duration) (int, error) {
+func (m *MemoryJournal) Renew(ctx context.Context, held map[string]Lease, lease time.Duration) (int, error) {
 	if err := m.lock(ctx); err != nil {
 		return 0, err
 	}
 	defer m.mu.Unlock()
 	now := m.now()
 	n := 0
-	for _, e := range m.byKey {
-		if e.rec.Lease.Owner == owner && e.rec.Lease.Held(now) {
-			e.rec.Lease.ExpiresAt = journalTime(now.Add(lease))
+	for key, l := range held {
+		e, ok := m.byKey[key]
+		if !ok {
+			continue
+		}
+		var renewed bool
+		if e.rec, renewed = ApplyRenew(e.rec, l, lease, now); renewed {
 			n++
 		}
 	}
 	return n, nil
+}
+
+// Register implements Journal: the owner is gone once it unregisters.
+func (m *MemoryJournal) Register(ctx context.Context, owner string) (func() error, error) {
+	if owner == "" {
+		return nil, fmt.Errorf("%w: Register needs an owner name", ErrInvalidRecord)
+	}
+	if err := m.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	if m.live[owner] || m.gone[owner] {
+		return nil, fmt.Errorf("%w: owner %q registered before; each registration needs a new name", ErrInvalidRecord, owner)
+	}
+	m.live[owner] = true
+	var once sync.Once
+	return func() error {
+		once.Do(func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			delete(m.live, owner)
+			m.gone[owner] = true
+		})
+		return nil
+	}, nil
+}
+
+// Sync implements Journal; nothing here is ever durable.
+func (m *MemoryJournal) Sync(ctx context.Context) error {
+	if err := m.lock(ctx); err != nil {
+		return err
+	}
+	m.mu.Unlock()
+	return nil
 }
 
 // Release implements Journal.

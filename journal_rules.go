@@ -25,6 +25,7 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 	for _, f := range []struct{ name, v string }{
 		{"Key", rec.Key}, {"Scope", rec.Scope}, {"ID", rec.ID},
 		{"Method", rec.Method}, {"URL", rec.URL}, {"Fingerprint", rec.Fingerprint},
+		{"KeyHeader", rec.KeyHeader},
 	} {
 		if f.v == "" {
 			return Record{}, Event{}, fmt.Errorf("%w: %s is empty", ErrInvalidRecord, f.name)
@@ -36,7 +37,7 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 	if len(rec.Body) > maxBody {
 		return Record{}, Event{}, fmt.Errorf("%w: %d bytes, the limit is %d; send large payloads by reference", ErrBodyTooLarge, len(rec.Body), maxBody)
 	}
-	if rec.Attempts < 0 {
+	if rec.Attempts < 0 || rec.TransportResends < 0 {
 		return Record{}, Event{}, fmt.Errorf("%w: negative attempt count", ErrInvalidRecord)
 	}
 	if rec.Response != nil {
@@ -56,7 +57,9 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 	} else {
 		out.Lease = Lease{}
 	}
-	return out, eventFor(Record{}, out), nil
+	ev := eventFor(Record{}, out)
+	ev.Kind = EventCreate
+	return out, ev, nil
 }
 
 // ApplyUpdate applies next to stored as Journal.Update does and returns the
@@ -77,11 +80,12 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 // Acquire, never one read back from the journal.
 //
 // Only the mutable fields are taken from next: State, Attempts,
-// NextAttemptAt, Response, LastError, Note, ExpiresAt and, for the lease
-// holder, a later Lease.ExpiresAt (an earlier one is ignored, so a stale
-// copy never undoes a Renew). The request itself never changes. A record
-// that leaves the active states loses its lease.
-func ApplyUpdate(stored, next Record, now time.Time) (Record, Event, error) {
+// TransportResends, NextAttemptAt, Response, LastError, Note, ExpiresAt
+// and, for the lease holder, a later Lease.ExpiresAt (an earlier one is
+// ignored, so a stale copy never undoes a Renew). The request and the key's
+// wire form never change. A record that leaves the active states loses its
+// lease. The event takes its Kind and Detail from why.
+func ApplyUpdate(stored, next Record, now time.Time, why Event) (Record, Event, error) {
 	now = journalTime(now)
 	if next.Lease.Owner != "" {
 		if stored.Lease.Owner != next.Lease.Owner || stored.Lease.Epoch != next.Lease.Epoch {
@@ -100,13 +104,14 @@ func ApplyUpdate(stored, next Record, now time.Time) (Record, Event, error) {
 		return Record{}, Event{}, fmt.Errorf("%w: operation %s cannot move from %s to %s",
 			ErrIllegalTransition, stored.Key, stored.State, next.State)
 	}
-	if next.Attempts < stored.Attempts {
-		return Record{}, Event{}, fmt.Errorf("%w: attempt count of %s cannot go down from %d to %d",
-			ErrInvalidRecord, stored.Key, stored.Attempts, next.Attempts)
+	if next.Attempts < stored.Attempts || next.TransportResends < stored.TransportResends {
+		return Record{}, Event{}, fmt.Errorf("%w: attempt counts of %s cannot go down from %d/%d to %d/%d",
+			ErrInvalidRecord, stored.Key, stored.Attempts, stored.TransportResends, next.Attempts, next.TransportResends)
 	}
 	out := CloneRecord(stored)
 	out.State = next.State
 	out.Attempts = next.Attempts
+	out.TransportResends = next.TransportResends
 	out.NextAttemptAt = journalTime(next.NextAttemptAt)
 	out.Response = cloneResponse(next.Response)
 	out.LastError = next.LastError
@@ -124,46 +129,80 @@ func ApplyUpdate(stored, next Record, now time.Time) (Record, Event, error) {
 	out.UpdatedAt = now
 	ev := eventFor(stored, out)
 	ev.Owner = next.Lease.Owner
+	ev.Kind, ev.Detail = why.Kind, why.Detail
 	return out, ev, nil
 }
 
 // Claimable reports whether Claim may take rec at now: it is active, due
-// by dueBy (or by now, when dueBy is zero), and nobody holds a live lease
-// on it.
-func Claimable(rec Record, now, dueBy time.Time) bool {
+// by dueBy (or by now, when dueBy is zero), and its lease is free, lapsed,
+// or held by an owner that gone reports gone (a nil gone knows of none).
+func Claimable(rec Record, now, dueBy time.Time, gone func(owner string) bool) bool {
 	if dueBy.IsZero() || dueBy.After(now) {
 		dueBy = now
 	}
-	return rec.State.Active() && !rec.NextAttemptAt.After(dueBy) && !rec.Lease.Held(now)
+	return rec.State.Active() && !rec.NextAttemptAt.After(dueBy) && leaseFree(rec.Lease, now, gone)
+}
+
+// leaseFree reports whether a lease may be taken at now.
+func leaseFree(l Lease, now time.Time, gone func(string) bool) bool {
+	return !l.Held(now) || (gone != nil && gone(l.Owner))
 }
 
 // ApplyClaim leases stored to owner for lease, as Claim and Acquire do: the
-// epoch and the version increment. It returns ErrNotActive or ErrLeased when
-// the record cannot be leased; a live lease is never taken, not even by its
-// own owner (holders are told apart by epoch, not by name). A missing owner
-// or a non-positive lease is ErrInvalidRecord. It does not look at NextAttemptAt; Claim
-// selects due records with Claimable first.
-func ApplyClaim(stored Record, owner string, lease time.Duration, now time.Time) (Record, error) {
+// epoch and the version increment, and the returned EventClaim names the
+// previous holder and why its lease could be taken (it lapsed, or gone
+// reports its owner gone). It returns ErrNotActive or ErrLeased when the
+// record cannot be leased; a live lease of an owner not known to be gone is
+// never taken, not even by its own owner (holders are told apart by epoch,
+// not by name). A missing owner or a non-positive lease is
+// ErrInvalidRecord. It does not look at NextAttemptAt; Claim selects due
+// records with Claimable first.
+func ApplyClaim(stored Record, owner string, lease time.Duration, now time.Time, gone func(string) bool) (Record, Event, error) {
 	now = journalTime(now)
 	if owner == "" || lease <= 0 {
-		return Record{}, fmt.Errorf("%w: a lease needs an owner and a positive duration", ErrInvalidRecord)
+		return Record{}, Event{}, fmt.Errorf("%w: a lease needs an owner and a positive duration", ErrInvalidRecord)
 	}
 	if !stored.State.Active() {
-		return Record{}, fmt.Errorf("%w: operation %s is %s", ErrNotActive, stored.Key, stored.State)
+		return Record{}, Event{}, fmt.Errorf("%w: operation %s is %s", ErrNotActive, stored.Key, stored.State)
 	}
-	if stored.Lease.Held(now) {
-		return Record{}, fmt.Errorf("%w: operation %s is leased by %q until %s",
+	if !leaseFree(stored.Lease, now, gone) {
+		return Record{}, Event{}, fmt.Errorf("%w: operation %s is leased by %q until %s",
 			ErrLeased, stored.Key, stored.Lease.Owner, stored.Lease.ExpiresAt.Format(time.RFC3339))
 	}
 	out := CloneRecord(stored)
 	out.Lease = Lease{Owner: owner, Epoch: stored.Lease.Epoch + 1, ExpiresAt: journalTime(now.Add(lease))}
 	out.Version = stored.Version + 1
 	out.UpdatedAt = now
-	return out, nil
+	ev := eventFor(stored, out)
+	ev.Kind = EventClaim
+	switch prev := stored.Lease; {
+	case prev.Owner == "":
+	case prev.Held(now):
+		ev.Detail = fmt.Sprintf("taken over from %s: its owner is gone", prev.Owner)
+	default:
+		ev.Detail = fmt.Sprintf("taken over from %s: its lease lapsed at %s", prev.Owner,
+			prev.ExpiresAt.UTC().Format("2006-01-02T15:04:05.000Z"))
+	}
+	return out, ev, nil
+}
+
+// ApplyRenew extends stored's lease to now+lease if l (owner and epoch) is
+// still its lease and the record is active, as Renew does; it reports
+// whether it did. The version does not change.
+func ApplyRenew(stored Record, l Lease, lease time.Duration, now time.Time) (Record, bool) {
+	if l.Owner == "" || stored.Lease.Owner != l.Owner || stored.Lease.Epoch != l.Epoch || !stored.State.Active() {
+		return stored, false
+	}
+	if exp := journalTime(now.Add(lease)); exp.After(stored.Lease.ExpiresAt) {
+		stored.Lease.ExpiresAt = exp
+	}
+	return stored, true
 }
 
 // ApplyRelease clears the lease l from stored, or returns ErrLeaseLost when
-// l is not the stored lease.
+// l is not the stored lease. The version does not change: a release decides
+// nothing (the holder's last Update said why it stopped), so it adds no
+// event, and every version of a record has its event.
 func ApplyRelease(stored Record, l Lease, now time.Time) (Record, error) {
 	if l.Owner == "" || stored.Lease.Owner != l.Owner || stored.Lease.Epoch != l.Epoch {
 		return Record{}, fmt.Errorf("%w: operation %s is leased by %q at epoch %d, not %q at epoch %d",
@@ -171,7 +210,6 @@ func ApplyRelease(stored Record, l Lease, now time.Time) (Record, error) {
 	}
 	out := CloneRecord(stored)
 	out.Lease = Lease{Epoch: stored.Lease.Epoch}
-	out.Version = stored.Version + 1
 	out.UpdatedAt = journalTime(now)
 	return out, nil
 }

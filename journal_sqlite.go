@@ -11,6 +11,7 @@ import (
 
 	"github.com/mattn/go-sqlite3"
 
+	"github.com/idemkit/idem/internal/liveness"
 	"github.com/idemkit/idem/internal/sqlitefile"
 )
 
@@ -72,6 +73,7 @@ type FileError = sqlitefile.Error
 type SQLiteJournal struct {
 	db      *sqlitefile.DB
 	dict    *dict
+	owners  *liveness.Dir
 	maxBody int
 	now     func() time.Time
 }
@@ -156,7 +158,12 @@ func OpenSQLite(path string, opts ...SQLiteOption) (*SQLiteJournal, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &SQLiteJournal{db: db, dict: d, maxBody: cfg.maxBody, now: time.Now}, nil
+	j := &SQLiteJournal{db: db, dict: d, owners: liveness.New(db.Path() + "-owners"),
+		maxBody: cfg.maxBody, now: time.Now}
+	// Processes that ended without anyone needing their leases leave their
+	// lock files behind; forget those no active record refers to.
+	_ = j.owners.Sweep(func(owner string) bool { return j.holdsLeases(context.Background(), owner) })
+	return j, nil
 }
 
 // Path returns the journal file's absolute path.
@@ -280,7 +287,7 @@ func (j *SQLiteJournal) beforeRead(ctx context.Context) error {
 }
 
 // Update implements Journal.
-func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability) (Record, error) {
+func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
 	if err := d.check(); err != nil {
 		return Record{}, err
 	}
@@ -290,7 +297,7 @@ func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability) (R
 		if err != nil {
 			return err
 		}
-		next, ev, err := ApplyUpdate(stored, rec, j.now())
+		next, ev, err := ApplyUpdate(stored, rec, j.now(), why)
 		if err != nil {
 			return err
 		}
@@ -323,13 +330,17 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 	err := j.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
 		out = out[:0]
 		now := j.now()
-		q := selectRecord + `
-			WHERE o.state IN (1, 2, 3) AND o.next_attempt_at <= ?
-			AND (o.lease_owner IS NULL OR o.lease_expires_at <= ?)`
 		due := now
 		if !req.DueBy.IsZero() && req.DueBy.Before(now) {
 			due = req.DueBy
 		}
+		gone, err := j.goneOwners(tx, due, now)
+		if err != nil {
+			return err
+		}
+		q := selectRecord + `
+			WHERE o.state IN (1, 2, 3) AND o.next_attempt_at <= ?
+			AND (o.lease_owner IS NULL OR o.lease_expires_at <= ?` + gone + `)`
 		args := []any{millis(due), millis(now)}
 		if req.Scope != "" {
 			q += ` AND o.scope = ?`
@@ -359,11 +370,14 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 			return err
 		}
 		for i, rec := range recs {
-			claimed, err := ApplyClaim(rec, req.Owner, req.Lease, now)
+			claimed, ev, err := ApplyClaim(rec, req.Owner, req.Lease, now, j.owners.Gone)
 			if err != nil {
 				return err
 			}
 			if err := j.dict.storeRecord(tx, ids[i], rec, claimed); err != nil {
+				return err
+			}
+			if err := j.dict.insertEvent(tx, ids[i], ev); err != nil {
 				return err
 			}
 			out = append(out, claimed)
@@ -376,6 +390,33 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 	return out, nil
 }
 
+// goneOwners returns the SQL condition that admits records leased by an
+// owner known to be gone: " OR o.lease_owner IN (…)" with their dict
+// numbers, or "" when no owner of a due, live lease is gone.
+func (j *SQLiteJournal) goneOwners(tx *sqlitefile.Tx, due, now time.Time) (string, error) {
+	rows, err := tx.Query(`SELECT DISTINCT o.lease_owner, d.value FROM operations o JOIN dict d ON d.id = o.lease_owner
+		WHERE o.state IN (1, 2, 3) AND o.next_attempt_at <= ? AND o.lease_expires_at > ?`, millis(due), millis(now))
+	if err != nil {
+		return "", err
+	}
+	var ids []string
+	for rows.Next() {
+		var id int64
+		var owner []byte
+		if err := rows.Scan(&id, &owner); err != nil {
+			rows.Close()
+			return "", err
+		}
+		if j.owners.Gone(string(owner)) {
+			ids = append(ids, fmt.Sprint(id))
+		}
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil || len(ids) == 0 {
+		return "", err
+	}
+	return " OR o.lease_owner IN (" + strings.Join(ids, ", ") + ")", nil
+}
+
 // Acquire implements Journal.
 func (j *SQLiteJournal) Acquire(ctx context.Context, key, owner string, lease time.Duration) (Record, error) {
 	var out Record
@@ -384,35 +425,90 @@ func (j *SQLiteJournal) Acquire(ctx context.Context, key, owner string, lease ti
 		if err != nil {
 			return err
 		}
-		claimed, err := ApplyClaim(stored, owner, lease, j.now())
+		claimed, ev, err := ApplyClaim(stored, owner, lease, j.now(), j.owners.Gone)
 		if err != nil {
 			out = stored
 			return err
 		}
 		out = claimed
-		return j.dict.storeRecord(tx, id, stored, claimed)
+		if err := j.dict.storeRecord(tx, id, stored, claimed); err != nil {
+			return err
+		}
+		return j.dict.insertEvent(tx, id, ev)
 	})
 	return out, err
 }
 
 // Renew implements Journal.
-func (j *SQLiteJournal) Renew(ctx context.Context, owner string, lease time.Duration) (int, error) {
+func (j *SQLiteJournal) Renew(ctx context.Context, held map[string]Lease, lease time.Duration) (int, error) {
 	var n int64
 	err := j.db.Write(ctx, sqlitefile.Deferred, func(tx *sqlitefile.Tx) error {
+		n = 0
 		now := j.now()
-		// Only active records hold leases; the state index finds them.
-		res, err := tx.Exec(`UPDATE operations INDEXED BY operations_due SET lease_expires_at = ?
-			WHERE state IN (1, 2, 3) AND lease_expires_at > ?
-			AND lease_owner = (SELECT id FROM dict WHERE value = ?)`,
-			millis(now.Add(lease)), millis(now), []byte(owner))
-		if err != nil {
-			return err
+		for key, l := range held {
+			res, err := tx.Exec(`UPDATE operations SET lease_expires_at = max(lease_expires_at, ?)
+				WHERE key = ? AND lease_epoch = ? AND state IN (1, 2, 3)
+				AND lease_owner = (SELECT id FROM dict WHERE value = ?)`,
+				millis(journalTime(now.Add(lease))), keyValue(key), l.Epoch, []byte(l.Owner))
+			if err != nil {
+				return err
+			}
+			m, err := res.RowsAffected()
+			if err != nil {
+				return err
+			}
+			n += m
 		}
-		n, err = res.RowsAffected()
-		return err
+		return nil
 	})
 	return int(n), err
 }
+
+// Register implements Journal. Every process that shares the file is on
+// this machine, so liveness is exact: the owner holds an advisory lock on a
+// file of its own in the directory beside the journal (path + "-owners",
+// mode 0700) for as long as it is registered, and the kernel drops the
+// lock when the process ends, however it ends.
+func (j *SQLiteJournal) Register(ctx context.Context, owner string) (func() error, error) {
+	if owner == "" {
+		return nil, fmt.Errorf("%w: Register needs an owner name", ErrInvalidRecord)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := j.db.ErrIfClosed(); err != nil {
+		return nil, err
+	}
+	release, err := j.owners.Register(owner)
+	if errors.Is(err, liveness.ErrRegistered) {
+		return nil, fmt.Errorf("%w: owner %q registered before; each registration needs a new name", ErrInvalidRecord, owner)
+	}
+	if err != nil {
+		return nil, &FileError{What: "journal", Path: j.owners.Path(), Kind: ErrJournalPath, Err: err,
+			Hint: "the directory beside the journal must be writable; it holds one lock file per live client"}
+	}
+	return func() error {
+		err := release()
+		if !j.holdsLeases(context.Background(), owner) {
+			j.owners.Forget(owner)
+		}
+		return err
+	}, nil
+}
+
+// holdsLeases reports whether an active record is leased by owner (live or
+// lapsed), so that owner's being gone still matters. It answers true when
+// it cannot tell.
+func (j *SQLiteJournal) holdsLeases(ctx context.Context, owner string) bool {
+	var one int
+	err := j.db.Reader.QueryRowContext(ctx, `SELECT 1 FROM operations INDEXED BY operations_due
+		WHERE state IN (1, 2, 3) AND lease_owner = (SELECT id FROM dict WHERE value = ?) LIMIT 1`,
+		[]byte(owner)).Scan(&one)
+	return !errors.Is(err, sql.ErrNoRows)
+}
+
+// Sync implements Journal.
+func (j *SQLiteJournal) Sync(ctx context.Context) error { return j.db.Sync(ctx) }
 
 // Release implements Journal. A lost release only delays the next claim
 // until the lease expires, so it is buffered.
@@ -530,7 +626,7 @@ func (j *SQLiteJournal) History(ctx context.Context, key string) ([]Event, error
 		return nil, err
 	}
 	rows, err := j.db.Reader.QueryContext(ctx, `SELECT e.version, e.at, e.from_state, e.to_state, e.attempt,
-		e.status, e.error, w.value
+		e.status, e.error, w.value, e.kind, e.detail
 		FROM operations o LEFT JOIN events e ON e.op = o.id LEFT JOIN dict w ON w.id = e.owner
 		WHERE o.key = ? ORDER BY e.version`, keyValue(key))
 	if err != nil {
@@ -541,17 +637,21 @@ func (j *SQLiteJournal) History(ctx context.Context, key string) ([]Event, error
 	var out []Event
 	for rows.Next() {
 		found = true
-		var version, at, from, to, attempt, status sql.NullInt64
-		var msg, owner sql.NullString
-		if err := rows.Scan(&version, &at, &from, &to, &attempt, &status, &msg, &owner); err != nil {
+		var version, at, from, to, attempt, status, kind sql.NullInt64
+		var msg, owner, detail sql.NullString
+		if err := rows.Scan(&version, &at, &from, &to, &attempt, &status, &msg, &owner, &kind, &detail); err != nil {
 			return nil, j.db.Classify(err)
 		}
 		if !version.Valid {
 			continue // a record without events: cannot happen, but reads as empty
 		}
-		out = append(out, Event{Version: version.Int64, At: fromMillis(at.Int64), From: State(from.Int64),
-			To: State(to.Int64), Attempt: int(attempt.Int64), StatusCode: int(status.Int64),
-			Error: msg.String, Owner: owner.String})
+		ev := Event{Version: version.Int64, At: fromMillis(at.Int64), Kind: EventKind(kind.Int64),
+			Detail: detail.String, From: State(from.Int64), To: State(to.Int64), Attempt: int(attempt.Int64),
+			StatusCode: int(status.Int64), Error: msg.String, Owner: owner.String}
+		if !from.Valid && !kind.Valid {
+			ev.Kind = EventCreate // written by schema 1, which had no kinds
+		}
+		out = append(out, ev)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, j.db.Classify(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkit/idem/internal/sqlitefile"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // journalAppID marks a file as an idem journal ("idmj").
@@ -85,6 +86,17 @@ var journalSchema = []string{
 		owner      INTEGER,
 		PRIMARY KEY (op, version)
 	) WITHOUT ROWID;`,
+
+	// 2: the key's wire form, the transport's own re-sends, and kinds of
+	// events. key_header is the dict number of the header name, NULL for
+	// the default Idempotency-Key, and 0 (the value records of schema 1
+	// take) when the form was not journaled. NULL keeps the common case at
+	// one byte of the record header.
+	`ALTER TABLE operations ADD COLUMN key_header INTEGER DEFAULT 0;
+	ALTER TABLE operations ADD COLUMN key_quoted INTEGER;
+	ALTER TABLE operations ADD COLUMN resends INTEGER;
+	ALTER TABLE events ADD COLUMN kind INTEGER;
+	ALTER TABLE events ADD COLUMN detail TEXT;`,
 }
 
 // selectRecord reads a whole record; scanRecord reads its columns. The
@@ -96,13 +108,14 @@ const selectRecord = `SELECT o.id, o.key, o.scope, o.op_id, o.method, o.url,
 	o.next_attempt_at, (SELECT value FROM dict WHERE id = o.lease_owner), o.lease_epoch, o.lease_expires_at,
 	(SELECT status FROM responses WHERE op = o.id), (SELECT header FROM responses WHERE op = o.id),
 	(SELECT body FROM responses WHERE op = o.id), (SELECT replayed FROM responses WHERE op = o.id),
-	o.last_error, o.note, o.created_at, o.updated_at, o.expires_at, o.version
+	o.last_error, o.note, o.created_at, o.updated_at, o.expires_at, o.version,
+	o.key_header, (SELECT value FROM dict WHERE id = o.key_header), o.key_quoted, o.resends
 	FROM operations o`
 
 type scanner interface{ Scan(dest ...any) error }
 
 // recordColumns is the number of columns selectRecord reads.
-const recordColumns = 25
+const recordColumns = 29
 
 // scanRecord reads a row of selectRecord. It scans into plain interface
 // values and converts them itself: database/sql's conversions into typed
@@ -139,6 +152,14 @@ func scanRecord(s scanner) (int64, Record, error) {
 	r.LastError, r.Note = asString(v[19]), asString(v[20])
 	r.CreatedAt, r.UpdatedAt, r.ExpiresAt = fromMillis(asInt(v[21])), fromMillis(asInt(v[22])), fromMillis(asInt(v[23]))
 	r.Version = asInt(v[24])
+	switch v[25].(type) {
+	case nil:
+		r.KeyHeader = wire.KeyHeader
+	default:
+		r.KeyHeader = asString(v[26]) // "" for 0: not journaled (schema 1)
+	}
+	r.KeyQuoted = asInt(v[27]) != 0
+	r.TransportResends = int(asInt(v[28]))
 	if len(r.Body) == 0 {
 		r.Body = nil
 	}
@@ -187,15 +208,22 @@ func (d *dict) insertRecord(tx *sqlitefile.Tx, r Record) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	var keyHeader any
+	if r.KeyHeader != wire.KeyHeader {
+		if keyHeader, err = d.intern(tx, []byte(r.KeyHeader)); err != nil {
+			return 0, err
+		}
+	}
 	res, err := tx.Exec(`INSERT INTO operations (key, scope, op_id, method, url, header, body, fingerprint,
 		state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-		created_at, updated_at, expires_at, version)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		created_at, updated_at, expires_at, version, key_header, key_quoted, resends)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (scope, op_id) DO NOTHING`,
 		keyValue(r.Key), r.Scope, r.ID, r.Method, r.URL, header, nonNil(r.Body),
 		fingerprintValue(r.Fingerprint), r.State, r.Attempts, millis(r.NextAttemptAt),
 		owner, r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt), nullString(r.LastError),
-		nullString(r.Note), millis(r.CreatedAt), millis(r.UpdatedAt), nullMillis(r.ExpiresAt), r.Version)
+		nullString(r.Note), millis(r.CreatedAt), millis(r.UpdatedAt), nullMillis(r.ExpiresAt), r.Version,
+		keyHeader, nullBool(r.KeyQuoted), nullInt(r.TransportResends))
 	if err != nil {
 		return 0, err
 	}
@@ -214,10 +242,10 @@ func (d *dict) storeRecord(tx *sqlitefile.Tx, id int64, old, next Record) error 
 	}
 	_, err = tx.Exec(`UPDATE operations SET state = ?, attempts = ?, next_attempt_at = ?, lease_owner = ?,
 		lease_epoch = ?, lease_expires_at = ?, last_error = ?, note = ?, updated_at = ?, expires_at = ?,
-		version = ? WHERE id = ?`,
+		version = ?, resends = ? WHERE id = ?`,
 		next.State, next.Attempts, millis(next.NextAttemptAt), owner, next.Lease.Epoch,
 		nullMillis(next.Lease.ExpiresAt), nullString(next.LastError), nullString(next.Note),
-		millis(next.UpdatedAt), nullMillis(next.ExpiresAt), next.Version, id)
+		millis(next.UpdatedAt), nullMillis(next.ExpiresAt), next.Version, nullInt(next.TransportResends), id)
 	if err != nil || sameResponse(old.Response, next.Response) {
 		return err
 	}
@@ -254,9 +282,10 @@ func (d *dict) insertEvent(tx *sqlitefile.Tx, id int64, ev Event) error {
 	if ev.StatusCode != 0 {
 		status = ev.StatusCode
 	}
-	_, err = tx.Exec(`INSERT INTO events (op, version, at, from_state, to_state, attempt, status, error, owner)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		id, ev.Version, millis(ev.At), from, ev.To, ev.Attempt, status, nullString(ev.Error), owner)
+	_, err = tx.Exec(`INSERT INTO events (op, version, at, from_state, to_state, attempt, status, error, owner,
+		kind, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		id, ev.Version, millis(ev.At), from, ev.To, ev.Attempt, status, nullString(ev.Error), owner,
+		nullInt(int(ev.Kind)), nullString(ev.Detail))
 	return err
 }
 
@@ -394,6 +423,20 @@ func fromMillis(ms int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
+}
+
+func nullInt(n int) any {
+	if n == 0 {
+		return nil
+	}
+	return n
+}
+
+func nullBool(b bool) any {
+	if !b {
+		return nil
+	}
+	return 1
 }
 
 func nullString(s string) any {

@@ -247,7 +247,7 @@ func TestSQLiteIntentIsDurableOutcomeIsDeferred(t *testing.T) {
 	require.NoError(t, err)
 	rec.State = idem.StateInFlight
 	rec.Attempts = 1
-	rec, err = j.Update(ctx, rec, idem.Durable)
+	rec, err = j.Update(ctx, rec, idem.Durable, idem.Event{})
 	require.NoError(t, err)
 	s := j.Stats()
 	assert.EqualValues(t, 2, s.DurableCommits)
@@ -255,7 +255,7 @@ func TestSQLiteIntentIsDurableOutcomeIsDeferred(t *testing.T) {
 
 	rec.State = idem.StateSucceeded
 	rec.Response = &idem.Response{StatusCode: 201, Body: []byte(`{"id":1}`)}
-	_, err = j.Update(ctx, rec, idem.Deferred)
+	_, err = j.Update(ctx, rec, idem.Deferred, idem.Event{})
 	require.NoError(t, err)
 	s = j.Stats()
 	assert.EqualValues(t, 2, s.DurableCommits, "the outcome must not cost an fsync")
@@ -293,7 +293,7 @@ func TestSQLiteBufferedOutcomeSharesTheNextIntentsFsync(t *testing.T) {
 
 	rec.State = idem.StateSucceeded
 	rec.Response = &idem.Response{StatusCode: 201, Body: []byte(`{"id":1}`)}
-	_, err = j.Update(ctx, rec, idem.Buffered)
+	_, err = j.Update(ctx, rec, idem.Buffered, idem.Event{})
 	require.NoError(t, err)
 	s := j.Stats()
 	assert.EqualValues(t, 1, s.DurableCommits+s.DeferredCommits, "a buffered outcome returns before any commit")
@@ -315,7 +315,7 @@ func testRecord(scope, id string, body []byte) idem.Record {
 	sum := sha256.Sum256(body)
 	return idem.Record{
 		Key: uuid.NewString(), Scope: scope, ID: id, Method: "POST", URL: "http://127.0.0.1/orders",
-		Body: body, Fingerprint: hex.EncodeToString(sum[:]), State: idem.StatePending,
+		Body: body, Fingerprint: hex.EncodeToString(sum[:]), KeyHeader: "Idempotency-Key", State: idem.StatePending,
 	}
 }
 
@@ -376,7 +376,7 @@ func childHammer() error {
 				break
 			}
 			rec.Attempts++
-			if _, err = j.Update(ctx, rec, []idem.Durability{idem.Deferred, idem.Buffered}[i%2]); err == nil {
+			if _, err = j.Update(ctx, rec, []idem.Durability{idem.Deferred, idem.Buffered}[i%2], idem.Event{}); err == nil {
 				rep.Increments[key]++
 				break
 			}
@@ -393,7 +393,7 @@ func childHammer() error {
 		for _, rec := range claimed {
 			rep.Claimed = append(rep.Claimed, rec.Key)
 			rec.State = idem.StateCanceled
-			if _, err := j.Update(ctx, rec, idem.Buffered); err != nil {
+			if _, err := j.Update(ctx, rec, idem.Buffered, idem.Event{}); err != nil {
 				fail(err)
 			}
 		}
@@ -512,7 +512,7 @@ func childAck() error {
 		}
 		rec.State = idem.StateSucceeded
 		rec.Response = &idem.Response{StatusCode: 201, Body: []byte("order for " + id)}
-		if _, err := j.Update(ctx, rec, idem.Buffered); err != nil {
+		if _, err := j.Update(ctx, rec, idem.Buffered, idem.Event{}); err != nil {
 			return err
 		}
 		settled = id

@@ -2,9 +2,7 @@ package idem
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -12,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // Op is one logical operation as the caller asks for it. Calling Do or
@@ -54,8 +54,13 @@ type Result struct {
 	// Replayed reports that the server answered from its store of keys
 	// rather than executing the request.
 	Replayed bool
-	// Attempts is the number of attempts journaled for the operation.
+	// Attempts is the number of attempts journaled for the operation: the
+	// times the client sent it, replays made to check its status included.
 	Attempts int
+	// TransportResends is the number of times Go's transport sent an
+	// attempt again by itself, after a reused connection died before any
+	// reply; see RetryPolicy.MaxAttempts.
+	TransportResends int
 	// Journaled reports that the answer came from the journal: the
 	// operation had settled before this call, which sent nothing. An agent
 	// runtime, say, can tell a tool call that ran now from one that ran
@@ -67,7 +72,8 @@ type Result struct {
 func (r *Result) Succeeded() bool { return r.State == StateSucceeded }
 
 func resultFrom(rec Record) *Result {
-	r := &Result{Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State, Attempts: rec.Attempts}
+	r := &Result{Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State, Attempts: rec.Attempts,
+		TransportResends: rec.TransportResends}
 	if rec.Response != nil {
 		r.StatusCode = rec.Response.StatusCode
 		r.Header = rec.Response.Header
@@ -85,16 +91,36 @@ const (
 	KeyRandom KeyKind = iota
 	// KeyTimeOrdered mints a UUIDv7, which sorts by creation time.
 	KeyTimeOrdered
-	// KeyDeterministic derives a UUIDv5 from Config.KeyNamespace, the
-	// scope and the operation ID, so a batch re-run on a machine that lost
-	// its journal still sends the same keys. The key is a hash: it does not
-	// reveal the ID, but an ID with little entropy can be guessed from it.
+	// KeyDeterministic derives a UUIDv5 from Config.KeyNamespace (the
+	// application's own, kept secret), the scope and the operation ID, so
+	// a batch re-run on a machine that lost its journal still sends the
+	// same keys. The key is a hash: it reveals neither the ID nor, without
+	// the namespace, which ID it stands for.
 	KeyDeterministic
 )
 
-// DefaultKeyNamespace is the UUIDv5 namespace of deterministic keys when
-// Config.KeyNamespace is not set.
-var DefaultKeyNamespace = uuid.MustParse("3f1c9a4e-6d2b-5e8f-9a7c-1b2d3e4f5a6b")
+// publicNamespaces are UUID namespaces anyone knows: the RFC 9562 ones and
+// the default of earlier idem versions. Keys derived from them can be
+// computed by anyone.
+var publicNamespaces = []uuid.UUID{uuid.Nil, uuid.NameSpaceDNS, uuid.NameSpaceURL, uuid.NameSpaceOID,
+	uuid.NameSpaceX500, uuid.MustParse("3f1c9a4e-6d2b-5e8f-9a7c-1b2d3e4f5a6b")}
+
+// checkKeyNamespace refuses deterministic keys without a namespace of the
+// application's own.
+func checkKeyNamespace(kind KeyKind, ns uuid.UUID) error {
+	if kind != KeyDeterministic {
+		return nil
+	}
+	if slices.Contains(publicNamespaces, ns) {
+		what := "is not set"
+		if ns != uuid.Nil {
+			what = fmt.Sprintf("is %s, a public namespace", ns)
+		}
+		return fmt.Errorf("%w: Config.KeyNamespace %s; KeyDeterministic needs a namespace of the application's own: generate one with uuid.New(), keep it with the application's secrets, and never change it (keys derived from a public namespace can be computed by anyone)",
+			ErrInvalidConfig, what)
+	}
+	return nil
+}
 
 func (c *Client) mintKey(scope, id string) (string, error) {
 	switch c.cfg.Keys {
@@ -117,27 +143,16 @@ func (c *Client) mintKey(scope, id string) (string, error) {
 // big-endian length followed by its bytes, so that no two different
 // requests share an encoding.
 func Fingerprint(method, url string, header http.Header, significant []string, body []byte) string {
-	h := sha256.New()
-	field := func(b []byte) {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
-		h.Write(n[:])
-		h.Write(b)
-	}
-	field([]byte("idem-fingerprint-v1"))
-	field([]byte(method))
-	field([]byte(url))
+	fields := [][]byte{[]byte("idem-fingerprint-v1"), []byte(method), []byte(url)}
 	names := make([]string, 0, len(significant))
 	for _, n := range significant {
 		names = append(names, http.CanonicalHeaderKey(n))
 	}
 	slices.Sort(names)
 	for _, n := range slices.Compact(names) {
-		field([]byte(n))
-		field([]byte(strings.Join(header.Values(n), "\x00")))
+		fields = append(fields, []byte(n), []byte(wire.JoinValues(header.Values(n))))
 	}
-	field(body)
-	return hex.EncodeToString(h.Sum(nil))
+	return wire.Fingerprint(append(fields, body)...)
 }
 
 // Limits on what an Op may name.
@@ -170,7 +185,7 @@ func (c *Client) prepare(op Op) (prepared, error) {
 	if p.method == "" {
 		p.method = http.MethodPost
 	}
-	if !validMethod(p.method) {
+	if !wire.IsToken(p.method) {
 		return prepared{}, invalidOp("Op.Method %q is not an HTTP method", p.method)
 	}
 	u, err := c.resolve(op.URL)
@@ -207,19 +222,6 @@ func checkName(field, v string, limit int, hint string) error {
 	return nil
 }
 
-func validMethod(m string) bool {
-	if m == "" {
-		return false
-	}
-	for i := 0; i < len(m); i++ {
-		c := m[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?={}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // resolve makes ref absolute against Config.BaseURL and checks it.
 func (c *Client) resolve(ref string) (string, error) {
 	if ref == "" && c.base == nil {
@@ -248,9 +250,9 @@ func (c *Client) resolve(ref string) (string, error) {
 	return u.String(), nil
 }
 
-func (p prepared) record(key string) Record {
+func (p prepared) record(key string, form keyForm) Record {
 	return Record{Key: key, Scope: p.scope, ID: p.id, Method: p.method, URL: p.url,
-		Header: p.header, Body: p.body, Fingerprint: p.fingerprint}
+		Header: p.header, Body: p.body, Fingerprint: p.fingerprint, KeyHeader: form.header, KeyQuoted: form.quoted}
 }
 
 // Operation is a journaled operation, returned by Begin, that has not

@@ -155,14 +155,19 @@ func TestKeys(t *testing.T) {
 
 	// Two clients on two journals (a machine that lost its journal) mint
 	// the same deterministic key for the same scope and ID.
-	det1, _ := newClient(t, idem.Config{BaseURL: srv.URL, Keys: idem.KeyDeterministic})
-	det2, _ := newClient(t, idem.Config{BaseURL: srv.URL, Keys: idem.KeyDeterministic})
+	ns := uuid.New() // the application's own namespace
+	det1, _ := newClient(t, idem.Config{BaseURL: srv.URL, Keys: idem.KeyDeterministic, KeyNamespace: ns})
+	det2, _ := newClient(t, idem.Config{BaseURL: srv.URL, Keys: idem.KeyDeterministic, KeyNamespace: ns})
 	k1, k2 := keyOf(det1, "payroll/2026-11/emp-7"), keyOf(det2, "payroll/2026-11/emp-7")
 	assert.Equal(t, uuid.Version(5), k1.Version())
 	assert.Equal(t, k1, k2)
 	assert.NotEqual(t, k1, keyOf(det1, "payroll/2026-11/emp-8"))
-	other, _ := newClient(t, idem.Config{BaseURL: srv.URL, Keys: idem.KeyDeterministic, Scope: "tenant-b"})
+	other, _ := newClient(t, idem.Config{BaseURL: srv.URL, Keys: idem.KeyDeterministic, KeyNamespace: ns, Scope: "tenant-b"})
 	assert.NotEqual(t, k1, keyOf(other, "payroll/2026-11/emp-7"), "the scope is part of a deterministic key")
+	// Another application, with a namespace of its own, cannot compute
+	// this application's keys from the scope and ID.
+	otherApp, _ := newClient(t, idem.Config{BaseURL: srv.URL, Keys: idem.KeyDeterministic, KeyNamespace: uuid.New()})
+	assert.NotEqual(t, k1, keyOf(otherApp, "payroll/2026-11/emp-7"), "the namespace is part of a deterministic key")
 }
 
 func TestQuotedKeyHeader(t *testing.T) {

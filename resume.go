@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
-// ResumeReport counts what Resume did, by where each operation it took up
-// ended.
+// ResumeReport counts what Resume did: the operations it took up, by where
+// each ended, and those in its scope it left alone, by why.
 type ResumeReport struct {
 	// Claimed is the number of operations Resume took up.
 	Claimed int
@@ -16,143 +17,404 @@ type ResumeReport struct {
 	// Pending were still not sent (the server stayed unreachable), Unknown
 	// still have no definitive answer; both are due again later.
 	Pending, Unknown int
-	// Expired passed the server's retention and need an operator's
-	// Reconcile.
+	// Expired passed the server's retention (Resume marks them without a
+	// network call) or met a server that does not honour keys: they need
+	// an operator's Reconcile.
 	Expired int
-	// Skipped were being driven by another call in this process.
-	Skipped int
 	// Failed could not be driven: a journal error or a lost lease.
 	Failed int
+
+	// Busy were being driven by another call of this client.
+	Busy int
+	// Leased are leased by a live owner elsewhere (another process, or a
+	// machine that shares the journal), which drives them.
+	Leased int
+	// NotDue are not due yet, the earliest at NextDue: an operation left
+	// unsettled is due again after a backoff, or when the server said
+	// (Retry-After). ResumeWait waits for them.
+	NotDue  int
+	NextDue time.Time
 }
 
 // Remaining is the number of operations taken up that are not settled.
 func (r ResumeReport) Remaining() int { return r.Pending + r.Unknown + r.Expired + r.Failed }
 
-func (r *ResumeReport) add(res *Result, err error) {
-	var oe *OperationError
-	switch {
-	case err == nil && res.State == StateSucceeded:
-		r.Succeeded++
-	case err == nil:
-		r.Rejected++
-	case errors.As(err, &oe) && oe.conflict:
-		r.Rejected++
-	case errors.As(err, &oe) && oe.State == StatePending:
-		r.Pending++
-	case errors.As(err, &oe) && oe.State == StateExpired:
-		r.Expired++
-	case errors.As(err, &oe) && oe.State.Active() && !errors.Is(err, ErrLeaseLost):
-		r.Unknown++
-	default:
-		r.Failed++
-	}
+// Skipped is the number of operations in Resume's scope it did not take up.
+func (r ResumeReport) Skipped() int { return r.Busy + r.Leased + r.NotDue }
+
+func (r ResumeReport) logAttrs() []any {
+	return []any{"claimed", r.Claimed, "succeeded", r.Succeeded, "rejected", r.Rejected, "pending", r.Pending,
+		"unknown", r.Unknown, "expired", r.Expired, "failed", r.Failed, "busy", r.Busy, "leased", r.Leased,
+		"not_due", r.NotDue}
 }
 
-// Resume finishes what was left unfinished, typically after a restart: it
-// claims the journal's due operations (pending, in_flight and unknown) with
-// a lease — when Config.BaseURL is set, only those whose URL has its origin,
-// so that Authorize's credentials only ever go to the API they are for — at most Config.ResumeConcurrency at a time, and drives each as
-// Do would, except that an operation found in_flight or unknown gets a
-// status check before anything is re-sent. It returns when no due operation
-// is left, or when ctx ends, with the counts by outcome; an operation that
-// does not settle is due again after RetryPolicy.MaxBackoff. Operations
-// leased by a live worker elsewhere are left to it.
+// outcome is where Resume left one operation.
+type outcome uint8
+
+const (
+	outSucceeded outcome = iota + 1
+	outRejected
+	outPending
+	outUnknown
+	outExpired
+	outFailed
+)
+
+func outcomeOf(res *Result, err error) outcome {
+	var oe *OperationError
+	switch {
+	case err == nil && res != nil && res.State == StateSucceeded:
+		return outSucceeded
+	case errors.As(err, &oe) && errors.Is(err, ErrLeaseLost):
+		return outFailed
+	case errors.As(err, &oe) && oe.State == StateRejected:
+		return outRejected
+	case errors.As(err, &oe) && oe.State == StatePending:
+		return outPending
+	case errors.As(err, &oe) && oe.State == StateExpired:
+		return outExpired
+	case errors.As(err, &oe) && oe.State.Active():
+		return outUnknown
+	}
+	return outFailed
+}
+
+// A ResumeOption changes what Resume takes up, or how long it goes on.
+type ResumeOption func(*resumeOptions)
+
+type resumeOptions struct {
+	scopes    []string // "" alone: every scope
+	anyOrigin bool
+	wait      bool
+}
+
+// ResumeAllScopes makes Resume take up the operations of every scope, not
+// only Config.ResumeScopes: for an operator's tool whose credentials are
+// good for every tenant, or whose Authorize chooses them per operation.
+func ResumeAllScopes() ResumeOption {
+	return func(o *resumeOptions) { o.scopes = []string{""} }
+}
+
+// ResumeAnyOrigin makes Resume take up operations whatever their URL's
+// origin, not only Config.BaseURL's: for an operator's tool, or a client
+// whose Authorize chooses credentials per operation.
+func ResumeAnyOrigin() ResumeOption {
+	return func(o *resumeOptions) { o.anyOrigin = true }
+}
+
+// ResumeWait makes Resume finish everything it can: instead of one pass
+// over what is due, it waits for operations that are not due yet and for
+// leases held elsewhere to end, and goes on until none of its operations is
+// left unsettled or ctx ends. Use it at start-up, with a deadline.
+func ResumeWait() ResumeOption {
+	return func(o *resumeOptions) { o.wait = true }
+}
+
+// Resume finishes what was left unfinished, typically after a restart. It
+// takes up the active operations (pending, in_flight, unknown) of
+// Config.ResumeScopes (by default Config.Scope alone) whose URL has
+// Config.BaseURL's origin (any origin when BaseURL is not set), so that
+// Authorize's credentials only go to the tenant and the API they are for;
+// ResumeAllScopes and ResumeAnyOrigin widen that for an operator.
 //
-// Progress goes to Config.OnResumeProgress after each operation and to the
-// logger.
-func (c *Client) Resume(ctx context.Context) (ResumeReport, error) {
+// First it marks expired, without any network call, every operation whose
+// outcome is unknown and whose server retention has passed, whatever its
+// due time. Then it claims the operations due when it started, with a
+// lease, at most Config.ResumeConcurrency at a time, and drives each as Do
+// would, except that an operation found in_flight or unknown gets a status
+// check before anything is re-sent. An operation leased by a process that
+// is gone is taken at once, when the journal can see that (the SQLite
+// journal always can); one leased by a live owner is left to it. Without
+// ResumeWait, Resume makes one pass: an operation it leaves unsettled is
+// due again later, and not taken up again by the same call.
+//
+// It returns the counts by outcome, and of what it left alone and why; its
+// error is ctx's, or a journal error. Progress goes to
+// Config.OnResumeProgress after each operation and to the logger.
+func (c *Client) Resume(ctx context.Context, opts ...ResumeOption) (ResumeReport, error) {
 	ctx, done, err := c.enter(ctx)
 	if err != nil {
 		return ResumeReport{}, err
 	}
 	defer done()
-	var (
-		rep   ResumeReport
-		mu    sync.Mutex
-		wg    sync.WaitGroup
-		slots = make(chan struct{}, c.cfg.ResumeConcurrency)
-	)
-	finish := func(res *Result, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		rep.add(res, err)
-		if c.cfg.OnResumeProgress != nil {
-			c.cfg.OnResumeProgress(rep)
+	o := resumeOptions{scopes: c.cfg.ResumeScopes}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	r := &resumer{c: c, opts: o, prefix: c.resumePrefix(o), outcomes: map[string]outcome{}}
+	err = r.run(ctx)
+	rep := r.report()
+	c.log.Info("idem: resume done", rep.logAttrs()...)
+	return rep, err
+}
+
+// resumePrefix is the origin of Config.BaseURL ("https://api.example.com/"),
+// or "" (every operation) when it is not set or the options say any.
+func (c *Client) resumePrefix(o resumeOptions) string {
+	if c.base == nil || o.anyOrigin {
+		return ""
+	}
+	return c.base.Scheme + "://" + c.base.Host + "/"
+}
+
+// resumer is one call of Resume.
+type resumer struct {
+	c      *Client
+	opts   resumeOptions
+	prefix string
+
+	mu       sync.Mutex
+	outcomes map[string]outcome // by key, where each operation taken up ended
+	busy     int
+	survey   survey
+}
+
+// run makes passes until nothing is left to do, or, with ResumeWait, until
+// nothing is left at all or ctx ends.
+func (r *resumer) run(ctx context.Context) error {
+	for {
+		started := r.c.now()
+		if err := r.expireOverdue(ctx); err != nil {
+			return err
 		}
-		if n := rep.Succeeded + rep.Rejected + rep.Remaining(); n%100 == 0 {
-			c.log.Info("idem: resume progress", "done", n, "claimed", rep.Claimed, "succeeded", rep.Succeeded,
-				"rejected", rep.Rejected, "pending", rep.Pending, "unknown", rep.Unknown, "expired", rep.Expired)
+		for _, scope := range r.opts.scopes {
+			if err := r.claimAndDrive(ctx, scope, started); err != nil {
+				return err
+			}
+		}
+		s, err := r.look(ctx)
+		if err != nil {
+			return err
+		}
+		r.mu.Lock()
+		r.survey = s
+		r.mu.Unlock()
+		if !r.opts.wait || s.unsettled == 0 {
+			return ctx.Err()
+		}
+		// Wait for the next operation to become due or its lease to end,
+		// but look again at least every second: a lease may end early
+		// (its holder settles or dies) and nothing tells this process.
+		wait := time.Second
+		if next := s.nextChange(); !next.IsZero() {
+			wait = min(wait, max(next.Sub(r.c.now()), 10*time.Millisecond))
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return err
 		}
 	}
-	var claimErr error
-	// Only what was due when Resume started: an operation it leaves
-	// unsettled is due again a little later and must not be claimed again
-	// by this same call, which would then never end while a server fails.
-	started := c.now()
+}
+
+// finish records where one operation ended.
+func (r *resumer) finish(key string, res *Result, err error) {
+	r.mu.Lock()
+	r.outcomes[key] = outcomeOf(res, err)
+	rep := r.reportLocked()
+	r.mu.Unlock()
+	if r.c.cfg.OnResumeProgress != nil {
+		r.c.cfg.OnResumeProgress(rep)
+	}
+	if n := rep.Succeeded + rep.Rejected + rep.Remaining(); n%100 == 0 {
+		r.c.log.Info("idem: resume progress", rep.logAttrs()...)
+	}
+}
+
+func (r *resumer) report() ResumeReport {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reportLocked()
+}
+
+func (r *resumer) reportLocked() ResumeReport {
+	rep := ResumeReport{Claimed: len(r.outcomes), Busy: r.busy}
+	for _, o := range r.outcomes {
+		switch o {
+		case outSucceeded:
+			rep.Succeeded++
+		case outRejected:
+			rep.Rejected++
+		case outPending:
+			rep.Pending++
+		case outUnknown:
+			rep.Unknown++
+		case outExpired:
+			rep.Expired++
+		default:
+			rep.Failed++
+		}
+	}
+	rep.Leased, rep.NotDue, rep.NextDue = r.survey.leased, r.survey.notDue, r.survey.nextDue
+	return rep
+}
+
+// inScope reports whether Resume may take rec up.
+func (r *resumer) inScope(rec Record) bool {
+	if r.prefix != "" && (len(rec.URL) < len(r.prefix) || rec.URL[:len(r.prefix)] != r.prefix) {
+		return false
+	}
+	for _, s := range r.opts.scopes {
+		if s == "" || s == rec.Scope {
+			return true
+		}
+	}
+	return false
+}
+
+// active lists the active operations in Resume's scope.
+func (r *resumer) active(ctx context.Context, fn func(Record) error) error {
+	for _, scope := range r.opts.scopes {
+		f := Filter{Scope: scope, States: []State{StatePending, StateInFlight, StateUnknown}}
+		for rec, err := range r.c.journal.List(ctx, f) {
+			if err != nil {
+				return err
+			}
+			if !r.inScope(rec) {
+				continue
+			}
+			if err := fn(rec); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// expireOverdue marks expired every operation in scope whose outcome is
+// unknown and whose server retention has passed, whatever its due time:
+// no network call can settle it any more, and an operator must know now.
+// One leased by a live owner elsewhere is left to it.
+func (r *resumer) expireOverdue(ctx context.Context) error {
+	now := r.c.now()
+	var overdue []Record
+	err := r.active(ctx, func(rec Record) error {
+		if rec.State != StatePending && !rec.ExpiresAt.IsZero() && now.After(rec.ExpiresAt) {
+			overdue = append(overdue, rec)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, rec := range overdue {
+		op := scopeID{rec.Scope, rec.ID}
+		f, leader := r.c.startFlight(op)
+		if !leader {
+			continue // a call of this client drives it, and will expire it
+		}
+		acquired, err := r.c.journal.Acquire(ctx, rec.Key, r.c.owner, r.c.cfg.LeaseDuration)
+		if err == nil {
+			d := r.c.newDriver(acquired)
+			f.res, f.err = d.run(ctx) // past retention: it expires without sending
+			r.finish(rec.Key, f.res, f.err)
+		} else if !errors.Is(err, ErrLeased) && !errors.Is(err, ErrNotActive) {
+			f.err = err
+			r.c.endFlight(op, f)
+			return err
+		}
+		r.c.endFlight(op, f)
+	}
+	return nil
+}
+
+// claimAndDrive claims the operations of scope due by started and drives
+// them, ResumeConcurrency at a time, until none is left.
+func (r *resumer) claimAndDrive(ctx context.Context, scope string, started time.Time) error {
+	c := r.c
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	slots := make(chan struct{}, c.cfg.ResumeConcurrency)
 	for ctx.Err() == nil {
 		// Claim only as many operations as there are free workers, so that
 		// no claimed operation waits in a queue while its lease runs.
 		slots <- struct{}{}
 		n := 1
+	fill:
 		for n < cap(slots) {
 			select {
 			case slots <- struct{}{}:
 				n++
-				continue
 			default:
+				break fill
 			}
-			break
 		}
-		recs, err := c.journal.Claim(ctx, ClaimRequest{Owner: c.cfg.Owner, Limit: n, Lease: c.cfg.LeaseDuration,
-			DueBy: started, URLPrefix: c.resumePrefix()})
+		recs, err := c.journal.Claim(ctx, ClaimRequest{Owner: c.owner, Limit: n, Lease: c.cfg.LeaseDuration,
+			DueBy: started, Scope: scope, URLPrefix: r.prefix})
 		for range n - len(recs) {
 			<-slots
 		}
 		if err != nil {
-			claimErr = err
-			break
+			return err
 		}
 		if len(recs) == 0 {
-			break
+			return nil
 		}
-		mu.Lock()
-		rep.Claimed += len(recs)
-		mu.Unlock()
 		for _, rec := range recs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				defer func() { <-slots }()
 				op := scopeID{rec.Scope, rec.ID}
 				f, leader := c.startFlight(op)
 				if !leader {
-					// A Do in this process is on it: leave it that call.
+					// A call of this client is on it: leave it that call.
 					_ = c.journal.Release(outcomeCtx(ctx), rec.Key, rec.Lease)
-					mu.Lock()
-					rep.Skipped++
-					mu.Unlock()
+					r.mu.Lock()
+					r.busy++
+					r.mu.Unlock()
 					return
 				}
 				defer c.endFlight(op, f)
 				f.res, f.err = c.newDriver(rec).run(ctx)
-				finish(f.res, f.err)
-			}()
+				r.finish(rec.Key, f.res, f.err)
+			})
 		}
 	}
-	wg.Wait()
-	c.log.Info("idem: resume done", "claimed", rep.Claimed, "succeeded", rep.Succeeded, "rejected", rep.Rejected,
-		"pending", rep.Pending, "unknown", rep.Unknown, "expired", rep.Expired, "skipped", rep.Skipped, "failed", rep.Failed)
-	if claimErr != nil {
-		return rep, claimErr
-	}
-	return rep, ctx.Err()
+	return nil
 }
 
-// resumePrefix is the origin of Config.BaseURL ("https://api.example.com/"),
-// or "" (every operation) when it is not set.
-func (c *Client) resumePrefix() string {
-	if c.base == nil {
-		return ""
+// survey is what a pass left alone in Resume's scope, and why.
+type survey struct {
+	leased, notDue int
+	nextDue        time.Time // earliest due time of an operation not due yet
+	leaseEnds      time.Time // earliest end of a lease held elsewhere
+	// unsettled counts every active operation in scope: left alone, left
+	// unsettled by this call, or due now.
+	unsettled int
+}
+
+// look counts the active operations in scope that this call did not
+// settle: leased by a live owner elsewhere, or not due yet.
+func (r *resumer) look(ctx context.Context) (survey, error) {
+	now := r.c.now()
+	var s survey
+	err := r.active(ctx, func(rec Record) error {
+		r.mu.Lock()
+		_, taken := r.outcomes[rec.Key]
+		r.mu.Unlock()
+		switch {
+		case rec.Lease.Held(now) && rec.Lease.Owner != r.c.owner:
+			s.leased++
+			if s.leaseEnds.IsZero() || rec.Lease.ExpiresAt.Before(s.leaseEnds) {
+				s.leaseEnds = rec.Lease.ExpiresAt
+			}
+		case rec.NextAttemptAt.After(now):
+			if !taken {
+				s.notDue++
+			}
+			if s.nextDue.IsZero() || rec.NextAttemptAt.Before(s.nextDue) {
+				s.nextDue = rec.NextAttemptAt
+			}
+		}
+		s.unsettled++
+		return nil
+	})
+	return s, err
+}
+
+func (s survey) nextChange() time.Time {
+	switch {
+	case s.nextDue.IsZero():
+		return s.leaseEnds
+	case s.leaseEnds.IsZero() || s.nextDue.Before(s.leaseEnds):
+		return s.nextDue
 	}
-	return c.base.Scheme + "://" + c.base.Host + "/"
+	return s.leaseEnds
 }

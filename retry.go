@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -17,8 +18,13 @@ import (
 // Resume) tries before it returns, leaving the operation journaled. The
 // zero value of each field means its default.
 type RetryPolicy struct {
-	// MaxAttempts is the most sends of the request per call, counting the
-	// first. Defaults to 5.
+	// MaxAttempts is the most attempts per call, counting the first. An
+	// attempt is one send of the request by the client; Go's transport may
+	// send it once more by itself when a reused connection dies before any
+	// reply, and such re-sends are counted apart, in
+	// Result.TransportResends and Record.TransportResends. Replays made to
+	// check the status (ReplayStatus) are bounded by MaxStatusChecks.
+	// Defaults to 5.
 	MaxAttempts int
 	// MinBackoff and MaxBackoff bound the wait between attempts and between
 	// status checks: exponential from MinBackoff, capped at MaxBackoff, with
@@ -26,9 +32,13 @@ type RetryPolicy struct {
 	// operation left pending or unknown waits before Resume picks it up.
 	MinBackoff time.Duration
 	MaxBackoff time.Duration
-	// MaxRetryAfter caps the wait a server asks for with Retry-After.
-	// Defaults to 30 s. No wait ever runs past the context's deadline: a
-	// call whose next attempt would start after the deadline returns at once.
+	// MaxRetryAfter is the longest a call waits when the server asks for
+	// a wait with Retry-After. A server that asks for longer ends the call,
+	// and the operation is due again (for Resume) when the server said,
+	// never sooner. Defaults to 30 s. No wait ever runs past the context's
+	// deadline or the call's Budget: a call whose next attempt would start
+	// after either returns at once, due again when that attempt would have
+	// started.
 	MaxRetryAfter time.Duration
 	// Budget is the total time one call may spend starting attempts and
 	// status checks. Defaults to 30 s.
@@ -150,18 +160,32 @@ type Classifier func(Attempt) Decision
 //
 //	not written (dial failure, refused)       → Retry (with or without an error)
 //	written, then a timeout, reset or EOF     → Unknown
+//	a key conflict the server names           → KeyConflict (any status; see below)
 //	2xx (303 too)                             → Succeeded
-//	409 saying the key was reused             → KeyConflict
-//	409                                       → InProgress
-//	422, 417, 400 idempotency_error           → KeyConflict
-//	  (a 422 whose problem type says something else is Rejected)
+//	any other status marked as replayed       → Rejected (the server's stored answer)
+//	409                                       → InProgress (wait, then check status)
 //	429, 401, 407                             → Retry (refused before processing)
-//	5xx marked as replayed                    → Rejected (the server's stored answer)
 //	408, 5xx                                  → RetrySameKey
-//	any other status (600 and above included) → Rejected
+//	307, 308 to another origin                → Rejected (not followed: see Config.HTTPClient)
+//	any other status (422 and 600+ included)  → Rejected
 //
-// A 2xx whose body was cut off is Unknown: the server applied the request
-// but its answer was lost, and a status check recovers it.
+// A 2xx (or any answer) whose body was cut off is Unknown: the server
+// received the request, and a status check recovers its answer.
+//
+// A key conflict is recognised only in the forms a server documents, never
+// from a status code alone, because a 422 or a 409 is more often a plain
+// validation error or a request still in progress:
+//
+//	idem's server package   any status, problem type urn:idem:problem:key-reused
+//	hono-idempotency        problem type https://hono-idempotency.dev/errors/fingerprint-mismatch
+//	Stripe                  400 with {"error":{"type":"idempotency_error"}}
+//	gopotency               422 "request with same idempotency key has different content"
+//	atomic phases (Brandur) 409 "…a mismatch between this request's parameters and the
+//	                        parameters of a previously stored request…"
+//
+// A replay mark is any of Idempotent-Replayed, Idempotency-Replayed or
+// X-Idempotent-Replayed set to true: a replayed 409 is the handler's own
+// answer, stored for the key, and as final as any other.
 func Classify(a Attempt) Decision {
 	if a.Response == nil {
 		cause := "no response"
@@ -180,41 +204,64 @@ func Classify(a Attempt) Decision {
 	if a.Err != nil {
 		return Decision{Verdict: Unknown, Reason: reason + " with its body cut off: " + a.Err.Error()}
 	}
-	problem, isProblem := wire.ParseProblem(h.Get("Content-Type"), a.Body)
-	reused := isProblem && problem.Type == wire.ProblemKeyReused
+	if form, ok := keyConflict(code, h, a.Body); ok {
+		return Decision{Verdict: KeyConflict, Reason: reason + ": the key was used with another request (" + form + ")"}
+	}
 	switch {
 	case code >= 200 && code < 300, code == http.StatusSeeOther:
 		return Decision{Verdict: Succeeded, Reason: reason}
-	case code == http.StatusConflict && (reused || mentionsMismatch(a.Body)):
-		return Decision{Verdict: KeyConflict, Reason: reason + ": key used with another request"}
+	case wire.Replayed(h):
+		return Decision{Verdict: Rejected, Reason: reason + " replayed from the server's store: its answer for the key"}
 	case code == http.StatusConflict:
 		return Decision{Verdict: InProgress, RetryAfter: after, Reason: reason + ": the key is being processed"}
-	case reused, code == http.StatusExpectationFailed,
-		code == http.StatusBadRequest && bytes.Contains(a.Body, []byte("idempotency_error")):
-		return Decision{Verdict: KeyConflict, Reason: reason + ": key used with another request"}
-	case code == http.StatusUnprocessableEntity && (!isProblem || problem.Type == "" || problem.Type == "about:blank"):
-		return Decision{Verdict: KeyConflict, Reason: reason + ": key used with another request"}
 	case code == http.StatusTooManyRequests, code == http.StatusUnauthorized, code == http.StatusProxyAuthRequired:
 		return Decision{Verdict: Retry, RetryAfter: after, Reason: reason + ": refused before processing"}
-	case code >= 500 && code <= 599 && wire.Replayed(h):
-		return Decision{Verdict: Rejected, Reason: reason + " replayed from the server's store"}
 	case code >= 500 && code <= 599, code == http.StatusRequestTimeout:
 		return Decision{Verdict: RetrySameKey, RetryAfter: after, Reason: reason}
+	case code == http.StatusTemporaryRedirect, code == http.StatusPermanentRedirect:
+		return Decision{Verdict: Rejected, Reason: fmt.Sprintf("%s: redirected to %q, another origin; idem follows redirects only within the request's origin, so that a write and its credentials never go elsewhere", reason, h.Get("Location"))}
 	default:
 		return Decision{Verdict: Rejected, Reason: reason}
 	}
 }
 
-// mentionsMismatch recognises the bodies some servers send with a 409 when
-// the key was reused with other parameters.
-func mentionsMismatch(body []byte) bool {
-	b := bytes.ToLower(body)
-	for _, s := range []string{"params_mismatch", "parameters mismatch", "mismatch", "idempotency_error"} {
-		if bytes.Contains(b, []byte(s)) {
-			return true
+// Problem types and bodies by which servers say a key was reused with
+// another request; see Classify.
+const (
+	honoFingerprintMismatch = "https://hono-idempotency.dev/errors/fingerprint-mismatch"
+	gopotencyMismatch       = "request with same idempotency key has different content"
+	atomicPhasesMismatch    = "parameters of a previously stored request with the same idempotency-key"
+)
+
+// keyConflict recognises the documented forms of "this key was used with
+// another request" and names the one it found.
+func keyConflict(code int, h http.Header, body []byte) (string, bool) {
+	if p, ok := wire.ParseProblem(h.Get("Content-Type"), body); ok {
+		switch p.Type {
+		case wire.ProblemKeyReused, honoFingerprintMismatch:
+			return "problem type " + p.Type, true
 		}
 	}
-	return false
+	switch code {
+	case http.StatusBadRequest:
+		var stripe struct {
+			Error struct {
+				Type string `json:"type"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(body, &stripe) == nil && stripe.Error.Type == "idempotency_error" {
+			return "error type idempotency_error", true
+		}
+	case http.StatusUnprocessableEntity:
+		if bytes.Contains(bytes.ToLower(body), []byte(gopotencyMismatch)) {
+			return "body: " + gopotencyMismatch, true
+		}
+	case http.StatusConflict:
+		if bytes.Contains(bytes.ToLower(body), []byte(atomicPhasesMismatch)) {
+			return "body: mismatch with the parameters of a previously stored request", true
+		}
+	}
+	return "", false
 }
 
 // RetryAfter parses a Retry-After header, as delay-seconds or an HTTP date

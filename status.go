@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,14 +23,24 @@ type StatusChecker interface {
 }
 
 // StatusQuery is what a StatusChecker gets to work with.
+//
+// A checker that has a Name() string method is named by it in errors and
+// logs; any other is named by its type. Errors a checker returns are
+// reported as the cause of ErrOutcomeUnknown, wrapped (so errors.Is finds
+// ErrBadStatus when the checker wrapped it), prefixed with its name.
 type StatusQuery struct {
 	// Record is the journaled operation: its key and exact request.
 	Record Record
 	// Do sends req through the client's transport: it sets the idempotency
-	// key header, runs Config.Authorize, applies the attempt timeout and
-	// never follows redirects. The caller closes the response body.
+	// key header in the record's form, runs Config.Authorize (which sees
+	// OperationFrom), applies the attempt timeout and follows redirects
+	// only within the request's origin. The caller closes the response
+	// body.
 	Do func(req *http.Request) (*http.Response, error)
-	// Request rebuilds the journaled request, byte for byte, for ctx.
+	// Request rebuilds the journaled request, byte for byte, for ctx. Do
+	// counts sending it as an attempt: journaled first, fenced by the
+	// lease, and counted in Record.Attempts. A checker that re-sends the
+	// request must build it with Request.
 	Request func(ctx context.Context) (*http.Request, error)
 	// Classify is the client's Classifier.
 	Classify Classifier
@@ -69,11 +80,15 @@ type Status struct {
 	Response *Response
 	// RetryAfter is how long the server asked to wait before asking again.
 	RetryAfter time.Duration
+	// BodyCut reports that Response.Body was cut at MaxResponseBytes; the
+	// journal notes it.
+	BodyCut bool
 }
 
 // ErrBadStatus is wrapped by errors from a status check whose answer does
-// not parse or does not follow the expected shape. The operation stays
-// unknown.
+// not parse or does not follow the expected shape (the HTTP status, a JSON
+// field missing or of another type). The operation stays unknown, and the
+// *OperationError the call returns matches it.
 var ErrBadStatus = wire.ErrBadStatus
 
 // StatusEndpoint returns a StatusChecker that asks GET {base}/{key}, with
@@ -92,41 +107,140 @@ func StatusEndpoint(base string) StatusChecker {
 
 type statusEndpoint struct{ base string }
 
+func (s statusEndpoint) Name() string { return "status endpoint " + s.base }
+
 func (s statusEndpoint) CheckStatus(ctx context.Context, q StatusQuery) (Status, error) {
-	u := s.base + "/" + url.PathEscape(q.Record.Key)
+	return getStatus(ctx, q, s.base+"/"+url.PathEscape(q.Record.Key), func(code int, _ http.Header, body []byte) (Status, error) {
+		st, respBody, err := wire.DecodeStatus(code, body, q.Record.Key)
+		if err != nil {
+			return Status{}, err
+		}
+		switch st.State {
+		case wire.StateProcessing:
+			return Status{State: StatusProcessing}, nil
+		case wire.StateNotFound:
+			return Status{State: StatusNotFound}, nil
+		}
+		return Status{State: StatusCompleted,
+			Response: &Response{StatusCode: st.Response.Status, Header: st.Response.Header, Body: respBody, Replayed: true}}, nil
+	})
+}
+
+// getStatus asks GET u and decodes the answer with decode. A transport
+// error, an answer larger than MaxResponseBytes, a body that breaks off
+// and a decode error are errors; decode errors wrap ErrBadStatus. The
+// answer's Retry-After is kept when decode gives none.
+func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, http.Header, []byte) (Status, error)) (Status, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return Status{}, fmt.Errorf("status endpoint %q: %w", s.base, err)
+		return Status{}, fmt.Errorf("GET %s: %w", u, err)
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := q.Do(req)
 	if err != nil {
-		return Status{}, fmt.Errorf("status check: %w", err)
+		return Status{}, fmt.Errorf("GET %s: %w", u, err)
 	}
 	defer resp.Body.Close()
 	body, truncated, err := readBody(resp.Body, q.MaxResponseBytes)
 	if err != nil {
-		return Status{}, fmt.Errorf("status check: HTTP %d, reading the body: %w", resp.StatusCode, err)
+		return Status{}, fmt.Errorf("HTTP %d, reading the body: %w", resp.StatusCode, err)
 	}
 	if truncated {
-		return Status{}, fmt.Errorf("%w: status answer larger than %d bytes", ErrBadStatus, q.MaxResponseBytes)
+		return Status{}, fmt.Errorf("%w: the answer is larger than %d bytes (Config.MaxResponseBytes)", ErrBadStatus, q.MaxResponseBytes)
 	}
-	st, respBody, err := wire.DecodeStatus(resp.StatusCode, body, q.Record.Key)
+	st, err := decode(resp.StatusCode, resp.Header, body)
 	if err != nil {
-		return Status{}, fmt.Errorf("status check: %w", err)
+		if !errors.Is(err, ErrBadStatus) {
+			err = fmt.Errorf("%w: HTTP %d: %w", ErrBadStatus, resp.StatusCode, err)
+		}
+		return Status{}, err
 	}
-	out := Status{RetryAfter: RetryAfter(resp.Header, time.Now())}
 	switch st.State {
-	case wire.StateProcessing:
-		out.State = StatusProcessing
-	case wire.StateNotFound:
-		out.State = StatusNotFound
-	case wire.StateCompleted:
-		out.State = StatusCompleted
-		out.Response = &Response{StatusCode: st.Response.Status, Header: st.Response.Header, Body: respBody, Replayed: true}
+	case StatusProcessing, StatusNotFound:
+	case StatusCompleted:
+		if st.Response == nil || st.Response.StatusCode < 100 || st.Response.StatusCode > 599 {
+			return Status{}, fmt.Errorf("%w: HTTP %d: completed without a response status", ErrBadStatus, resp.StatusCode)
+		}
+	default:
+		return Status{}, fmt.Errorf("%w: HTTP %d: the decoder returned no state", ErrBadStatus, resp.StatusCode)
 	}
-	return out, nil
+	if st.RetryAfter == 0 {
+		st.RetryAfter = RetryAfter(resp.Header, time.Now())
+	}
+	return st, nil
 }
+
+// StatusAdapter is a StatusChecker for a status endpoint of another shape
+// than idem's, described in a few lines: where to ask, and how to read the
+// answer. For a server that answers GET /v2/requests/{key}/outcome with
+// {"phase":"done|running|unseen","http_status":…,"payload":…}:
+//
+//	idem.StatusAdapter{
+//		Name: "payments outcome",
+//		URL:  "https://pay.example.com/v2/requests/{key}/outcome",
+//		Decode: func(code int, _ http.Header, body []byte) (idem.Status, error) {
+//			var v struct {
+//				Phase      string          `json:"phase"`
+//				HTTPStatus int             `json:"http_status"`
+//				Payload    json.RawMessage `json:"payload"`
+//			}
+//			if err := json.Unmarshal(body, &v); err != nil {
+//				return idem.Status{}, err
+//			}
+//			switch v.Phase {
+//			case "done":
+//				return idem.Status{State: idem.StatusCompleted,
+//					Response: &idem.Response{StatusCode: v.HTTPStatus, Body: v.Payload}}, nil
+//			case "running":
+//				return idem.Status{State: idem.StatusProcessing}, nil
+//			case "unseen":
+//				return idem.Status{State: idem.StatusNotFound}, nil
+//			}
+//			return idem.Status{}, fmt.Errorf("unknown phase %q", v.Phase)
+//		},
+//	}
+//
+// The request carries the key (in the record's form) and Config.Authorize's
+// credentials, like every status check. Every error of Decode is a bad
+// status (it wraps ErrBadStatus): the operation stays unknown, never "not
+// found", and the error names the adapter. Decode must answer
+// StatusNotFound only when the server said so explicitly.
+type StatusAdapter struct {
+	// Name names the adapter in errors and logs. Required.
+	Name string
+	// URL is the status URL, with {key} where the key goes (path-escaped).
+	// Required.
+	URL string
+	// Decode reads the answer: its HTTP status, headers and body (at most
+	// Config.MaxResponseBytes). Required.
+	Decode func(statusCode int, header http.Header, body []byte) (Status, error)
+}
+
+// checkConfig reports what New cannot accept in a.
+func (a StatusAdapter) checkConfig() error {
+	switch {
+	case a.Name == "":
+		return errors.New("Config.Status: StatusAdapter.Name is empty; name the status endpoint, for errors and logs")
+	case !strings.Contains(a.URL, "{key}"):
+		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q has no {key}; write where the key goes, such as https://api.example.com/requests/{key}", a.Name, a.URL)
+	case a.Decode == nil:
+		return fmt.Errorf("Config.Status: StatusAdapter %q: Decode is nil", a.Name)
+	}
+	u, err := url.Parse(strings.ReplaceAll(a.URL, "{key}", "k"))
+	if err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") {
+		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q is not an absolute http or https URL", a.Name, a.URL)
+	}
+	return nil
+}
+
+// CheckStatus implements StatusChecker.
+func (a StatusAdapter) CheckStatus(ctx context.Context, q StatusQuery) (Status, error) {
+	u := strings.ReplaceAll(a.URL, "{key}", url.PathEscape(q.Record.Key))
+	return getStatus(ctx, q, u, a.Decode)
+}
+
+// String returns the adapter's name; errors and logs name it so.
+func (a StatusAdapter) String() string { return a.Name }
 
 // ReplayStatus returns a StatusChecker for servers that replay a stored
 // answer when a key is sent again but offer no status endpoint (Stripe and
@@ -139,6 +253,8 @@ func ReplayStatus() StatusChecker { return replayStatus{} }
 
 type replayStatus struct{}
 
+func (replayStatus) Name() string { return "replay" }
+
 func (replayStatus) CheckStatus(ctx context.Context, q StatusQuery) (Status, error) {
 	req, err := q.Request(ctx)
 	if err != nil {
@@ -146,19 +262,19 @@ func (replayStatus) CheckStatus(ctx context.Context, q StatusQuery) (Status, err
 	}
 	resp, err := q.Do(req)
 	if err != nil {
-		return Status{}, fmt.Errorf("replay: %w", err)
+		return Status{}, err
 	}
 	defer resp.Body.Close()
-	body, _, err := readBody(resp.Body, q.MaxResponseBytes)
+	body, cut, err := readBody(resp.Body, q.MaxResponseBytes)
 	d := q.Classify(Attempt{Response: resp, Body: body, Err: err, Written: true})
 	stored := &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Replayed: wire.Replayed(resp.Header)}
 	switch d.Verdict {
 	case Succeeded, Rejected, KeyConflict:
-		return Status{State: StatusCompleted, Response: stored}, nil
+		return Status{State: StatusCompleted, Response: stored, BodyCut: cut}, nil
 	case InProgress:
 		return Status{State: StatusProcessing, RetryAfter: d.RetryAfter}, nil
 	}
-	return Status{}, fmt.Errorf("replay: %s", d.Reason)
+	return Status{}, errors.New(d.Reason)
 }
 
 // readBody reads at most limit bytes and reports whether there was more.

@@ -83,7 +83,7 @@ func testConcurrentUpdate(t *testing.T, j idem.Journal) {
 			d := []idem.Durability{idem.Durable, idem.Deferred, idem.Buffered}[i%3]
 			wg.Go(func() {
 				<-start
-				results[i].rec, results[i].err = j.Update(t.Context(), next, d)
+				results[i].rec, results[i].err = j.Update(t.Context(), next, d, idem.Event{})
 			})
 		}
 		close(start)
@@ -244,7 +244,7 @@ func testConcurrentFence(t *testing.T, j idem.Journal) {
 			cur.State = idem.StateInFlight
 			cur.Attempts++
 			cur.LastError = "worker-A"
-			got, err := j.Update(ctx, cur, idem.Durability(len(aVersions)%2))
+			got, err := j.Update(ctx, cur, idem.Durability(len(aVersions)%2), idem.Event{})
 			switch {
 			case err == nil:
 				aVersions = append(aVersions, got.Version)
@@ -302,7 +302,7 @@ func testConcurrentFence(t *testing.T, j idem.Journal) {
 	assertLease(t, b.Lease, cur.Lease, "Lease after the takeover")
 	cur.Lease = a.Lease
 	cur.State = idem.StateSucceeded
-	_, err := j.Update(ctx, cur, idem.Durable)
+	_, err := j.Update(ctx, cur, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrLeaseLost)
 
 	next := idem.CloneRecord(b)
@@ -312,7 +312,7 @@ func testConcurrentFence(t *testing.T, j idem.Journal) {
 	assert.Equal(t, "", done.Lease.Owner)
 
 	evs := history(t, j, rec.Key)
-	require.Len(t, evs, 2+len(aVersions), "creation, worker-A's writes, worker-B's write")
+	require.Len(t, evs, 4+len(aVersions), "creation, worker-A's lease and writes, worker-B's takeover and write")
 	for _, ev := range evs {
 		if ev.Owner == "worker-A" {
 			assert.Less(t, ev.Version, b.Version, "an event of worker-A after the takeover")

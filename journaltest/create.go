@@ -234,6 +234,8 @@ func testCreateInvalid(t *testing.T, j idem.Journal) {
 		{"EmptyMethod", func(r *idem.Record) { r.Method = "" }, idem.ErrInvalidRecord},
 		{"EmptyURL", func(r *idem.Record) { r.URL = "" }, idem.ErrInvalidRecord},
 		{"EmptyFingerprint", func(r *idem.Record) { r.Fingerprint = "" }, idem.ErrInvalidRecord},
+		{"EmptyKeyHeader", func(r *idem.Record) { r.KeyHeader = "" }, idem.ErrInvalidRecord},
+		{"NegativeTransportResends", func(r *idem.Record) { r.TransportResends = -1 }, idem.ErrInvalidRecord},
 		{"ZeroState", func(r *idem.Record) { r.State = 0 }, idem.ErrInvalidRecord},
 		{"UndefinedState", func(r *idem.Record) { r.State = 99 }, idem.ErrInvalidRecord},
 		{"Unknown", func(r *idem.Record) { r.State = idem.StateUnknown }, idem.ErrInvalidRecord},
@@ -337,4 +339,26 @@ func testReturnsCopies(t *testing.T, j idem.Journal) {
 	require.NoError(t, err)
 	byOp.Response.Body[0] = 'Q'
 	requireStored(t, j, want)
+}
+
+// testCreateKeyWireForm: the key's wire form is part of the record, stored
+// as given and never changed by an update.
+func testCreateKeyWireForm(t *testing.T, j idem.Journal) {
+	for _, form := range []struct {
+		header string
+		quoted bool
+	}{{"Idempotency-Key", false}, {"Idempotency-Key", true}, {"X-Request-Key", false}, {"X-Request-Key", true}} {
+		rec := newRecord("tenant-a")
+		rec.KeyHeader, rec.KeyQuoted = form.header, form.quoted
+		got := create(t, j, rec)
+		assertRequest(t, rec, got)
+		assertRequest(t, rec, get(t, j, rec.Key))
+
+		next := idem.CloneRecord(got)
+		next.State = idem.StateInFlight
+		next.KeyHeader, next.KeyQuoted = "Other-Header", !form.quoted
+		updated := update(t, j, next, idem.Durable)
+		assertRequest(t, rec, updated)
+		assertRequest(t, rec, get(t, j, rec.Key))
+	}
 }

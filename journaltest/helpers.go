@@ -29,6 +29,7 @@ func newRecord(scope string) idem.Record {
 		Header:      http.Header{"Content-Type": {"application/json"}},
 		Body:        body,
 		Fingerprint: fingerprint(body),
+		KeyHeader:   "Idempotency-Key",
 		State:       idem.StatePending,
 	}
 }
@@ -61,7 +62,7 @@ func createIn(t *testing.T, j idem.Journal, scope string, state idem.State) idem
 // update applies rec, which must succeed.
 func update(t *testing.T, j idem.Journal, rec idem.Record, d idem.Durability) idem.Record {
 	t.Helper()
-	got, err := j.Update(t.Context(), rec, d)
+	got, err := j.Update(t.Context(), rec, d, idem.Event{})
 	require.NoError(t, err, "Update %s to %s at version %d", rec.Key, rec.State, rec.Version)
 	return got
 }
@@ -197,6 +198,8 @@ func assertRequest(t *testing.T, want, got idem.Record) bool {
 	ok = assertHeader(t, want.Header, got.Header, "Header") && ok
 	ok = assertBytes(t, want.Body, got.Body, "Body") && ok
 	ok = assert.Equal(t, want.Fingerprint, got.Fingerprint, "Fingerprint") && ok
+	ok = assert.Equal(t, want.KeyHeader, got.KeyHeader, "KeyHeader") && ok
+	ok = assert.Equal(t, want.KeyQuoted, got.KeyQuoted, "KeyQuoted") && ok
 	return ok
 }
 

@@ -78,6 +78,7 @@ var groups = []group{
 		{"FingerprintMismatch", testCreateFingerprintMismatch},
 		{"DuplicateKey", testCreateDuplicateKey},
 		{"SameIDOtherScope", testCreateSameIDOtherScope},
+		{"KeyWireForm", testCreateKeyWireForm},
 		{"Invalid", testCreateInvalid},
 	}},
 	{"Read", []subtest{
@@ -96,6 +97,7 @@ var groups = []group{
 		{"Durability", testUpdateDurability},
 		{"BufferedIsReadAtOnce", testUpdateBufferedIsReadAtOnce},
 		{"InvalidDurability", testUpdateInvalidDurability},
+		{"SyncAfterBuffered", testUpdateSync},
 		{"NotFound", testUpdateNotFound},
 	}},
 	{"Leases", []subtest{
@@ -112,6 +114,9 @@ var groups = []group{
 		{"UnleasedWriteWhileLeased", testUnleasedWrite},
 		{"FencingAfterTakeover", testFencing},
 		{"Renew", testRenew},
+		{"RenewByEpoch", testRenewByEpoch},
+		{"GoneOwner", testGoneOwner},
+		{"Register", testRegister},
 		{"Release", testRelease},
 	}},
 	{"List", []subtest{
@@ -126,6 +131,7 @@ var groups = []group{
 	}},
 	{"History", []subtest{
 		{"Events", testHistory},
+		{"Takeover", testHistoryTakeover},
 		{"OperatorNote", testHistoryNote},
 		{"NotFound", testHistoryNotFound},
 	}},

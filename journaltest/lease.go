@@ -308,11 +308,11 @@ func testUnleasedWrite(t *testing.T, j idem.Journal) {
 	next := idem.CloneRecord(held)
 	next.Lease = idem.Lease{}
 	next.State = idem.StateCanceled
-	_, err := j.Update(ctx, next, idem.Durable)
+	_, err := j.Update(ctx, next, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrLeased, "an update without a lease while another's is live")
 	requireStored(t, j, held)
 	next.Lease = idem.Lease{Owner: "worker-2", Epoch: held.Lease.Epoch, ExpiresAt: held.Lease.ExpiresAt}
-	_, err = j.Update(ctx, next, idem.Durable)
+	_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrLeaseLost, "an update under a lease the writer does not hold")
 	requireStored(t, j, held)
 
@@ -363,7 +363,7 @@ func testFencing(t *testing.T, j idem.Journal) {
 			stale := idem.CloneRecord(a)
 			stale.State = idem.StateInFlight
 			stale.Attempts = 1
-			_, err := j.Update(ctx, stale, idem.Durable)
+			_, err := j.Update(ctx, stale, idem.Durable, idem.Event{})
 			require.ErrorIs(t, err, idem.ErrLeaseLost, "write under the old lease")
 			requireStored(t, j, b)
 
@@ -372,10 +372,10 @@ func testFencing(t *testing.T, j idem.Journal) {
 			fresh.Lease = a.Lease
 			fresh.State = idem.StateInFlight
 			fresh.Attempts = 1
-			_, err = j.Update(ctx, fresh, idem.Durable)
+			_, err = j.Update(ctx, fresh, idem.Durable, idem.Event{})
 			require.ErrorIs(t, err, idem.ErrLeaseLost, "write at the fresh version under the old lease")
 			fresh.State = idem.StateSucceeded
-			_, err = j.Update(ctx, fresh, idem.Deferred)
+			_, err = j.Update(ctx, fresh, idem.Deferred, idem.Event{})
 			require.ErrorIs(t, err, idem.ErrLeaseLost, "deferred write at the fresh version under the old lease")
 			require.ErrorIs(t, j.Release(ctx, rec.Key, a.Lease), idem.ErrLeaseLost, "release of the old lease")
 			requireStored(t, j, b)
@@ -404,10 +404,10 @@ func testRenew(t *testing.T, j idem.Journal) {
 	b4 := acquire(t, j, r4.Key, "worker-B", longLease)
 
 	before := time.Now()
-	n, err := j.Renew(ctx, "worker-A", time.Hour)
+	n, err := j.Renew(ctx, map[string]idem.Lease{a2.Key: a2.Lease, a3.Key: a3.Lease}, time.Hour)
 	after := time.Now()
 	require.NoError(t, err)
-	assert.Equal(t, 2, n, "Renew extends the live leases of worker-A only")
+	assert.Equal(t, 2, n, "Renew extends the leases it is given")
 	for _, held := range []idem.Record{a2, a3} {
 		got := get(t, j, held.Key)
 		assert.Equal(t, "worker-A", got.Lease.Owner)
@@ -418,9 +418,19 @@ func testRenew(t *testing.T, j idem.Journal) {
 	requireStored(t, j, lapsed)
 	requireStored(t, j, b4)
 
-	n, err = j.Renew(ctx, "worker-nobody", time.Hour)
+	// A lease that is not the record's (another owner's, or another epoch)
+	// and a key that does not exist renew nothing.
+	n, err = j.Renew(ctx, map[string]idem.Lease{
+		b4.Key:        {Owner: "worker-A", Epoch: b4.Lease.Epoch},
+		a2.Key:        {Owner: "worker-A", Epoch: a2.Lease.Epoch + 1},
+		"no-such-key": {Owner: "worker-A", Epoch: 1},
+	}, 2*time.Hour)
 	require.NoError(t, err)
 	assert.Zero(t, n)
+	requireStored(t, j, b4)
+	n, err = j.Renew(ctx, nil, time.Hour)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing to renew")
 
 	// The holder's next update, at the version and with the lease it had
 	// before Renew.
@@ -433,11 +443,98 @@ func testRenew(t *testing.T, j idem.Journal) {
 	assert.Equal(t, a2.Lease.Epoch, got.Lease.Epoch)
 	assertBetween(t, got.Lease.ExpiresAt, before.Add(time.Hour), after.Add(time.Hour),
 		"an update carrying the lease from before Renew must not shorten the renewed lease")
-	assert.Len(t, history(t, j, r3.Key), 1, "Acquire and Renew add no event")
+	assert.Len(t, history(t, j, r3.Key), 2, "Renew adds no event")
 
 	// The lapsed lease was not revived: another worker takes the record.
 	taken := acquire(t, j, r1.Key, "worker-B", longLease)
 	assert.Equal(t, lapsed.Lease.Epoch+1, taken.Lease.Epoch)
+}
+
+// testRenewByEpoch: a process restarted under the name of one that died
+// never renews the dead one's leases, so they lapse and are taken.
+func testRenewByEpoch(t *testing.T, j idem.Journal) {
+	ctx := t.Context()
+	dead := acquire(t, j, create(t, j, newRecord("tenant-a")).Key, "pod-1", shortLease)
+	mine := acquire(t, j, create(t, j, newRecord("tenant-a")).Key, "pod-1", longLease)
+	waitExpired(t, dead.Lease)
+	n, err := j.Renew(ctx, map[string]idem.Lease{mine.Key: mine.Lease}, longLease)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	requireStored(t, j, dead)
+	taken := acquire(t, j, dead.Key, "pod-1", longLease)
+	assert.Equal(t, dead.Lease.Epoch+1, taken.Lease.Epoch, "the new holder is told apart by epoch")
+}
+
+// testGoneOwner: the live lease of an owner that registered and is gone is
+// taken at once, by Claim and by Acquire, and the claim says why; the live
+// lease of a registered owner, or of one that never registered, is not.
+func testGoneOwner(t *testing.T, j idem.Journal) {
+	ctx := t.Context()
+	unregister, err := j.Register(ctx, "worker-gone")
+	require.NoError(t, err)
+	alive, err := j.Register(ctx, "worker-alive")
+	require.NoError(t, err)
+	defer alive()
+
+	byGone := []idem.Record{
+		acquire(t, j, createDue(t, j, "tenant-a", time.Time{}).Key, "worker-gone", longLease),
+		acquire(t, j, createDue(t, j, "tenant-a", time.Time{}).Key, "worker-gone", longLease),
+	}
+	byAlive := acquire(t, j, createDue(t, j, "tenant-a", time.Time{}).Key, "worker-alive", longLease)
+	byUnknown := acquire(t, j, createDue(t, j, "tenant-a", time.Time{}).Key, "worker-never-registered", longLease)
+
+	got := claim(t, j, idem.ClaimRequest{Owner: "worker-new", Limit: 10, Lease: longLease})
+	assert.Empty(t, got, "every lease is live and its owner is not known to be gone")
+	_, err = j.Acquire(ctx, byGone[0].Key, "worker-new", longLease)
+	require.ErrorIs(t, err, idem.ErrLeased)
+
+	require.NoError(t, unregister())
+	got = claim(t, j, idem.ClaimRequest{Owner: "worker-new", Limit: 1, Lease: longLease})
+	require.Len(t, got, 1, "Claim takes a gone owner's lease at once")
+	var other idem.Record
+	switch got[0].Key {
+	case byGone[0].Key:
+		other = byGone[1]
+	case byGone[1].Key:
+		other = byGone[0]
+	default:
+		t.Fatalf("Claim took %s, which is not leased by the gone owner", got[0].Key)
+	}
+	assert.Equal(t, "worker-new", got[0].Lease.Owner)
+	taken := acquire(t, j, other.Key, "worker-new", longLease)
+	assert.Equal(t, other.Lease.Epoch+1, taken.Lease.Epoch, "Acquire takes it too, with a new epoch")
+
+	evs := history(t, j, taken.Key)
+	last := evs[len(evs)-1]
+	assert.Equal(t, idem.EventClaim, last.Kind)
+	assert.Contains(t, last.Detail, "worker-gone", "the takeover names the previous holder")
+	assert.Contains(t, last.Detail, "gone", "and says its owner is gone")
+
+	// The fenced holder's write is refused.
+	next := idem.CloneRecord(other)
+	next.State = idem.StateInFlight
+	next.Attempts = 1
+	_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
+	require.ErrorIs(t, err, idem.ErrLeaseLost)
+
+	requireStored(t, j, byAlive)
+	requireStored(t, j, byUnknown)
+	_, err = j.Acquire(ctx, byAlive.Key, "worker-new", longLease)
+	require.ErrorIs(t, err, idem.ErrLeased, "a live owner's lease is never taken")
+}
+
+func testRegister(t *testing.T, j idem.Journal) {
+	ctx := t.Context()
+	_, err := j.Register(ctx, "")
+	require.ErrorIs(t, err, idem.ErrInvalidRecord, "an owner needs a name")
+	unregister, err := j.Register(ctx, "worker-1")
+	require.NoError(t, err)
+	_, err = j.Register(ctx, "worker-1")
+	require.ErrorIs(t, err, idem.ErrInvalidRecord, "a name is registered once")
+	require.NoError(t, unregister())
+	require.NoError(t, unregister(), "unregistering twice is harmless")
+	_, err = j.Register(ctx, "worker-1")
+	require.ErrorIs(t, err, idem.ErrInvalidRecord, "a name is never registered again, even after it left")
 }
 
 func testRelease(t *testing.T, j idem.Journal) {
@@ -450,13 +547,14 @@ func testRelease(t *testing.T, j idem.Journal) {
 	assert.Empty(t, released.Lease.Owner, "Release clears the owner")
 	assert.False(t, released.Lease.Held(time.Now()))
 	assert.Equal(t, held.State, released.State)
+	assert.Equal(t, held.Version, released.Version, "Release keeps the version: it decides nothing, and adds no event")
 	assertRequest(t, rec, released)
 
 	// The old holder can no longer write or release.
 	next := idem.CloneRecord(released)
 	next.Lease = held.Lease
 	next.State = idem.StateInFlight
-	_, err := j.Update(ctx, next, idem.Durable)
+	_, err := j.Update(ctx, next, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrLeaseLost, "update under a released lease")
 	require.ErrorIs(t, j.Release(ctx, rec.Key, held.Lease), idem.ErrLeaseLost, "second release")
 	requireStored(t, j, released)

@@ -102,7 +102,7 @@ func testListEarlyBreak(t *testing.T, j idem.Journal) {
 			if err == nil {
 				next := idem.CloneRecord(rec)
 				next.State = idem.StateInFlight
-				_, err = j.Update(ctx, next, idem.Durable)
+				_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
 			}
 		})
 		require.NoError(t, err, "write after an early break")
@@ -187,7 +187,7 @@ func testListWrites(t *testing.T, j idem.Journal) {
 			next := idem.CloneRecord(rec)
 			next.State = idem.StateInFlight
 			next.Attempts = 1
-			if _, err := j.Update(ctx, next, idem.Deferred); err != nil {
+			if _, err := j.Update(ctx, next, idem.Deferred, idem.Event{}); err != nil {
 				writeErrs = append(writeErrs, err)
 			}
 			if i++; i%50 == 0 {
@@ -264,13 +264,16 @@ func testHistory(t *testing.T, j idem.Journal) {
 	rec := create(t, j, newRecord("tenant-a"))
 	evs := history(t, j, rec.Key)
 	require.Len(t, evs, 1, "Create adds one event")
-	assertEvent(t, idem.Event{Version: 1, At: rec.CreatedAt, To: idem.StatePending}, evs[0])
+	assertEvent(t, idem.Event{Version: 1, At: rec.CreatedAt, Kind: idem.EventCreate, To: idem.StatePending}, evs[0])
 
-	// Leasing adds no event.
+	// Acquire records who took the lease; Renew adds nothing.
 	held := acquire(t, j, rec.Key, "worker-1", longLease)
-	_, err := j.Renew(ctx, "worker-1", longLease)
+	_, err := j.Renew(ctx, map[string]idem.Lease{rec.Key: held.Lease}, longLease)
 	require.NoError(t, err)
-	require.Len(t, history(t, j, rec.Key), 1, "Acquire and Renew add no event")
+	evs = history(t, j, rec.Key)
+	require.Len(t, evs, 2, "Acquire adds an event, Renew none")
+	assertEvent(t, idem.Event{Version: held.Version, At: held.UpdatedAt, Kind: idem.EventClaim,
+		From: idem.StatePending, To: idem.StatePending, Owner: "worker-1"}, evs[1])
 
 	next := idem.CloneRecord(held)
 	next.State = idem.StateInFlight
@@ -280,32 +283,63 @@ func testHistory(t *testing.T, j idem.Journal) {
 	next = idem.CloneRecord(sent)
 	next.State = idem.StateUnknown
 	next.LastError = "read: connection reset by peer"
-	lost := update(t, j, next, idem.Deferred)
+	next.TransportResends = 1
+	lost, err := j.Update(ctx, next, idem.Deferred, idem.Event{Kind: idem.EventAnswer, Detail: "sent, then the connection reset"})
+	require.NoError(t, err)
 
+	// A worker whose lease lapsed is taken over, and the claim says so.
 	require.NoError(t, j.Release(ctx, rec.Key, lost.Lease))
 	claimed := claim(t, j, idem.ClaimRequest{Owner: "worker-2", Limit: 1, Lease: longLease})
 	require.Len(t, claimed, 1)
-	require.Len(t, history(t, j, rec.Key), 3, "Release and Claim add no event")
 
 	next = idem.CloneRecord(claimed[0])
+	next.State = idem.StateUnknown
+	next.LastError = "status check: HTTP 502"
+	checked, err := j.Update(ctx, next, idem.Buffered, idem.Event{Kind: idem.EventStatus, Detail: "HTTP 502: bad gateway"})
+	require.NoError(t, err)
+
+	next = idem.CloneRecord(checked)
 	next.State = idem.StateSucceeded
 	next.LastError = ""
 	next.Response = &idem.Response{StatusCode: http.StatusCreated, Body: []byte(`{"id":7}`), Replayed: true}
 	done := update(t, j, next, idem.Deferred)
 
 	evs = history(t, j, rec.Key)
-	require.Len(t, evs, 4, "one event per Create and Update")
-	assertEvent(t, idem.Event{Version: 1, At: rec.CreatedAt, To: idem.StatePending}, evs[0])
-	assertEvent(t, idem.Event{Version: sent.Version, At: sent.UpdatedAt, From: idem.StatePending, To: idem.StateInFlight, Attempt: 1, Owner: "worker-1"}, evs[1])
-	assertEvent(t, idem.Event{Version: lost.Version, At: lost.UpdatedAt, From: idem.StateInFlight, To: idem.StateUnknown, Attempt: 1, Error: "read: connection reset by peer", Owner: "worker-1"}, evs[2])
-	assertEvent(t, idem.Event{Version: done.Version, At: done.UpdatedAt, From: idem.StateUnknown, To: idem.StateSucceeded, Attempt: 1, StatusCode: http.StatusCreated, Owner: "worker-2"}, evs[3])
+	require.Len(t, evs, 7, "one event per Create, Acquire, Claim and Update")
+	assertEvent(t, idem.Event{Version: sent.Version, At: sent.UpdatedAt, From: idem.StatePending, To: idem.StateInFlight, Attempt: 1, Owner: "worker-1"}, evs[2])
+	assertEvent(t, idem.Event{Version: lost.Version, At: lost.UpdatedAt, Kind: idem.EventAnswer, Detail: "sent, then the connection reset",
+		From: idem.StateInFlight, To: idem.StateUnknown, Attempt: 1, Error: "read: connection reset by peer", Owner: "worker-1"}, evs[3])
+	assertEvent(t, idem.Event{Version: claimed[0].Version, At: claimed[0].UpdatedAt, Kind: idem.EventClaim,
+		From: idem.StateUnknown, To: idem.StateUnknown, Attempt: 1, Error: "read: connection reset by peer", Owner: "worker-2"}, evs[4])
+	assert.Empty(t, evs[4].Detail, "a released lease is free: nothing was taken over")
+	assertEvent(t, idem.Event{Version: checked.Version, At: checked.UpdatedAt, Kind: idem.EventStatus, Detail: "HTTP 502: bad gateway",
+		From: idem.StateUnknown, To: idem.StateUnknown, Attempt: 1, Error: "status check: HTTP 502", Owner: "worker-2"}, evs[5])
+	assertEvent(t, idem.Event{Version: done.Version, At: done.UpdatedAt, From: idem.StateUnknown, To: idem.StateSucceeded, Attempt: 1, StatusCode: http.StatusCreated, Owner: "worker-2"}, evs[6])
+	for i, ev := range evs {
+		assert.Equal(t, int64(i+1), ev.Version, "the history has no gap: every version has its event")
+	}
+	assert.Equal(t, 1, get(t, j, rec.Key).TransportResends)
 
 	// A refused update adds no event.
 	next = idem.CloneRecord(done)
 	next.State = idem.StateRejected
-	_, err = j.Update(ctx, next, idem.Durable)
+	_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrIllegalTransition)
-	assert.Len(t, history(t, j, rec.Key), 4, "no event for a refused update")
+	assert.Len(t, history(t, j, rec.Key), 7, "no event for a refused update")
+}
+
+func testHistoryTakeover(t *testing.T, j idem.Journal) {
+	rec := create(t, j, newRecord("tenant-a"))
+	lapsed := acquire(t, j, rec.Key, "worker-1", shortLease)
+	waitExpired(t, lapsed.Lease)
+	taken := acquire(t, j, rec.Key, "worker-2", longLease)
+	evs := history(t, j, rec.Key)
+	require.Len(t, evs, 3)
+	assert.Equal(t, idem.EventClaim, evs[2].Kind)
+	assert.Equal(t, "worker-2", evs[2].Owner)
+	assert.Equal(t, taken.Version, evs[2].Version)
+	assert.Contains(t, evs[2].Detail, "worker-1", "the takeover names the previous holder")
+	assert.Contains(t, evs[2].Detail, "lapsed", "and why its lease could be taken")
 }
 
 func testHistoryNote(t *testing.T, j idem.Journal) {
@@ -322,7 +356,7 @@ func testHistoryNote(t *testing.T, j idem.Journal) {
 
 	evs := history(t, j, rec.Key)
 	require.Len(t, evs, 3)
-	assertEvent(t, idem.Event{Version: expired.Version, At: expired.UpdatedAt, From: idem.StatePending, To: idem.StateExpired, Error: next.LastError}, evs[1])
+	assertEvent(t, idem.Event{Version: expired.Version, At: expired.UpdatedAt, From: idem.StatePending, To: idem.StateExpired, Error: "key retention passed before the outcome was confirmed"}, evs[1])
 	assertEvent(t, idem.Event{Version: settled.Version, At: settled.UpdatedAt, From: idem.StateExpired, To: idem.StateSucceeded, Error: "matched order 9812 in ERP"}, evs[2])
 }
 
@@ -338,6 +372,8 @@ func assertEvent(t *testing.T, want, got idem.Event) {
 	t.Helper()
 	assert.Equal(t, want.Version, got.Version, "Event.Version")
 	assertTime(t, want.At, got.At, "Event.At")
+	assert.Equal(t, want.Kind, got.Kind, "Event.Kind")
+	assert.Equal(t, want.Detail, got.Detail, "Event.Detail")
 	assert.Equal(t, want.From, got.From, "Event.From")
 	assert.Equal(t, want.To, got.To, "Event.To")
 	assert.Equal(t, want.Attempt, got.Attempt, "Event.Attempt")
@@ -427,16 +463,19 @@ func testClose(t *testing.T, j idem.Journal) {
 	closed("Lookup", err)
 	next := idem.CloneRecord(rec)
 	next.State = idem.StateInFlight
-	_, err = j.Update(ctx, next, idem.Durable)
+	_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
 	closed("Update", err)
-	_, err = j.Update(ctx, next, idem.Deferred)
+	_, err = j.Update(ctx, next, idem.Deferred, idem.Event{})
 	closed("deferred Update", err)
 	_, err = j.Claim(ctx, idem.ClaimRequest{Owner: "worker-1", Limit: 1, Lease: longLease})
 	closed("Claim", err)
 	_, err = j.Acquire(ctx, rec.Key, "worker-1", longLease)
 	closed("Acquire", err)
-	_, err = j.Renew(ctx, "worker-1", longLease)
+	_, err = j.Renew(ctx, map[string]idem.Lease{rec.Key: {Owner: "worker-1", Epoch: 1}}, longLease)
 	closed("Renew", err)
+	_, err = j.Register(ctx, "worker-9")
+	closed("Register", err)
+	closed("Sync", j.Sync(ctx))
 	closed("Release", j.Release(ctx, rec.Key, idem.Lease{Owner: "worker-1", Epoch: 1}))
 	var listErr error
 	yielded := 0
@@ -478,14 +517,19 @@ func testContextCanceled(t *testing.T, j idem.Journal) {
 	call("Lookup", func() error { _, err := j.Lookup(ctx, rec.Scope, rec.ID); return err })
 	next := idem.CloneRecord(rec)
 	next.State = idem.StateInFlight
-	call("Update", func() error { _, err := j.Update(ctx, next, idem.Durable); return err })
-	call("deferred Update", func() error { _, err := j.Update(ctx, next, idem.Deferred); return err })
+	call("Update", func() error { _, err := j.Update(ctx, next, idem.Durable, idem.Event{}); return err })
+	call("deferred Update", func() error { _, err := j.Update(ctx, next, idem.Deferred, idem.Event{}); return err })
 	call("Claim", func() error {
 		_, err := j.Claim(ctx, idem.ClaimRequest{Owner: "worker-1", Limit: 1, Lease: longLease})
 		return err
 	})
 	call("Acquire", func() error { _, err := j.Acquire(ctx, rec.Key, "worker-1", longLease); return err })
-	call("Renew", func() error { _, err := j.Renew(ctx, "worker-1", longLease); return err })
+	call("Renew", func() error {
+		_, err := j.Renew(ctx, map[string]idem.Lease{rec.Key: {Owner: "worker-1", Epoch: 1}}, longLease)
+		return err
+	})
+	call("Register", func() error { _, err := j.Register(ctx, "worker-9"); return err })
+	call("Sync", func() error { return j.Sync(ctx) })
 	call("Release", func() error { return j.Release(ctx, rec.Key, idem.Lease{Owner: "worker-1", Epoch: 1}) })
 	call("Count", func() error { _, err := j.Count(ctx); return err })
 	call("History", func() error { _, err := j.History(ctx, rec.Key); return err })

@@ -26,7 +26,7 @@ func testUpdateCAS(t *testing.T, j idem.Journal) {
 	next.LastError = "dial tcp: connection refused"
 	next.Note = "a note"
 	before := time.Now()
-	got, err := j.Update(t.Context(), next, idem.Durable)
+	got, err := j.Update(t.Context(), next, idem.Durable, idem.Event{})
 	after := time.Now()
 	require.NoError(t, err)
 
@@ -69,7 +69,7 @@ func testUpdateStaleVersion(t *testing.T, j idem.Journal) {
 		stale.State = idem.StateUnknown
 		stale.Attempts = 2
 		stale.LastError = "stale writer"
-		_, err := j.Update(ctx, stale, idem.Durable)
+		_, err := j.Update(ctx, stale, idem.Durable, idem.Event{})
 		require.ErrorIs(t, err, idem.ErrConflict, "update at version %d of a record at version %d", version, v2.Version)
 		requireStored(t, j, v2)
 	}
@@ -102,7 +102,7 @@ func testUpdateTransitions(t *testing.T, j idem.Journal) {
 				rec := createIn(t, j, "tenant-a", from)
 				next := idem.CloneRecord(rec)
 				next.State = to
-				got, err := j.Update(ctx, next, idem.Durable)
+				got, err := j.Update(ctx, next, idem.Durable, idem.Event{})
 				if legalMove(from, to) {
 					require.NoError(t, err, "%s -> %s is allowed", from, to)
 					assert.Equal(t, to, got.State)
@@ -136,7 +136,7 @@ func testUpdateImmutable(t *testing.T, j idem.Journal) {
 	next.UpdatedAt = next.CreatedAt
 	next.State = idem.StateInFlight
 	next.Attempts = 1
-	got, err := j.Update(ctx, next, idem.Durable)
+	got, err := j.Update(ctx, next, idem.Durable, idem.Event{})
 	require.NoError(t, err)
 
 	assertRequest(t, rec, got)
@@ -229,7 +229,7 @@ func testUpdateAttemptsDown(t *testing.T, j idem.Journal) {
 
 	next = idem.CloneRecord(two)
 	next.Attempts = 1
-	_, err := j.Update(t.Context(), next, idem.Durable)
+	_, err := j.Update(t.Context(), next, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrInvalidRecord)
 	requireStored(t, j, two)
 
@@ -252,14 +252,14 @@ func testUpdateDurability(t *testing.T, j idem.Journal) {
 			next := idem.CloneRecord(rec)
 			next.State = idem.StateInFlight
 			next.Attempts = 1
-			first, err := j.Update(ctx, next, order[0])
+			first, err := j.Update(ctx, next, order[0], idem.Event{})
 			require.NoError(t, err)
 			requireStored(t, j, first)
 
 			next = idem.CloneRecord(first)
 			next.State = idem.StateSucceeded
 			next.Response = &idem.Response{StatusCode: http.StatusOK, Body: []byte("ok")}
-			second, err := j.Update(ctx, next, order[1])
+			second, err := j.Update(ctx, next, order[1], idem.Event{})
 			require.NoError(t, err)
 			assert.Equal(t, rec.Version+2, second.Version)
 			requireStored(t, j, second)
@@ -278,7 +278,7 @@ func testUpdateBufferedIsReadAtOnce(t *testing.T, j idem.Journal) {
 	next := idem.CloneRecord(rec)
 	next.State = idem.StateSucceeded
 	next.Response = &idem.Response{StatusCode: http.StatusCreated, Body: []byte(`{"id":7}`)}
-	done, err := j.Update(ctx, next, idem.Buffered)
+	done, err := j.Update(ctx, next, idem.Buffered, idem.Event{})
 	require.NoError(t, err)
 
 	got, err := j.Get(ctx, rec.Key)
@@ -309,7 +309,7 @@ func testUpdateBufferedIsReadAtOnce(t *testing.T, j idem.Journal) {
 	assert.Equal(t, idem.StateSucceeded, evs[len(evs)-1].To, "History sees the buffered write")
 
 	// A buffered write is checked when it is made, like any other.
-	_, err = j.Update(ctx, next, idem.Buffered)
+	_, err = j.Update(ctx, next, idem.Buffered, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrConflict, "a stale version is refused at once, not when committed")
 }
 
@@ -317,7 +317,7 @@ func testUpdateInvalidDurability(t *testing.T, j idem.Journal) {
 	rec := create(t, j, newRecord("tenant-a"))
 	next := idem.CloneRecord(rec)
 	next.State = idem.StateInFlight
-	_, err := j.Update(t.Context(), next, idem.Durability(9))
+	_, err := j.Update(t.Context(), next, idem.Durability(9), idem.Event{})
 	require.ErrorIs(t, err, idem.ErrInvalidRecord)
 	assert.Contains(t, err.Error(), "durability 9")
 	requireStored(t, j, rec)
@@ -327,7 +327,7 @@ func testUpdateNotFound(t *testing.T, j idem.Journal) {
 	rec := newRecord("tenant-a")
 	rec.Version = 1
 	rec.State = idem.StateInFlight
-	_, err := j.Update(t.Context(), rec, idem.Durable)
+	_, err := j.Update(t.Context(), rec, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrNotFound)
 	requireGone(t, j, rec)
 
@@ -335,7 +335,27 @@ func testUpdateNotFound(t *testing.T, j idem.Journal) {
 	other := idem.CloneRecord(stored)
 	other.Key = uuid.NewString()
 	other.State = idem.StateInFlight
-	_, err = j.Update(t.Context(), other, idem.Durable)
+	_, err = j.Update(t.Context(), other, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrNotFound, "Update finds the record by key, not by operation ID")
 	requireStored(t, j, stored)
+}
+
+// testUpdateSync: Sync succeeds with buffered and deferred writes pending,
+// and they are all there after it. (That they are on disk is for each
+// journal's own tests to show.)
+func testUpdateSync(t *testing.T, j idem.Journal) {
+	ctx := t.Context()
+	a := create(t, j, newRecord("tenant-a"))
+	b := create(t, j, newRecord("tenant-a"))
+	next := idem.CloneRecord(a)
+	next.State = idem.StateInFlight
+	next.Attempts = 1
+	wa := update(t, j, next, idem.Buffered)
+	next = idem.CloneRecord(b)
+	next.State = idem.StateCanceled
+	wb := update(t, j, next, idem.Deferred)
+	require.NoError(t, j.Sync(ctx))
+	require.NoError(t, j.Sync(ctx), "Sync with nothing pending")
+	requireStored(t, j, wa)
+	requireStored(t, j, wb)
 }

@@ -199,7 +199,7 @@ func put(t *testing.T, j idem.Journal, o op) idem.Record {
 		o.path = []idem.State{idem.StatePending}
 	}
 	rec := idem.Record{Key: o.key, Scope: o.scope, ID: o.id, Method: o.method, URL: o.url, Header: o.header, Body: o.body,
-		Fingerprint: idem.Fingerprint(o.method, o.url, o.header, nil, o.body), State: o.path[0]}
+		Fingerprint: idem.Fingerprint(o.method, o.url, o.header, nil, o.body), KeyHeader: "Idempotency-Key", State: o.path[0]}
 	if rec.State == idem.StateInFlight {
 		rec.Attempts = 1
 		rec.ExpiresAt = time.Now().Add(24 * time.Hour)
@@ -220,7 +220,7 @@ func put(t *testing.T, j idem.Journal, o op) idem.Record {
 				next.Response = o.resp
 			}
 		}
-		rec, err = j.Update(ctx, next, idem.Durable)
+		rec, err = j.Update(ctx, next, idem.Durable, idem.Event{})
 		require.NoError(t, err)
 	}
 	return rec

@@ -155,7 +155,7 @@ func (r *resumer) run(ctx context.Context, j *idem.SQLiteJournal, cfg idem.Confi
 	rep, err := c.Resume(ctx)
 	r.progress.clear()
 	fmt.Fprintf(e.stdout, "resume: claimed %d, succeeded %d, rejected %d, pending %d, unknown %d, expired %d, skipped %d, failed %d\n",
-		rep.Claimed, rep.Succeeded, rep.Rejected, rep.Pending, rep.Unknown, rep.Expired, rep.Skipped, rep.Failed)
+		rep.Claimed, rep.Succeeded, rep.Rejected, rep.Pending, rep.Unknown, rep.Expired, rep.Skipped(), rep.Failed)
 	stopped := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 	if err != nil && !stopped {
 		return err

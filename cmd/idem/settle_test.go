@@ -109,7 +109,7 @@ func TestWhileAnotherProcessWrites(t *testing.T) {
 			default:
 			}
 			rec := idem.Record{Key: newKey(), Scope: "writer", ID: newKey(), Method: "POST", URL: "https://api.example.com/x",
-				Fingerprint: "f", State: idem.StatePending}
+				Fingerprint: "f", KeyHeader: "Idempotency-Key", State: idem.StatePending}
 			if _, _, err := j.Create(context.Background(), rec); err != nil {
 				t.Error(err)
 				return

@@ -36,6 +36,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/google/uuid"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/examples/internal/demo"
 )
@@ -72,6 +74,11 @@ func main() {
 	}
 }
 
+// keyNamespace is the namespace of this job's deterministic keys. It is
+// written here so that the demo runs anywhere; a real job reads it from its
+// secret store (generated once with uuid.New()).
+var keyNamespace = uuid.MustParse("9b0e3c52-4f1d-4c7a-8d2e-6a1b5c3f7e90")
+
 // newClient is the client configuration of the payroll job.
 func newClient(journal idem.Journal, bankURL string, onTransition func(idem.Transition)) (*idem.Client, error) {
 	return idem.New(idem.Config{
@@ -87,9 +94,11 @@ func newClient(journal idem.Journal, bankURL string, onTransition func(idem.Tran
 		// service's store of keys instead of paying twice, as long as the
 		// service still keeps the keys (typically 24 h). The journal stays
 		// the first guard: with it, nothing already settled is even sent.
-		// KeyNamespace defaults to idem.DefaultKeyNamespace; an
-		// application may set its own, and must then never change it.
+		// KeyNamespace is the application's own: whoever knows it can
+		// compute its keys, so a real job loads it from its secret store,
+		// like a credential, and never changes it.
 		Keys:         idem.KeyDeterministic,
+		KeyNamespace: keyNamespace,
 		OnTransition: onTransition,
 	})
 }

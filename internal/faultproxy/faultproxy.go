@@ -184,6 +184,10 @@ type Config struct {
 	// StatusPath marks status requests: GET requests whose path contains
 	// it. Defaults to DefaultStatusPath.
 	StatusPath string
+	// RetryAfter is the wait that 429 and 503 answers ask for, in whole
+	// seconds. Defaults to 1 s; a negative value sends no Retry-After, for
+	// tests that want the client's own backoff.
+	RetryAfter time.Duration
 }
 
 // Stats counts what the proxy saw and did.
@@ -231,6 +235,7 @@ type Proxy struct {
 	upstream   *url.URL
 	statusPath string
 	delay      time.Duration
+	retryAfter time.Duration
 	transport  *http.Transport
 
 	ctx    context.Context // canceled by Close: ends holds and forwards
@@ -319,6 +324,7 @@ func New(upstream string, cfg Config) (*Proxy, error) {
 		upstream:   u,
 		statusPath: cfg.StatusPath,
 		delay:      cfg.Delay,
+		retryAfter: cfg.RetryAfter,
 		requests:   newPicker(cfg.Rates, RequestFaults(), cfg.Script, uint64(cfg.Seed), 0x9e3779b97f4a7c15),
 		status:     newPicker(cfg.StatusRates, StatusFaults(), cfg.StatusScript, uint64(cfg.Seed), 0xbf58476d1ce4e5b9),
 		stats:      Stats{Faults: map[Fault]int{}},
@@ -469,13 +475,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	f := p.draw(p.isStatus(r))
 	switch f {
 	case Answer5xx, StatusFail:
-		answer(w, r, f, http.StatusInternalServerError)
+		p.answer(w, r, f, http.StatusInternalServerError)
 		return
 	case Answer429:
-		answer(w, r, f, http.StatusTooManyRequests)
+		p.answer(w, r, f, http.StatusTooManyRequests)
 		return
 	case Answer503:
-		answer(w, r, f, http.StatusServiceUnavailable)
+		p.answer(w, r, f, http.StatusServiceUnavailable)
 		return
 	case ResetRequest:
 		readPart(r)
@@ -643,13 +649,13 @@ func (p *Proxy) holdLate(r *http.Request) {
 
 // answer makes up an answer with code, after reading the request body so
 // that the connection stays usable.
-func answer(w http.ResponseWriter, r *http.Request, f Fault, code int) {
+func (p *Proxy) answer(w http.ResponseWriter, r *http.Request, f Fault, code int) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, MaxBodyBytes))
 	h := w.Header()
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set(InjectedHeader, f.String())
-	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
-		h.Set("Retry-After", "1")
+	if (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) && p.retryAfter >= 0 {
+		h.Set("Retry-After", fmt.Sprint(max(int64(p.retryAfter/time.Second), 1)))
 	}
 	w.WriteHeader(code)
 	_, _ = fmt.Fprintf(w, "faultproxy: injected %s\n", f)

@@ -460,23 +460,34 @@ func (db *DB) flushLoop() {
 			}
 		case <-tick.C:
 			if !dirtySince.IsZero() && time.Since(dirtySince) >= db.opts.FlushInterval {
-				db.flush()
+				_ = db.flush() // a failed fsync is retried by the next commit's
 				dirtySince = time.Time{}
 			}
 		}
 	}
 }
 
-func (db *DB) flush() {
+func (db *DB) flush() error {
 	f, err := os.Open(db.path + "-wal")
 	if err != nil {
-		return // no WAL: a checkpoint already moved everything and synced
+		return nil // no WAL: a checkpoint already moved everything and synced
 	}
-	_ = f.Sync()
+	err = f.Sync()
 	_ = f.Close()
 	db.statsMu.Lock()
 	db.stats.Flushes++
 	db.statsMu.Unlock()
+	return db.classify(err)
+}
+
+// Sync commits the buffered writes with fsync and makes every deferred
+// commit durable: after it returns, a power failure loses nothing written
+// before it was called.
+func (db *DB) Sync(ctx context.Context) error {
+	if err := db.Write(ctx, Durable, nil); err != nil {
+		return err
+	}
+	return db.flush()
 }
 
 // truncateIfLarge runs between batches, by the leader, on the writer's

@@ -1,0 +1,286 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-retryablehttp"
+)
+
+// A round is one run of go-retryablehttp's loop over the journaled request:
+// attempts of the same bytes under the same key, retried as the verdicts
+// allow. go-retryablehttp owns the loop, the waits, the rewinding of the
+// body and the closing of what each attempt leaves; the round's hooks
+// decide. Each attempt reads top to bottom:
+//
+//	beforeAttempt  (RequestLogHook)  a new attempt starts
+//	the transport  (httptrace)       counts the times the request is written
+//	checkRetry     (CheckRetry)      reads the answer, classifies it, and
+//	                                 plans: stop, or retry after a wait
+//	backoff        (Backoff)         returns the wait checkRetry chose
+//	prepareRetry   (PrepareRetry)    journals the next attempt, fenced by
+//	                                 the lease, before it is sent
+//
+// The hooks run on the goroutine that called send, one after another; only
+// the trace runs on the transport's goroutines, hence the atomics.
+type round struct {
+	d   *driver
+	ctx context.Context
+	cur atomic.Pointer[attempt]
+
+	// last is the last attempt that finished.
+	last *attempt
+	// wait is the wait checkRetry chose before the next attempt.
+	wait time.Duration
+	// stop says why no further attempt was made although the verdict
+	// allowed one (attempts, budget, deadline, the shared retry budget);
+	// due is then when the operation is due again, or zero for the
+	// driver's default.
+	stop error
+	due  time.Time
+	// journalErr: the journal refused to record the next attempt (a lost
+	// lease, a full disk): nothing more may be sent.
+	journalErr error
+}
+
+// An attempt is one send of the request and what came back.
+type attempt struct {
+	// written and writes are set by the transport's trace: whether the
+	// request's headers were written, and how many times (net/http may
+	// write it again on a new connection when a reused one dies before any
+	// reply). Headers written is where "the server may have it" starts: a
+	// server may answer, and act, before it has read the body, and a write
+	// error on the body then hides its answer.
+	written atomic.Bool
+	writes  atomic.Int32
+
+	resp     *http.Response // nil when err says why there is none
+	body     []byte
+	cut      bool  // the body was longer than MaxResponseBytes
+	err      error // the transport's error, or the body's when it broke off
+	decision Decision
+}
+
+func (d *driver) newRound(ctx context.Context) *round { return &round{d: d, ctx: ctx} }
+
+// run sends the journaled request until an attempt's verdict is final or
+// the plan says stop. It returns the last attempt that finished, or nil and
+// the error when none did.
+func (rd *round) run() (*attempt, error) {
+	req, err := rd.request()
+	if err != nil {
+		return nil, err
+	}
+	rc := &retryablehttp.Client{
+		HTTPClient:     rd.d.c.attempts,
+		RetryMax:       math.MaxInt32, // checkRetry enforces the policy
+		CheckRetry:     rd.checkRetry,
+		Backoff:        rd.backoff,
+		RequestLogHook: rd.beforeAttempt,
+		PrepareRetry:   rd.prepareRetry,
+		ErrorHandler:   retryablehttp.PassthroughErrorHandler,
+	}
+	resp, err := rc.Do(req)
+	if resp != nil {
+		resp.Body.Close()
+	}
+	if rd.last != nil && rd.stop == nil && rd.ctx.Err() != nil && rd.last.decision.Verdict.retryable() {
+		// The context ended during the wait before the next attempt.
+		rd.stop = rd.ctx.Err()
+	}
+	return rd.last, err
+}
+
+// request builds the attempt: the journaled method, URL, headers and body,
+// the key in the record's form, the operation for Authorize, and a trace
+// that records whether (and how often) the request was written.
+func (rd *round) request() (*retryablehttp.Request, error) {
+	d := rd.d
+	trace := &httptrace.ClientTrace{WroteHeaders: func() {
+		if a := rd.cur.Load(); a != nil {
+			a.wrote()
+		}
+	}}
+	ctx := d.operationContext(httptrace.WithClientTrace(rd.ctx, trace), false)
+	req, err := retryablehttp.NewRequestWithContext(ctx, d.rec.Method, d.rec.URL, d.rec.Body)
+	if err != nil {
+		return nil, fmt.Errorf("idem: building the journaled request: %w", err)
+	}
+	d.setHeaders(req.Header)
+	return req, nil
+}
+
+// setHeaders sets the journaled headers and the key, in the record's form.
+func (d *driver) setHeaders(h http.Header) {
+	for k, v := range d.rec.Header {
+		h[k] = append([]string(nil), v...)
+	}
+	d.form.set(h, d.rec.Key)
+}
+
+// beforeAttempt is retryablehttp's RequestLogHook: an attempt starts.
+func (rd *round) beforeAttempt(_ retryablehttp.Logger, _ *http.Request, _ int) {
+	rd.cur.Store(&attempt{})
+}
+
+// checkRetry is retryablehttp's CheckRetry: the attempt ended. It reads
+// the answer, classifies it, and plans what follows: another attempt only
+// for a Retry or RetrySameKey verdict, within MaxAttempts, the call's
+// budget, the context's deadline (no wait runs past it), MaxRetryAfter and
+// the client's shared retry budget.
+func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
+	d := rd.d
+	a := rd.cur.Load()
+	rd.last = a
+	d.sends++
+	if d.sends == 1 {
+		d.c.budget.deposit()
+	}
+	a.finish(resp, err, d.c.cfg.MaxResponseBytes)
+	d.countResends(a)
+	if a.resp != nil && a.err != nil {
+		d.partial = &Response{StatusCode: a.resp.StatusCode, Body: a.body}
+	}
+	// An answer, even a broken one, means the server received the request,
+	// whatever the trace saw (it may report the write after the answer).
+	written := a.written.Load() || a.resp != nil
+	a.decision = d.c.classify(Attempt{Response: a.resp, Body: a.body, Err: a.err, Written: written})
+	v := a.decision.Verdict
+	if written && v != Retry {
+		d.maybeApplied = true
+	}
+	d.c.log.Debug("idem: attempt", "key", d.rec.Key, "scope", d.rec.Scope, "id", d.rec.ID,
+		"attempt", d.rec.Attempts, "written", written, "verdict", v.String(), "reason", a.decision.Reason)
+	if !v.retryable() || ctx.Err() != nil {
+		return false, nil
+	}
+
+	now := d.c.now()
+	wait := d.c.retry.backoff(d.sends)
+	if after := a.decision.RetryAfter; after > 0 {
+		wait = after
+		d.serverAsked(after)
+	}
+	start := now.Add(wait)
+	switch dl, hasDeadline := ctx.Deadline(); {
+	case d.sends >= d.c.retry.MaxAttempts:
+		rd.stop = fmt.Errorf("gave up after %d attempts (RetryPolicy.MaxAttempts)", d.sends)
+	case a.decision.RetryAfter > d.c.retry.MaxRetryAfter:
+		rd.stop = fmt.Errorf("the server asked to wait %s (Retry-After), longer than RetryPolicy.MaxRetryAfter (%s): due again then",
+			wait.Round(time.Second), d.c.retry.MaxRetryAfter)
+	case hasDeadline && start.After(dl):
+		rd.stop = fmt.Errorf("%w: the next attempt would start after the context's deadline", context.DeadlineExceeded)
+		rd.due = start
+	case start.After(d.deadline):
+		rd.stop = fmt.Errorf("the next attempt would start after this call's budget of %s (RetryPolicy.Budget)", d.c.retry.Budget)
+		rd.due = start
+	case !d.c.budget.withdraw():
+		rd.stop = ErrRetryBudgetExhausted
+	default:
+		rd.wait = wait
+		return true, nil
+	}
+	return false, nil
+}
+
+func (v Verdict) retryable() bool { return v == Retry || v == RetrySameKey }
+
+// wrote is the trace's WroteHeaders.
+func (a *attempt) wrote() {
+	a.written.Store(true)
+	a.writes.Add(1)
+}
+
+// finish reads the answer's body, up to limit bytes, and closes it; the
+// body is kept for the journal and replaced so the loop can drain it.
+func (a *attempt) finish(resp *http.Response, err error, limit int64) {
+	a.resp, a.err = resp, err
+	if resp == nil {
+		return
+	}
+	body, cut, rerr := readBody(resp.Body, limit)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	a.body, a.cut = body, cut
+	if rerr != nil {
+		a.err = rerr
+	}
+}
+
+// countResends adds the transport's own re-sends of a to the record: the
+// next journal write stores them. Each may have reached the server: the
+// connection died after a write and before any reply, so the server may
+// have applied that write, whatever the last one got (a 429 answers the
+// re-send, not the write that was lost).
+func (d *driver) countResends(a *attempt) {
+	extra := int(a.writes.Load()) - 1
+	if extra <= 0 {
+		return
+	}
+	d.rec.TransportResends += extra
+	d.maybeApplied = true
+	d.c.log.Debug("idem: the transport re-sent the request", "key", d.rec.Key, "times", extra)
+}
+
+// backoff is retryablehttp's Backoff: checkRetry has already chosen the wait.
+func (rd *round) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Duration { return rd.wait }
+
+// prepareRetry is retryablehttp's PrepareRetry: it journals the attempt
+// about to start, and why. The record is already in_flight, so this is
+// buffered; a lost lease stops the loop before anything is sent.
+func (rd *round) prepareRetry(req *http.Request) error {
+	d := rd.d
+	next := d.rec
+	next.Attempts++
+	next.LastError = rd.last.decision.Reason
+	waited := "backoff"
+	if rd.last.decision.RetryAfter > 0 {
+		waited = "the server's Retry-After"
+	}
+	detail := fmt.Sprintf("retry, same key: %s; waited %s (%s)", rd.last.decision.Reason, rd.wait.Round(time.Millisecond), waited)
+	if err := d.write(outcomeCtx(req.Context()), next, Buffered, EventSend, detail); err != nil {
+		rd.journalErr = err
+		return err
+	}
+	return nil
+}
+
+// operationKey carries the operation an HTTP request is for, for
+// Config.Authorize (OperationFrom), and marks a status checker's replay.
+type operationKey struct{}
+
+// OperationInfo says which operation an HTTP request is for: Authorize
+// reads it with OperationFrom to choose credentials per operation (per
+// tenant, say).
+type OperationInfo struct {
+	Key, Scope, ID string
+	// StatusCheck is true for a status checker's request, false for an
+	// attempt (a replay made to check the status is an attempt).
+	StatusCheck bool
+}
+
+// OperationFrom returns the operation a request is for, when the request
+// is one the client sends: an attempt or a status check. Config.Authorize
+// calls it on the request it is given.
+func OperationFrom(ctx context.Context) (OperationInfo, bool) {
+	info, ok := ctx.Value(operationKey{}).(OperationInfo)
+	return info, ok
+}
+
+func (d *driver) operationContext(ctx context.Context, statusCheck bool) context.Context {
+	return context.WithValue(ctx, operationKey{}, OperationInfo{Key: d.rec.Key, Scope: d.rec.Scope, ID: d.rec.ID, StatusCheck: statusCheck})
+}
+
+// errJournal wraps a journal error met while a status checker sent a
+// replay, so that the driver tells it from the checker's own failures.
+type errJournal struct{ err error }
+
+func (e errJournal) Error() string { return "journal: " + e.err.Error() }
+func (e errJournal) Unwrap() error { return e.err }

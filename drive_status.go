@@ -1,0 +1,186 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptrace"
+)
+
+// checkStatus asks the server what became of the operation until it
+// answers definitively, says it never saw the key, or this call must stop.
+// Every check is journaled with its answer, or with why it failed.
+func (d *driver) checkStatus(ctx context.Context) error {
+	for {
+		if d.checks >= d.c.retry.MaxStatusChecks {
+			return d.stop(ctx, fmt.Errorf("no definitive status after %d checks (RetryPolicy.MaxStatusChecks): %w", d.checks, d.cause), d.failedDue())
+		}
+		if err := d.waitForServer(ctx); err != nil {
+			return err
+		}
+		if d.checks > 0 {
+			if err := d.sleep(ctx, d.c.retry.backoff(d.checks), "the next status check"); err != nil {
+				return err
+			}
+		}
+		if d.pastRetention() {
+			return d.expire(ctx)
+		}
+		d.checks++
+		st, err := d.c.status.CheckStatus(ctx, d.query(ctx))
+		if err != nil {
+			var je errJournal
+			if errors.As(err, &je) {
+				return d.journalFailed(je.err)
+			}
+			d.cause = fmt.Errorf("status check by %s: %w", d.c.statusName, err)
+			if ctx.Err() != nil {
+				return d.stop(ctx, fmt.Errorf("%w; %w", ctx.Err(), d.cause), d.failedDue())
+			}
+			if err := d.recordCheck(ctx, "failed: "+err.Error()); err != nil {
+				return err
+			}
+			continue
+		}
+		switch st.State {
+		case StatusCompleted:
+			if st.Response == nil {
+				d.cause = fmt.Errorf("status check by %s: %w: completed without a response", d.c.statusName, ErrBadStatus)
+				break
+			}
+			return d.settleFromStatus(ctx, st)
+		case StatusNotFound:
+			// The server has not seen the key yet: send it again, same
+			// key. An earlier attempt may still be on its way (held in a
+			// gateway, delayed in the network) and arrive after this
+			// answer, so the operation stays maybe applied: should the
+			// re-send be refused, it is unknown, not pending.
+			d.next = stepSend
+			d.why = fmt.Sprintf("send again, same key: status check %d said the server never saw the key", d.checks)
+			return nil
+		case StatusProcessing:
+			d.cause = errProcessing
+			d.serverAsked(st.RetryAfter)
+			detail := "processing"
+			if st.RetryAfter > 0 {
+				detail += fmt.Sprintf(" (Retry-After %s)", st.RetryAfter)
+			}
+			if err := d.recordCheck(ctx, detail); err != nil {
+				return err
+			}
+			continue
+		default:
+			d.cause = fmt.Errorf("status check by %s: %w: it answered %v", d.c.statusName, ErrBadStatus, st.State)
+		}
+		if err := d.recordCheck(ctx, d.cause.Error()); err != nil {
+			return err
+		}
+	}
+}
+
+// recordCheck journals a status check that did not settle the operation:
+// its answer, or why it failed. The first time a check fails for a cause
+// (the record's LastError said otherwise), it is logged at warn level: a
+// status endpoint that fails is something an operator must see.
+func (d *driver) recordCheck(ctx context.Context, detail string) error {
+	cause := d.cause.Error()
+	if d.rec.LastError != cause && d.cause != errProcessing {
+		d.c.log.Warn("idem: status check did not settle the operation", "key", d.rec.Key, "scope", d.rec.Scope,
+			"id", d.rec.ID, "check", d.checks, "error", cause)
+	}
+	next := d.rec
+	next.State = StateUnknown
+	next.LastError = cause
+	if err := d.write(outcomeCtx(ctx), next, Buffered, EventStatus, fmt.Sprintf("check %d: %s", d.checks, detail)); err != nil {
+		return d.journalFailed(err)
+	}
+	return nil
+}
+
+// errProcessing is the cause while the server is still at work: no failure,
+// so recordCheck does not warn about it.
+var errProcessing = errors.New("the server is still processing the key")
+
+// settleFromStatus records the server's stored answer for the key. Every
+// stored answer is final for the key, whatever its status.
+func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
+	resp := st.Response
+	if d.partial != nil && !agrees(d.partial, resp) {
+		return d.keyNotHonoured(ctx, resp)
+	}
+	v := d.c.classify(Attempt{Response: &http.Response{StatusCode: resp.StatusCode, Header: resp.Header}, Body: resp.Body, Written: true})
+	switch v.Verdict {
+	case Succeeded, KeyConflict:
+	default:
+		v.Verdict = Rejected
+	}
+	resp.Header = resp.Header.Clone()
+	for _, name := range d.c.secrets {
+		resp.Header.Del(name)
+	}
+	detail := fmt.Sprintf("check %d: completed, HTTP %d", d.checks, resp.StatusCode)
+	return d.settle(ctx, v, resp, st.BodyCut, EventStatus, detail)
+}
+
+// query is what the status checker gets: the record, and the means to
+// send requests through the client as attempts are sent.
+func (d *driver) query(ctx context.Context) StatusQuery {
+	return StatusQuery{
+		Record: CloneRecord(d.rec),
+		Do:     d.statusDo,
+		Request: func(ctx context.Context) (*http.Request, error) {
+			req, err := http.NewRequestWithContext(context.WithValue(ctx, replayKey{}, true), d.rec.Method, d.rec.URL, bytes.NewReader(d.rec.Body))
+			if err != nil {
+				return nil, err
+			}
+			d.setHeaders(req.Header)
+			return req, nil
+		},
+		Classify:         d.c.classify,
+		MaxResponseBytes: d.c.cfg.MaxResponseBytes,
+	}
+}
+
+// replayKey marks a request built by StatusQuery.Request: the journaled
+// request, whose sending is an attempt.
+type replayKey struct{}
+
+// statusDo sends a status checker's request. The key goes in the record's
+// form; a replay of the journaled request is an attempt like any other:
+// journaled first (fenced by the lease: a driver that lost its lease sends
+// nothing more), counted, and its transport re-sends counted too.
+func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
+	replay := req.Context().Value(replayKey{}) != nil
+	if replay {
+		next := d.rec
+		next.Attempts++
+		if err := d.write(outcomeCtx(req.Context()), next, Buffered, EventSend,
+			fmt.Sprintf("check %d: replay, same key and request, to learn the outcome", d.checks)); err != nil {
+			return nil, errJournal{err}
+		}
+	}
+	a := &attempt{}
+	trace := &httptrace.ClientTrace{WroteHeaders: a.wrote}
+	ctx := d.operationContext(httptrace.WithClientTrace(req.Context(), trace), !replay)
+	req = req.WithContext(ctx)
+	d.form.set(req.Header, d.rec.Key)
+	resp, err := d.c.attempts.Do(req)
+	if replay {
+		d.countResends(a)
+	}
+	return resp, err
+}
+
+// statusCheckerName names a checker in errors and logs: by its Name or
+// String method if it has one, else by its type.
+func statusCheckerName(s StatusChecker) string {
+	switch n := s.(type) {
+	case interface{ Name() string }:
+		return n.Name()
+	case fmt.Stringer:
+		return n.String()
+	}
+	return fmt.Sprintf("%T", s)
+}

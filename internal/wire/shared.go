@@ -1,0 +1,64 @@
+package wire
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"strings"
+)
+
+// IsToken reports whether s is an RFC 9110 token, as a method or a header
+// name must be.
+func IsToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !isTChar(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// Fingerprint returns the hex SHA-256 of fields, each written as an 8-byte
+// big-endian length followed by its bytes, so that no two different lists
+// of fields share an encoding. The client and the server fingerprint
+// different fields of a request with it; each is documented where it is
+// computed, and neither may change without a new version of its fields.
+func Fingerprint(fields ...[]byte) string {
+	h := sha256.New()
+	var n [8]byte
+	for _, f := range fields {
+		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
+		h.Write(n[:])
+		h.Write(f)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// EncodeHeader is how journals and stores keep a header: JSON, nil for an
+// empty header.
+func EncodeHeader(h http.Header) []byte {
+	if len(h) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(h) // a map of string slices always marshals
+	return b
+}
+
+// DecodeHeader reads what EncodeHeader wrote; nil or empty is no header.
+func DecodeHeader(b []byte) (http.Header, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	var h http.Header
+	err := json.Unmarshal(b, &h)
+	return h, err
+}
+
+// JoinValues joins a header's values for hashing: NUL cannot occur in a
+// header value, so the join is unambiguous.
+func JoinValues(values []string) string { return strings.Join(values, "\x00") }

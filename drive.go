@@ -37,6 +37,7 @@ type driver struct {
 	deadline time.Time // end of this call's budget
 	sends    int       // attempts this call made
 	checks   int       // status checks this call made
+	replayed bool      // the status check in progress re-sent the request
 
 	// cause is the latest reason the operation is not settled.
 	cause error
@@ -243,21 +244,27 @@ func (d *driver) waitForServer(ctx context.Context) error {
 
 // sleep waits d unless the wait would run past the context's deadline or
 // this call's budget, in which case it ends the call with the operation due
-// again when the wait would have ended.
+// again when the wait would have ended. The error says both why the call
+// stopped and why the operation was not settled before.
 func (d *driver) sleep(ctx context.Context, wait time.Duration, what string) error {
 	until := d.c.now().Add(wait)
+	var why error
 	if dl, ok := ctx.Deadline(); ok && until.After(dl) {
-		return d.stop(ctx, fmt.Errorf("%w: the wait for %s (%s) would end after the context's deadline",
-			context.DeadlineExceeded, what, wait.Round(time.Millisecond)), until)
+		why = fmt.Errorf("%w: the wait for %s (%s) would end after the context's deadline",
+			context.DeadlineExceeded, what, wait.Round(time.Millisecond))
+	} else if until.After(d.deadline) {
+		why = fmt.Errorf("the wait for %s (%s) would end after this call's budget of %s (RetryPolicy.Budget)",
+			what, wait.Round(time.Millisecond), d.c.retry.Budget)
+	} else if err := sleep(ctx, wait); err != nil {
+		why = err
 	}
-	if until.After(d.deadline) {
-		return d.stop(ctx, fmt.Errorf("the wait for %s (%s) would end after this call's budget of %s (RetryPolicy.Budget)",
-			what, wait.Round(time.Millisecond), d.c.retry.Budget), until)
+	if why == nil {
+		return nil
 	}
-	if err := sleep(ctx, wait); err != nil {
-		return d.stop(ctx, err, until)
+	if d.cause != nil {
+		why = fmt.Errorf("%w; before that: %w", why, d.cause)
 	}
-	return nil
+	return d.stop(ctx, why, until)
 }
 
 // stored turns a response into what the journal keeps: no Set-Cookie, no

@@ -29,6 +29,7 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			return d.expire(ctx)
 		}
 		d.checks++
+		d.replayed = false
 		st, err := d.c.status.CheckStatus(ctx, d.query(ctx))
 		if err != nil {
 			var je errJournal
@@ -120,6 +121,11 @@ func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 	for _, name := range d.c.secrets {
 		resp.Header.Del(name)
 	}
+	if !d.replayed {
+		// A status endpoint answers from the server's store of keys; a
+		// replay says so with its headers, or executed the request.
+		resp.Replayed = true
+	}
 	detail := fmt.Sprintf("check %d: completed, HTTP %d", d.checks, resp.StatusCode)
 	return d.settle(ctx, v, resp, st.BodyCut, EventStatus, detail)
 }
@@ -154,6 +160,7 @@ type replayKey struct{}
 func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 	replay := req.Context().Value(replayKey{}) != nil
 	if replay {
+		d.replayed = true
 		next := d.rec
 		next.Attempts++
 		if err := d.write(outcomeCtx(req.Context()), next, Buffered, EventSend,

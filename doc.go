@@ -28,18 +28,45 @@
 //			return nil
 //		},
 //	})
+//	defer c.Close()
 //	res, err := c.Do(ctx, idem.Op{ID: "checkout/cart-42", URL: "/orders", Body: body})
 //
-// err is nil exactly when the answer is definitive: res.State is
-// StateSucceeded (2xx) or StateRejected (a definitive refusal), with the
-// server's status, headers and body. Any other outcome is an
-// *OperationError that says what is known, and the operation stays safely
-// journaled: ErrOutcomeUnknown (it may have been applied; a status check
-// will tell), ErrNotSent (it certainly was not applied), ErrNeedsReconciliation
-// or ErrKeyConflict. Resume, run after a restart, finishes every operation
-// left unfinished; with Config.ResumeInterval the client runs it in the
-// background. Result.Journaled tells an answer an earlier call settled, for
-// which nothing was sent, from one this call obtained.
+// err is nil exactly when the operation succeeded: res is the server's 2xx
+// answer. A definitive refusal is an error too (ErrRejected), with res
+// holding the server's answer; every other outcome is an *OperationError
+// that says what is known, and the operation stays safely journaled. The
+// table below lists them all. Resume, run after a restart, finishes every
+// operation left unfinished; with Config.ResumeInterval the client runs it
+// in the background. Result.Journaled tells an answer an earlier call
+// settled, for which nothing was sent, from one this call obtained.
+//
+// # Errors
+//
+// Test them in this order: an error of a row also matches the sentinels
+// the row names in parentheses, so the more specific one comes first.
+//
+//	error                          *OperationError?        the operation          what to do
+//	nil                            -                       succeeded              use res
+//	ErrInvalidOp, ErrBodyTooLarge  no                      nothing journaled/sent fix the Op
+//	ErrInvalidConfig               no (from New)           -                      fix the Config field it names
+//	ErrClientClosed                no                      nothing journaled/sent the client was closed
+//	ErrFingerprintMismatch         yes: the existing one   untouched, not sent    a new ID, or the same request
+//	ErrKeyConflict (ErrRejected)   yes, status and body    rejected (settled)     the key holds another request
+//	ErrRejected                    yes, status and body    rejected (settled)     never re-sent; fix, then a new ID
+//	ErrKeyNotHonoured (ErrNeeds…)  yes                     expired                check for a duplicate, Reconcile
+//	ErrNeedsReconciliation         yes                     expired                check the records, Reconcile
+//	ErrCanceled                    yes                     canceled (settled)     it was withdrawn before sending
+//	ErrNotSent                     yes                     pending: not applied   Resume or Do sends it; or Cancel
+//	ErrOutcomeUnknown              yes                     unknown: maybe applied Resume or Do asks the server
+//
+// The *OperationError of the last two carries why, as its cause, matched
+// with errors.Is: ErrBadStatus (a status answer of the wrong shape),
+// ErrRetryBudgetExhausted (many operations fail at once), ErrLeaseLost
+// (another worker took the operation over and drives it now),
+// context.DeadlineExceeded or context.Canceled (your context ended), or a
+// journal error such as ErrDiskFull. A journal error before anything was
+// sent (ErrDiskFull, ErrJournalClosed, ErrJournalCorrupt, a context error)
+// comes bare: nothing was sent, retry the call once it is fixed.
 //
 // # States
 //
@@ -59,56 +86,82 @@
 //
 // # What is journaled, and when
 //
-// The journal holds the key, the scope and ID, the exact method, URL,
-// headers and body, a fingerprint, the state, attempt counts, the lease, the
-// server's response and an append-only history of every change. It never
-// holds credentials: Authorization, Proxy-Authorization, Cookie and any
-// header in Config.SecretHeaders are refused in Op.Header, Set-Cookie is
-// dropped from stored responses, and Config.Authorize adds credentials to
-// each attempt right before it is sent.
+// The journal holds the key and its wire form (header name, bare or
+// quoted), the scope and ID, the exact method, URL, headers and body, a
+// fingerprint, the state, attempt counts, the lease, the server's response
+// and an append-only history: every decision with its reason (each
+// attempt and why it was sent, each status check and its answer, each claim
+// and from whom, each stop and when the operation is due again). Every
+// later attempt, replay and status check uses the record's key form,
+// whichever client, process or tool sends it. The journal never holds
+// credentials: Authorization, Proxy-Authorization, Cookie and any header in
+// Config.SecretHeaders are refused in Op.Header, Set-Cookie is dropped from
+// stored responses, and Config.Authorize adds credentials to each request
+// right before it is sent (OperationFrom tells it which operation, so it
+// can choose them per tenant).
 //
 // An intent is durable before anything is sent: Do creates the record
 // directly as in_flight, fsynced. A success is recorded Buffered: Do returns
 // before it is committed, and the next journal write (usually the next
-// operation's intent) commits it in the same transaction and fsync. If a
-// crash loses it, the record reads in_flight, and the status check made on
-// resume returns the same outcome. A rejection is fsynced before Do returns,
-// since a server need not keep what it refused. So the happy path costs one
-// fsync, shared with concurrent callers by the SQLite journal's group
-// commit.
+// operation's intent) commits it in the same transaction and fsync. A
+// rejection is fsynced before Do returns, since a server need not keep
+// what it refused. So the happy path costs one fsync, shared with
+// concurrent callers by the SQLite journal's group commit.
+//
+// Close and Shutdown commit whatever is buffered (Journal.Sync): a clean
+// exit loses nothing. A crash can lose only the buffered successes of about
+// the last millisecond: such a record reads in_flight again, and Resume
+// asks the server, which answers with the same result as long as it keeps
+// the key (Config.Retention); Config.CommitOutcomes removes even that
+// dependency, at the cost of a second commit per operation. An intent is
+// never lost.
 //
 // # Retries and unknown outcomes
 //
 // Attempts go through go-retryablehttp with a classifier (Classify) that
 // tells apart a request that was never written (dial refused: safe to send
 // again), one that was written and got no answer (unknown: check status),
-// and the server's answers: 2xx, 409 in progress, 422 key reused, 429/503
+// and the server's answers: 2xx, a replayed answer (definitive), 409 in
+// progress, a key conflict in one of the forms servers document, 429/503
 // with Retry-After, other 5xx. Backoff has jitter; a retry budget shared by
-// the client keeps an outage from becoming a retry storm; no wait runs past
-// the context's deadline.
+// the client keeps an outage from becoming a retry storm. A server's
+// Retry-After is never cut short: a call waits for it within its budget,
+// RetryPolicy.MaxRetryAfter and its context's deadline, and otherwise
+// returns with the operation due again at the server's time.
 //
 // When the outcome is unknown the client asks its StatusChecker:
 // StatusEndpoint for servers that expose GET {base}/{key} (package server
-// serves one), or ReplayStatus for servers that replay stored answers when
-// the same key is sent again, as Stripe does. A status call that fails or
-// does not parse leaves the operation unknown: it is never read as "not
-// found".
+// serves one), StatusAdapter for a status endpoint of another shape, or
+// ReplayStatus for servers that replay stored answers when the same key is
+// sent again, as Stripe does (each replay is an attempt: journaled first,
+// fenced by the lease, counted). A status call that fails or does not
+// parse leaves the operation unknown: it is never read as "not found", and
+// the error says why (ErrBadStatus, naming the checker).
 //
 // A server that does not keep keys executes a replay again. When the client
 // holds the beginning of a first answer (its body broke off) and the next
 // answer for the same key differs, it stops: nothing more is sent, and the
 // operation is parked for an operator with ErrKeyNotHonoured.
 //
-// # Concurrency and crashes
+// # Tenants, concurrency and crashes
+//
+// A client acts for one tenant (Config.Scope) with its credentials, and its
+// Resume takes up only that tenant's operations (Config.ResumeScopes),
+// addressed to BaseURL's origin: a tenant's credentials never go with
+// another tenant's operations, nor to another API. An operator's tool
+// widens that explicitly (ResumeAllScopes, ResumeAnyOrigin).
 //
 // Calls for one operation from many goroutines share one attempt on the
 // wire and return the same result. Across processes sharing a journal, a
-// lease (renewed while its holder lives, fenced by an epoch) keeps one
-// worker driving each operation; another worker takes over when the holder's
-// process dies. Resume claims due operations with such leases, only those
-// whose URL has Config.BaseURL's origin (so that a client's credentials
-// never go to another API), and only those due when it started (so that it
-// makes one pass, even while a server keeps failing).
+// lease, renewed while its holder lives and fenced by an epoch, keeps one
+// worker driving each operation. Each client is a new lease owner (its
+// name gets a unique suffix), registered with the journal: the SQLite
+// journal sees a process die (its lock on a file beside the journal is
+// dropped by the kernel) and lets another take its operations at once; a
+// journal that cannot see that lets them be taken when the lease lapses.
+// Resume claims only operations due when it started (one pass, even while a
+// server keeps failing), or waits for the rest with ResumeWait, and reports
+// what it left alone and why.
 //
 // # Server side
 //

@@ -49,6 +49,9 @@ type driver struct {
 	// partial is an answer whose body broke off: the server's first word
 	// on the key, which a later answer for the same key must agree with.
 	partial *Response
+	// resends is the transport's re-sends as last journaled: the next
+	// write's event tells of those counted since.
+	resends int
 }
 
 type step uint8
@@ -83,6 +86,7 @@ func (c *Client) newDriver(rec Record) *driver {
 	d := &driver{
 		c: c, rec: rec, lease: rec.Lease, form: c.formOf(rec),
 		deadline:     c.now().Add(c.retry.Budget),
+		resends:      rec.TransportResends,
 		maybeApplied: rec.State == StateInFlight || rec.State == StateUnknown,
 		next:         stepSend,
 		why:          "first send",
@@ -138,6 +142,9 @@ func (d *driver) pastRetention() bool {
 func (d *driver) write(ctx context.Context, next Record, dur Durability, kind EventKind, detail string) error {
 	d.lease.ExpiresAt = d.c.now().Add(d.c.cfg.LeaseDuration)
 	next.Lease = d.lease
+	if n := next.TransportResends - d.resends; n > 0 {
+		detail = joinNotes(detail, fmt.Sprintf("the transport sent it again %d time(s) by itself, on a new connection", n))
+	}
 	why := Event{Kind: kind, Detail: detail}
 	stored, err := d.c.journal.Update(ctx, next, dur, why)
 	if err != nil {
@@ -145,6 +152,7 @@ func (d *driver) write(ctx context.Context, next Record, dur Durability, kind Ev
 	}
 	d.c.transition(d.rec, stored, why)
 	d.rec = stored
+	d.resends = stored.TransportResends
 	return nil
 }
 
@@ -367,6 +375,9 @@ func (d *driver) leave(ctx context.Context, state State, cause error, due time.T
 	detail := ""
 	if state.Active() {
 		detail = "due again at " + due.UTC().Format("2006-01-02T15:04:05.000Z")
+		if !d.notBefore.IsZero() && !due.After(d.notBefore) {
+			detail += " (the server's Retry-After)"
+		}
 	}
 	// Buffered: if a crash loses this, the record reads as the last
 	// durable write left it (in_flight), which resumes as a status check:

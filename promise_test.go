@@ -11,7 +11,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -643,23 +642,10 @@ func TestAReplayIsFencedByTheLease(t *testing.T) {
 	t.Parallel()
 	var log hitLog
 	path := filepath.Join(t.TempDir(), "ops.db")
-	// takeOver plays another worker taking the operation over: it moves
-	// the lease to a new epoch under another owner, as Claim would.
-	takeOver := func() {
-		db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000")
-		if err != nil {
-			panic(err)
-		}
-		defer db.Close()
-		if _, err := db.Exec(`INSERT INTO dict (value) VALUES (X'7468696566') ON CONFLICT DO NOTHING;
-			UPDATE operations SET lease_epoch = lease_epoch + 1, lease_owner = (SELECT id FROM dict WHERE value = X'7468696566')`); err != nil {
-			panic(err)
-		}
-	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := log.add(r)
 		if n == 2 {
-			takeOver() // during the first replay
+			takeOverAll(t, path) // during the first replay
 		}
 		w.WriteHeader(http.StatusConflict) // in progress, again and again
 	}))
@@ -1178,7 +1164,7 @@ func TestTransportResendsAreCountedApart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, proxy.Start())
 	t.Cleanup(func() { _ = proxy.Close() })
-	c, _ := newClient(t, idem.Config{BaseURL: proxy.URL, Status: idem.StatusEndpoint(proxy.URL + "/idempotency"),
+	c, j := newClient(t, idem.Config{BaseURL: proxy.URL, Status: idem.StatusEndpoint(proxy.URL + "/idempotency"),
 		Retry: policy, AttemptTimeout: 5 * time.Second})
 	ctx := context.Background()
 	_, err = c.Do(ctx, orderOp("hidden/warm-up", 1))
@@ -1188,6 +1174,15 @@ func TestTransportResendsAreCountedApart(t *testing.T) {
 	require.Equal(t, 7, proxy.Stats().Requests, "1 warm-up + the hidden write + its silent re-send + 4 attempts")
 	assert.LessOrEqual(t, res.Attempts, policy.MaxAttempts, "Result.Attempts %d with MaxAttempts %d (the transport's silent re-send is counted as an attempt)", res.Attempts, policy.MaxAttempts)
 	assert.Equal(t, 1, res.TransportResends, "the transport's silent re-send is reported apart")
+	h, err := j.History(ctx, res.Key)
+	require.NoError(t, err)
+	told := 0
+	for _, e := range h {
+		if strings.Contains(e.Detail, "the transport sent it again 1 time(s)") {
+			told++
+		}
+	}
+	assert.Equal(t, 1, told, "the history tells of the transport's re-send once")
 }
 
 // A start-up hook can ask Resume to finish everything it can: it waits for

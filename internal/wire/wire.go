@@ -156,8 +156,8 @@ func NewResponse(status int, h http.Header, body []byte) *Response {
 }
 
 // ErrBadStatus is returned for a status answer that does not parse or does
-// not follow the shape above.
-var ErrBadStatus = errors.New("status answer does not follow the idem status format")
+// not follow the expected shape.
+var ErrBadStatus = errors.New("the status answer does not have the expected shape")
 
 // DecodeStatus reads a status endpoint's answer. httpStatus is the HTTP
 // status of the answer; key is the key that was asked about. Only a 200
@@ -195,7 +195,15 @@ func DecodeStatus(httpStatus int, body []byte, key string) (Status, []byte, erro
 		}
 		return s, body, nil
 	}
-	return Status{}, nil, fmt.Errorf("%w: HTTP %d with state %q", ErrBadStatus, httpStatus, s.State)
+	switch {
+	case s.State == "":
+		return Status{}, nil, fmt.Errorf(`%w: HTTP %d without a "state" field; want {"key":…,"state":"processing"|"completed"|"not_found"}`, ErrBadStatus, httpStatus)
+	case s.State != StateProcessing && s.State != StateCompleted && s.State != StateNotFound:
+		return Status{}, nil, fmt.Errorf(`%w: HTTP %d with "state" %q; want "processing", "completed" or "not_found"`, ErrBadStatus, httpStatus, s.State)
+	case s.State == StateNotFound:
+		return Status{}, nil, fmt.Errorf(`%w: "state" "not_found" comes with HTTP 404, not %d`, ErrBadStatus, httpStatus)
+	}
+	return Status{}, nil, fmt.Errorf(`%w: "state" %q comes with HTTP 200, not %d`, ErrBadStatus, s.State, httpStatus)
 }
 
 // Problem types (RFC 9457) of the server package's errors. Clients

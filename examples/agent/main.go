@@ -255,12 +255,14 @@ func (rt *runtime) execute(ctx context.Context, call ToolCall) (json.RawMessage,
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   call.Args,
 	})
-	if err != nil {
+	switch {
+	case err == nil, errors.Is(err, idem.ErrRejected):
+		// A definitive answer, success or refusal, is the tool's result:
+		// the model gets it, and gets the same one on every replay.
+		return res.Body, nil
+	default:
 		// Not definitive: the call is journaled, and executing it again
 		// (a step retry, a replay, Resume) settles it without a second run.
 		return nil, err
 	}
-	// A definitive answer, success or refusal, is the tool's result: the
-	// model gets it, and gets the same one on every replay.
-	return res.Body, nil
 }

@@ -126,7 +126,11 @@ func payMonth(ctx context.Context, client *idem.Client, month string, staff []em
 		})
 		switch {
 		case err == nil:
-			report(e, res, nil) // paid, or refused (res.State says which)
+			report(e, res, nil) // paid
+		case errors.Is(err, idem.ErrRejected):
+			// Refused for good (the bank said no): res holds its answer,
+			// and the payment is never sent again. Go on with the others.
+			report(e, res, nil)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case errors.Is(err, idem.ErrOutcomeUnknown), errors.Is(err, idem.ErrNotSent):

@@ -626,7 +626,7 @@ func (j *SQLiteJournal) History(ctx context.Context, key string) ([]Event, error
 		return nil, err
 	}
 	rows, err := j.db.Reader.QueryContext(ctx, `SELECT e.version, e.at, e.from_state, e.to_state, e.attempt,
-		e.status, e.error, w.value, e.kind, e.detail
+		e.status, e.error, w.value, e.why
 		FROM operations o LEFT JOIN events e ON e.op = o.id LEFT JOIN dict w ON w.id = e.owner
 		WHERE o.key = ? ORDER BY e.version`, keyValue(key))
 	if err != nil {
@@ -637,20 +637,18 @@ func (j *SQLiteJournal) History(ctx context.Context, key string) ([]Event, error
 	var out []Event
 	for rows.Next() {
 		found = true
-		var version, at, from, to, attempt, status, kind sql.NullInt64
-		var msg, owner, detail sql.NullString
-		if err := rows.Scan(&version, &at, &from, &to, &attempt, &status, &msg, &owner, &kind, &detail); err != nil {
+		var version, at, from, to, attempt, status sql.NullInt64
+		var msg, owner sql.NullString
+		var why any
+		if err := rows.Scan(&version, &at, &from, &to, &attempt, &status, &msg, &owner, &why); err != nil {
 			return nil, j.db.Classify(err)
 		}
 		if !version.Valid {
 			continue // a record without events: cannot happen, but reads as empty
 		}
-		ev := Event{Version: version.Int64, At: fromMillis(at.Int64), Kind: EventKind(kind.Int64),
-			Detail: detail.String, From: State(from.Int64), To: State(to.Int64), Attempt: int(attempt.Int64),
-			StatusCode: int(status.Int64), Error: msg.String, Owner: owner.String}
-		if !from.Valid && !kind.Valid {
-			ev.Kind = EventCreate // written by schema 1, which had no kinds
-		}
+		ev := Event{Version: version.Int64, At: fromMillis(at.Int64), From: State(from.Int64), To: State(to.Int64),
+			Attempt: int(attempt.Int64), StatusCode: int(status.Int64), Error: msg.String, Owner: owner.String}
+		unpackWhy(&ev, why)
 		out = append(out, ev)
 	}
 	if err := rows.Err(); err != nil {

@@ -357,8 +357,11 @@ func testCreateKeyWireForm(t *testing.T, j idem.Journal) {
 		next := idem.CloneRecord(got)
 		next.State = idem.StateInFlight
 		next.KeyHeader, next.KeyQuoted = "Other-Header", !form.quoted
+		next.TransportResends = 3
 		updated := update(t, j, next, idem.Durable)
 		assertRequest(t, rec, updated)
-		assertRequest(t, rec, get(t, j, rec.Key))
+		stored := get(t, j, rec.Key)
+		assertRequest(t, rec, stored)
+		assert.Equal(t, 3, stored.TransportResends, "the re-sends are kept beside the form")
 	}
 }

@@ -167,7 +167,7 @@ func (d *driver) send(ctx context.Context) error {
 	if d.sends >= d.c.retry.MaxAttempts {
 		return d.stop(ctx, fmt.Errorf("no definitive answer after %d attempts: %w", d.sends, d.cause), d.failedDue())
 	}
-	if err := d.waitForServer(ctx); err != nil {
+	if err := d.waitForServer(ctx, 0); err != nil {
 		return err
 	}
 	if !d.journaled {
@@ -235,19 +235,22 @@ func (d *driver) serverAsked(wait time.Duration) {
 	}
 }
 
-// waitForServer waits until the server allows the next try, if it asked
-// for a wait this call may spend; otherwise it ends the call, with the
-// operation due again at the server's time.
-func (d *driver) waitForServer(ctx context.Context) error {
-	wait := d.notBefore.Sub(d.c.now())
-	if wait <= 0 {
-		return nil
-	}
-	if wait > d.c.retry.MaxRetryAfter {
+// waitForServer waits at least min, and until the server allows the next
+// try if it asked for a wait this call may spend; otherwise it ends the
+// call, with the operation due again at the server's time.
+func (d *driver) waitForServer(ctx context.Context, least time.Duration) error {
+	server := d.notBefore.Sub(d.c.now())
+	if server > d.c.retry.MaxRetryAfter {
 		return d.stop(ctx, fmt.Errorf("the server asked to wait %s (Retry-After), longer than RetryPolicy.MaxRetryAfter (%s): due again then",
-			wait.Round(time.Second), d.c.retry.MaxRetryAfter), d.notBefore)
+			server.Round(time.Second), d.c.retry.MaxRetryAfter), d.notBefore)
 	}
-	return d.sleep(ctx, wait, "the server's Retry-After")
+	switch {
+	case server > least:
+		return d.sleep(ctx, server, "the server's Retry-After")
+	case least > 0:
+		return d.sleep(ctx, least, "the backoff")
+	}
+	return nil
 }
 
 // sleep waits d unless the wait would run past the context's deadline or

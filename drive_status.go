@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptrace"
+	"time"
 )
 
 // checkStatus asks the server what became of the operation until it
@@ -17,13 +18,12 @@ func (d *driver) checkStatus(ctx context.Context) error {
 		if d.checks >= d.c.retry.MaxStatusChecks {
 			return d.stop(ctx, fmt.Errorf("no definitive status after %d checks (RetryPolicy.MaxStatusChecks): %w", d.checks, d.cause), d.failedDue())
 		}
-		if err := d.waitForServer(ctx); err != nil {
-			return err
-		}
+		var backoff time.Duration
 		if d.checks > 0 {
-			if err := d.sleep(ctx, d.c.retry.backoff(d.checks), "the next status check"); err != nil {
-				return err
-			}
+			backoff = d.c.retry.backoff(d.checks)
+		}
+		if err := d.waitForServer(ctx, backoff); err != nil {
+			return err
 		}
 		if d.pastRetention() {
 			return d.expire(ctx)

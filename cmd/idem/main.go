@@ -33,18 +33,27 @@
 // states (pending, in_flight, unknown, succeeded, rejected, expired,
 // canceled) and may be repeated; --scope keeps one scope; --older-than D
 // keeps operations created more than D ago, D being a Go duration such as
-// 90m or 36h, or a number of days such as 7d.
+// 90m or 36h, or a number of days such as 7d. A state marked "*"
+// (past_retention in JSON) is an in_flight or unknown operation past the
+// server's retention: "idem resume" marks it expired without sending.
 //
 //	idem show KEY|SCOPE/ID [--body] [--json]
 //
-// Prints one operation: every field of its record, the server's stored
-// response (status and headers) and its history of state changes. The
-// request and response bodies are printed only with --body: as text when
-// they are UTF-8 text, else in base64 (which is said). The argument is
-// first tried as a key; if no operation has that key and it contains "/",
-// it is split at its first "/" into a scope and an operation ID, so that
-// "default/checkout/cart-42" is operation "checkout/cart-42" of scope
-// "default".
+// Prints one operation: every field of its record, the key's wire form
+// (header name and value, quoted or bare; "not journaled (sent in the
+// resuming client's form)" for a record of a schema-1 journal), the
+// transport's own re-sends when there were any, the last error (such as
+// a status check's cause), the server's stored response (status and
+// headers) and its history as a timeline: one line per change with its
+// version, time, kind (create, send, answer, status, claim, stop, expire,
+// operator, update), state change ("=" when unchanged), attempt, status
+// code, owner and why. An in_flight or unknown operation past the
+// server's retention is flagged. The request and response bodies are
+// printed only with --body: as text when they are UTF-8 text, else in
+// base64 (which is said). The argument is first tried as a key; if no
+// operation has that key and it contains "/", it is split at its first
+// "/" into a scope and an operation ID, so that "default/checkout/cart-42"
+// is operation "checkout/cart-42" of scope "default".
 //
 //	idem stats [--json]
 //

@@ -94,7 +94,10 @@ next run or an operator), or when --timeout or a signal stopped the run;
 				}
 			}
 			r := &resumer{e: e, allowed: allowed, headers: headers}
+			host, _ := os.Hostname()
 			cfg := idem.Config{
+				// The journal's history names who took each operation up.
+				Owner:             fmt.Sprintf("idem-resume/%s/%d", host, os.Getpid()),
 				BaseURL:           baseURL,
 				Status:            checker,
 				Authorize:         r.authorize,

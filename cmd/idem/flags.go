@@ -7,9 +7,12 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 )
@@ -196,3 +199,26 @@ func validToken(s string) bool {
 	}
 	return true
 }
+
+// scopeList is --scope, which may be repeated.
+type scopeList []string
+
+func (s *scopeList) String() string { return strings.Join(*s, ",") }
+
+func (s *scopeList) Set(v string) error {
+	switch {
+	case v == "":
+		return errors.New("empty scope name")
+	case len(v) > maxScopeLength:
+		return fmt.Errorf("scope name of %d bytes, the limit is %d", len(v), maxScopeLength)
+	case !utf8.ValidString(v), strings.ContainsFunc(v, unicode.IsControl):
+		return fmt.Errorf("scope name %q is not printable text", v)
+	case slices.Contains(*s, v):
+		return fmt.Errorf("scope %q is given twice", v)
+	}
+	*s = append(*s, v)
+	return nil
+}
+
+// maxScopeLength is the journal's limit on a scope name.
+const maxScopeLength = 256

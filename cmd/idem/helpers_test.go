@@ -181,9 +181,11 @@ type op struct {
 	lastError string
 	resp      *idem.Response
 	// why is the event of the last move; expiresAt, when set, is the
-	// record's ExpiresAt after it.
+	// record's ExpiresAt after it; due is its NextAttemptAt, at its
+	// creation and after the last move.
 	why       idem.Event
 	expiresAt time.Time
+	due       time.Time
 }
 
 // put journals o with Journal.Create and moves it along o.path with
@@ -207,7 +209,8 @@ func put(t *testing.T, j idem.Journal, o op) idem.Record {
 		o.path = []idem.State{idem.StatePending}
 	}
 	rec := idem.Record{Key: o.key, Scope: o.scope, ID: o.id, Method: o.method, URL: o.url, Header: o.header, Body: o.body,
-		Fingerprint: idem.Fingerprint(o.method, o.url, o.header, nil, o.body), KeyHeader: "Idempotency-Key", State: o.path[0]}
+		Fingerprint: idem.Fingerprint(o.method, o.url, o.header, nil, o.body), KeyHeader: "Idempotency-Key", State: o.path[0],
+		NextAttemptAt: o.due}
 	if rec.State == idem.StateInFlight {
 		rec.Attempts = 1
 		rec.ExpiresAt = time.Now().Add(24 * time.Hour)
@@ -231,6 +234,7 @@ func put(t *testing.T, j idem.Journal, o op) idem.Record {
 			if !o.expiresAt.IsZero() {
 				next.ExpiresAt = o.expiresAt
 			}
+			next.NextAttemptAt = o.due
 			why = o.why
 		}
 		rec, err = j.Update(ctx, next, idem.Durable, why)

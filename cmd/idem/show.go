@@ -19,7 +19,7 @@ import (
 var showCommand = &command{
 	name:    "show",
 	args:    "KEY|SCOPE/ID [--body] [--json]",
-	summary: "print one operation: its record, key's wire form, stored response and history",
+	summary: "print one operation: its record, stored response and history as a timeline",
 	help: `
 Prints one operation: every field of its record, the server's stored
 response (status and headers) and its history. The request and response

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // newFlagSet returns a flag set that reports errors to its caller only:
@@ -163,7 +164,7 @@ func (l *headerEnvList) Set(v string) error {
 	if !ok || name == "" || envName == "" {
 		return fmt.Errorf("want NAME=ENV, the header and the environment variable that holds its value, not %q", v)
 	}
-	if !validToken(name) {
+	if !wire.IsToken(name) {
 		return fmt.Errorf("%q is not a valid header name", name)
 	}
 	if strings.ContainsAny(envName, "= \t") {
@@ -180,24 +181,6 @@ func (l *headerEnvList) Set(v string) error {
 	}
 	*l = append(*l, headerEnv{header: canon, env: envName})
 	return nil
-}
-
-// validToken reports whether s is an HTTP token (RFC 9110), as header
-// names are.
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // scopeList is --scope, which may be repeated.

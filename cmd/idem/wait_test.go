@@ -49,6 +49,7 @@ func TestResumeSaysWhatItLeftAlone(t *testing.T) {
 
 	r := cli(t, "", []string{"IDEM_TEST_TOKEN=secret"}, resumeArgs(path, api)...)
 	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	t.Logf("idem resume:\n%s", r.stdout)
 	assert.Equal(t, map[string]int{"claimed": 1, "succeeded": 1, "skipped": 3, "leased": 1, "not_due": 2}, nonZero(summary(t, r.stdout)))
 	assert.Regexp(t, `; left alone: busy 0, leased by a live owner 1, not due 2 \(the next due at `+
 		later.NextAttemptAt.UTC().Format("2006-01-02 15:04:05.000Z")+`, in 59m\d\ds\)\n`, r.stdout)

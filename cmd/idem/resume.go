@@ -304,8 +304,8 @@ func (r *resumer) survey(ctx context.Context, j idem.Journal) (look, error) {
 			}
 			continue
 		}
-		if h := rec.KeyHeader; h != "" && !slices.Contains(l.keyHeaders, h) {
-			l.keyHeaders = append(l.keyHeaders, http.CanonicalHeaderKey(h))
+		if h := http.CanonicalHeaderKey(rec.KeyHeader); h != "" && !slices.Contains(l.keyHeaders, h) {
+			l.keyHeaders = append(l.keyHeaders, h)
 		}
 	}
 	return l, nil

@@ -68,6 +68,10 @@ func TestBadInputsChangeNothing(t *testing.T) {
 		{"resume with an unset variable", []string{"resume", "--base-url", api, "--replay", "--header-env", "Authorization=IDEM_TEST_SURELY_UNSET"}, 1, "environment variable IDEM_TEST_SURELY_UNSET is unset or empty"},
 		{"resume with no workers", []string{"resume", "--base-url", api, "--replay", "--concurrency", "0"}, 2, "--concurrency must be at least 1"},
 		{"resume with a bad timeout", []string{"resume", "--base-url", api, "--replay", "--timeout", "soon"}, 2, `bad duration "soon"`},
+		{"resume with --scope and --all-scopes", []string{"resume", "--base-url", api, "--replay", "--scope", "a", "--all-scopes"}, 2, "give --scope or --all-scopes, not both"},
+		{"resume with an empty scope", []string{"resume", "--base-url", api, "--replay", "--scope", ""}, 2, "empty scope name"},
+		{"resume with a scope twice", []string{"resume", "--base-url", api, "--replay", "--scope", "a", "--scope", "a"}, 2, `scope "a" is given twice`},
+		{"resume with a control character in a scope", []string{"resume", "--base-url", api, "--replay", "--scope", "a\x1b"}, 2, "is not printable text"},
 		{"help for an unknown command", []string{"help", "frobnicate"}, 2, `unknown command "frobnicate"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -186,7 +190,8 @@ func TestHelp(t *testing.T) {
 		assert.Contains(t, r.stdout, "Usage: idem "+c.name+" "+c.args+"\n")
 	}
 	for _, flag := range []string{"--journal PATH", "--state STATES", "--older-than D", "--body", "--as OUTCOME",
-		"--note TEXT", "--header-env NAME=ENV", "--status-url URL", "--replay", "--dry-run", "--concurrency N", "--timeout D"} {
+		"--note TEXT", "--header-env NAME=ENV", "--status-url URL", "--replay", "--dry-run", "--concurrency N", "--timeout D",
+		"--scope SCOPE", "--all-scopes", "--wait"} {
 		assert.Contains(t, r.stdout, "  "+flag)
 	}
 	assert.Contains(t, r.stdout, "Exit status")

@@ -7,11 +7,15 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // newFlagSet returns a flag set that reports errors to its caller only:
@@ -160,7 +164,7 @@ func (l *headerEnvList) Set(v string) error {
 	if !ok || name == "" || envName == "" {
 		return fmt.Errorf("want NAME=ENV, the header and the environment variable that holds its value, not %q", v)
 	}
-	if !validToken(name) {
+	if !wire.IsToken(name) {
 		return fmt.Errorf("%q is not a valid header name", name)
 	}
 	if strings.ContainsAny(envName, "= \t") {
@@ -179,20 +183,25 @@ func (l *headerEnvList) Set(v string) error {
 	return nil
 }
 
-// validToken reports whether s is an HTTP token (RFC 9110), as header
-// names are.
-func validToken(s string) bool {
-	if s == "" {
-		return false
+// scopeList is --scope, which may be repeated.
+type scopeList []string
+
+func (s *scopeList) String() string { return strings.Join(*s, ",") }
+
+func (s *scopeList) Set(v string) error {
+	switch {
+	case v == "":
+		return errors.New("empty scope name")
+	case len(v) > maxScopeLength:
+		return fmt.Errorf("scope name of %d bytes, the limit is %d", len(v), maxScopeLength)
+	case !utf8.ValidString(v), strings.ContainsFunc(v, unicode.IsControl):
+		return fmt.Errorf("scope name %q is not printable text", v)
+	case slices.Contains(*s, v):
+		return fmt.Errorf("scope %q is given twice", v)
 	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
+	*s = append(*s, v)
+	return nil
 }
+
+// maxScopeLength is the journal's limit on a scope name.
+const maxScopeLength = 256

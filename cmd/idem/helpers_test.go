@@ -31,6 +31,10 @@ var idemBin string
 var raceEnabled bool
 
 func TestMain(m *testing.M) {
+	if name := os.Getenv(appEnv); name != "" {
+		// A child process started by startApp: it plays an application.
+		os.Exit(runApp(name))
+	}
 	dir, err := os.MkdirTemp("", "idem-cli-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -176,6 +180,12 @@ type op struct {
 	// succeeded or rejected.
 	lastError string
 	resp      *idem.Response
+	// why is the event of the last move; expiresAt, when set, is the
+	// record's ExpiresAt after it; due is its NextAttemptAt, at its
+	// creation and after the last move.
+	why       idem.Event
+	expiresAt time.Time
+	due       time.Time
 }
 
 // put journals o with Journal.Create and moves it along o.path with
@@ -199,7 +209,8 @@ func put(t *testing.T, j idem.Journal, o op) idem.Record {
 		o.path = []idem.State{idem.StatePending}
 	}
 	rec := idem.Record{Key: o.key, Scope: o.scope, ID: o.id, Method: o.method, URL: o.url, Header: o.header, Body: o.body,
-		Fingerprint: idem.Fingerprint(o.method, o.url, o.header, nil, o.body), KeyHeader: "Idempotency-Key", State: o.path[0]}
+		Fingerprint: idem.Fingerprint(o.method, o.url, o.header, nil, o.body), KeyHeader: "Idempotency-Key", State: o.path[0],
+		NextAttemptAt: o.due}
 	if rec.State == idem.StateInFlight {
 		rec.Attempts = 1
 		rec.ExpiresAt = time.Now().Add(24 * time.Hour)
@@ -214,13 +225,19 @@ func put(t *testing.T, j idem.Journal, o op) idem.Record {
 			next.Attempts++
 			next.ExpiresAt = time.Now().Add(24 * time.Hour)
 		}
+		why := idem.Event{}
 		if i == len(o.path)-2 {
 			next.LastError = o.lastError
 			if st == idem.StateSucceeded || st == idem.StateRejected {
 				next.Response = o.resp
 			}
+			if !o.expiresAt.IsZero() {
+				next.ExpiresAt = o.expiresAt
+			}
+			next.NextAttemptAt = o.due
+			why = o.why
 		}
-		rec, err = j.Update(ctx, next, idem.Durable, idem.Event{})
+		rec, err = j.Update(ctx, next, idem.Durable, why)
 		require.NoError(t, err)
 	}
 	return rec

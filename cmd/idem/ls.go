@@ -28,7 +28,11 @@ var lsCommand = &command{
 Lists operations, oldest first: key, scope, operation ID, state, attempts,
 age and last error, in a table (long IDs and errors are shortened; "idem
 show" prints them whole) or, with --json, one JSON object per line (no
-bodies).`,
+bodies).
+
+A state marked "*" (past_retention in JSON) is an in_flight or unknown
+operation whose server retention has passed: "idem resume" marks it
+expired without sending anything, for an operator to reconcile.`,
 	setup: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		var (
 			states stateList
@@ -51,7 +55,7 @@ bodies).`,
 			}
 			return withJournal(e, func(j *idem.SQLiteJournal) error {
 				if asJSON {
-					return listJSON(ctx, e, j, f)
+					return listJSON(ctx, e, j, f, now)
 				}
 				return listTable(ctx, e, j, f, now)
 			})
@@ -59,12 +63,12 @@ bodies).`,
 	},
 }
 
-func listJSON(ctx context.Context, e *env, j idem.Journal, f idem.Filter) error {
+func listJSON(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now time.Time) error {
 	for rec, err := range j.List(ctx, f) {
 		if err != nil {
 			return err
 		}
-		if err := writeJSON(e.stdout, newJSONRecord(rec)); err != nil {
+		if err := writeJSON(e.stdout, newJSONRecord(rec, now)); err != nil {
 			return err
 		}
 	}
@@ -73,7 +77,7 @@ func listJSON(ctx context.Context, e *env, j idem.Journal, f idem.Filter) error 
 
 func listTable(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now time.Time) error {
 	tw := newTable(e.stdout)
-	n := 0
+	n, overdue := 0, 0
 	for rec, err := range j.List(ctx, f) {
 		if err != nil {
 			tw.Flush()
@@ -88,7 +92,12 @@ func listTable(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now t
 			}
 		}
 		n++
-		row(tw, rec.Key, cutMiddle(rec.Scope, lsScopeWidth), cutMiddle(rec.ID, lsIDWidth), rec.State.String(),
+		state := rec.State.String()
+		if pastRetention(rec, now) {
+			state += "*"
+			overdue++
+		}
+		row(tw, rec.Key, cutMiddle(rec.Scope, lsScopeWidth), cutMiddle(rec.ID, lsIDWidth), state,
 			strconv.Itoa(rec.Attempts), formatAge(now.Sub(rec.CreatedAt)), cut(lastError(rec), lsErrorWidth))
 	}
 	if err := tw.Flush(); err != nil {
@@ -96,6 +105,10 @@ func listTable(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now t
 	}
 	if n == 0 {
 		_, err := fmt.Fprintln(e.stdout, "no operations")
+		return err
+	}
+	if overdue > 0 {
+		_, err := fmt.Fprintf(e.stdout, "* %s (%d operation(s))\n", pastRetentionNote, overdue)
 		return err
 	}
 	return nil

@@ -33,18 +33,27 @@
 // states (pending, in_flight, unknown, succeeded, rejected, expired,
 // canceled) and may be repeated; --scope keeps one scope; --older-than D
 // keeps operations created more than D ago, D being a Go duration such as
-// 90m or 36h, or a number of days such as 7d.
+// 90m or 36h, or a number of days such as 7d. A state marked "*"
+// (past_retention in JSON) is an in_flight or unknown operation past the
+// server's retention: "idem resume" marks it expired without sending.
 //
 //	idem show KEY|SCOPE/ID [--body] [--json]
 //
-// Prints one operation: every field of its record, the server's stored
-// response (status and headers) and its history of state changes. The
-// request and response bodies are printed only with --body: as text when
-// they are UTF-8 text, else in base64 (which is said). The argument is
-// first tried as a key; if no operation has that key and it contains "/",
-// it is split at its first "/" into a scope and an operation ID, so that
-// "default/checkout/cart-42" is operation "checkout/cart-42" of scope
-// "default".
+// Prints one operation: every field of its record, the key's wire form
+// (header name and value, quoted or bare; "not journaled (sent in the
+// resuming client's form)" for a record of a schema-1 journal), the
+// transport's own re-sends when there were any, the last error (such as
+// a status check's cause), the server's stored response (status and
+// headers) and its history as a timeline: one line per change with its
+// version, time, kind (create, send, answer, status, claim, stop, expire,
+// operator, update), state change ("=" when unchanged), attempt, status
+// code, owner and why. An in_flight or unknown operation past the
+// server's retention is flagged. The request and response bodies are
+// printed only with --body: as text when they are UTF-8 text, else in
+// base64 (which is said). The argument is first tried as a key; if no
+// operation has that key and it contains "/", it is split at its first
+// "/" into a scope and an operation ID, so that "default/checkout/cart-42"
+// is operation "checkout/cart-42" of scope "default".
 //
 //	idem stats [--json]
 //
@@ -67,28 +76,42 @@
 // is never sent. An operation that may have reached the server cannot be
 // canceled: reconcile it instead.
 //
-//	idem resume --base-url URL (--status-url URL | --replay) [--header-env NAME=ENV ...]
-//	            [--concurrency N] [--timeout D]
+//	idem resume --base-url URL (--status-url URL | --replay) [--scope S ... | --all-scopes]
+//	            [--header-env NAME=ENV ...] [--wait] [--concurrency N] [--timeout D]
 //
-// Drives every due pending, in_flight and unknown operation to a definitive
-// answer, as the application would after a restart: operations whose
-// outcome is unknown get a status check (GET URL/KEY on --status-url, or a
-// replay of the same key with --replay) before anything is re-sent, and
-// every send reuses the journaled key. --base-url names the API: only
-// operations whose URL has its origin are taken up (the others are left
-// untouched, and counted in a warning), and requests to any other origin
-// than --base-url and --status-url are refused, so that credentials never
-// go elsewhere. Each
-// --header-env NAME=ENV sets header NAME, on every request, to the value
-// of environment variable ENV, read at each request: credentials come only
-// from the environment, never from the command line (which shell history
-// and ps keep) nor from the journal (which never holds them). An unset or
-// empty ENV is an error before anything is done. --concurrency bounds the
-// operations driven at once (default 8); --timeout bounds the whole run
-// (default none). On a terminal a progress line is updated in place; a
-// summary (claimed, succeeded, rejected, pending, unknown, expired,
-// skipped, failed) is always printed. Interrupting it (Ctrl-C) stops it
-// cleanly: every operation stays journaled.
+// Drives every due pending, in_flight and unknown operation of the chosen
+// scopes to a definitive answer, as the application would after a restart:
+// operations whose outcome is unknown get a status check (GET URL/KEY on
+// --status-url, or a replay of the same key with --replay) before anything
+// is re-sent, and every send reuses the journaled key in its journaled
+// form (header name, quoted or bare). Unknown or in_flight operations past
+// the server's retention are marked expired without a request. Operations
+// leased by a live process are left to it; those of a process that is gone
+// are taken over at once.
+//
+// A scope is a tenant, and credentials belong to one: --scope S (repeatable;
+// default "default") takes up the operations of those scopes only, and
+// --all-scopes, for an operator whose credentials are good for every
+// tenant, takes up every scope's; the two are exclusive. --base-url names
+// the API: only operations whose URL has its origin are taken up (the
+// others are left untouched, and counted in a warning), and requests to
+// any other origin than --base-url and --status-url are refused, so that
+// credentials never go elsewhere. Each --header-env NAME=ENV sets header
+// NAME, on every request, to the value of environment variable ENV, read
+// at each request: credentials come only from the environment, never from
+// the command line (which shell history and ps keep) nor from the journal
+// (which never holds them). An unset or empty ENV is an error before
+// anything is done, and so is a header that carries an operation's key.
+// --wait also waits for operations not due yet and for leases held by live
+// processes, until every operation in scope is settled or expired, or
+// --timeout or a signal stops it. --concurrency bounds the operations
+// driven at once (default 8); --timeout bounds the whole run (default
+// none). On a terminal a progress line is updated in place; a summary
+// (claimed, succeeded, rejected, pending, unknown, expired, skipped,
+// failed; then what was left alone and why: busy, leased by a live owner,
+// not due with the next due time) is always printed, and a line counts
+// the unsettled operations of other scopes, left alone. Interrupting it
+// (Ctrl-C) stops it cleanly: every operation stays journaled.
 //
 //	idem prune --older-than D [--dry-run]
 //

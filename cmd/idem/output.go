@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // newTable returns a tabwriter for aligned columns; Flush it.
@@ -121,31 +122,57 @@ func writeJSON(w io.Writer, v any) error {
 // jsonRecord is a record as ls --json and show --json print it. ls leaves
 // the fields marked "show" empty.
 type jsonRecord struct {
-	Key           string     `json:"key"`
-	Scope         string     `json:"scope"`
-	ID            string     `json:"id"`
-	State         string     `json:"state"`
-	Method        string     `json:"method"`
-	URL           string     `json:"url"`
-	Attempts      int        `json:"attempts"`
-	StatusCode    int        `json:"status_code,omitempty"`
-	LastError     string     `json:"last_error,omitempty"`
-	Note          string     `json:"note,omitempty"`
-	CreatedAt     time.Time  `json:"created_at"`
-	UpdatedAt     time.Time  `json:"updated_at"`
-	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
-	ExpiresAt     *time.Time `json:"expires_at,omitempty"`
-	Lease         *jsonLease `json:"lease,omitempty"`
-	Version       int64      `json:"version"`
+	Key      string `json:"key"`
+	Scope    string `json:"scope"`
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	Method   string `json:"method"`
+	URL      string `json:"url"`
+	Attempts int    `json:"attempts"`
+	// TransportResends are the times Go's HTTP transport sent an attempt
+	// again by itself; none is in Attempts.
+	TransportResends int        `json:"transport_resends,omitempty"`
+	StatusCode       int        `json:"status_code,omitempty"`
+	LastError        string     `json:"last_error,omitempty"`
+	Note             string     `json:"note,omitempty"`
+	CreatedAt        time.Time  `json:"created_at"`
+	UpdatedAt        time.Time  `json:"updated_at"`
+	NextAttemptAt    *time.Time `json:"next_attempt_at,omitempty"`
+	ExpiresAt        *time.Time `json:"expires_at,omitempty"`
+	Lease            *jsonLease `json:"lease,omitempty"`
+	Version          int64      `json:"version"`
+	// PastRetention: the operation may have reached the server, is not
+	// settled, and the server's key retention has passed: Resume marks it
+	// expired without sending anything.
+	PastRetention bool `json:"past_retention,omitempty"`
 
 	// show
 	Fingerprint  string        `json:"fingerprint,omitempty"`
+	KeyForm      *jsonKeyForm  `json:"key_form,omitempty"`
 	Header       http.Header   `json:"header,omitempty"`
 	BodyBytes    *int          `json:"body_bytes,omitempty"`
 	Body         *string       `json:"body,omitempty"`
 	BodyEncoding string        `json:"body_encoding,omitempty"`
 	Response     *jsonResponse `json:"response,omitempty"`
 	History      []jsonEvent   `json:"history,omitempty"`
+}
+
+// jsonKeyForm is how the key goes on the wire. Journaled is false for a
+// record written before idem kept the form (schema 1): it is sent in the
+// form of whichever client resumes it.
+type jsonKeyForm struct {
+	Journaled bool   `json:"journaled"`
+	Header    string `json:"header,omitempty"`
+	Quoted    bool   `json:"quoted"`
+	// Value is the header's value as sent: the key, quoted or bare.
+	Value string `json:"value,omitempty"`
+}
+
+func newJSONKeyForm(rec idem.Record) *jsonKeyForm {
+	if rec.KeyHeader == "" {
+		return &jsonKeyForm{}
+	}
+	return &jsonKeyForm{Journaled: true, Header: rec.KeyHeader, Quoted: rec.KeyQuoted, Value: wire.FormatKey(rec.Key, rec.KeyQuoted)}
 }
 
 type jsonLease struct {
@@ -166,6 +193,8 @@ type jsonResponse struct {
 type jsonEvent struct {
 	Version    int64     `json:"version"`
 	At         time.Time `json:"at"`
+	Kind       string    `json:"kind"`
+	Detail     string    `json:"detail,omitempty"`
 	From       string    `json:"from,omitempty"`
 	To         string    `json:"to"`
 	Attempt    int       `json:"attempt"`
@@ -184,15 +213,16 @@ func optTime(t time.Time) *time.Time {
 	return &u
 }
 
-// newJSONRecord is the summary of rec, without its request or response.
-func newJSONRecord(rec idem.Record) jsonRecord {
+// newJSONRecord is the summary of rec at now, without its request or
+// response.
+func newJSONRecord(rec idem.Record, now time.Time) jsonRecord {
 	j := jsonRecord{
 		Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State.String(),
-		Method: rec.Method, URL: rec.URL, Attempts: rec.Attempts,
+		Method: rec.Method, URL: rec.URL, Attempts: rec.Attempts, TransportResends: rec.TransportResends,
 		LastError: rec.LastError, Note: rec.Note,
 		CreatedAt: utc(rec.CreatedAt), UpdatedAt: utc(rec.UpdatedAt),
 		NextAttemptAt: optTime(rec.NextAttemptAt), ExpiresAt: optTime(rec.ExpiresAt),
-		Version: rec.Version,
+		Version: rec.Version, PastRetention: pastRetention(rec, now),
 	}
 	if rec.Response != nil {
 		j.StatusCode = rec.Response.StatusCode
@@ -223,3 +253,15 @@ func sortedHeader(h http.Header) []string {
 	slices.Sort(names)
 	return names
 }
+
+// pastRetention reports whether rec may have reached the server, is not
+// settled, and the server's key retention (ExpiresAt) has passed at now:
+// the next Resume marks it expired without sending anything, as no status
+// check can settle it any more. This is the test Resume applies.
+func pastRetention(rec idem.Record, now time.Time) bool {
+	return (rec.State == idem.StateInFlight || rec.State == idem.StateUnknown) &&
+		!rec.ExpiresAt.IsZero() && now.After(rec.ExpiresAt)
+}
+
+// pastRetentionNote says what pastRetention means.
+const pastRetentionNote = "past the server's retention: Resume marks it expired without sending"

@@ -34,7 +34,9 @@ type apiServer struct {
 	*httptest.Server
 	authHeader, secret string
 
-	mu                                     sync.Mutex
+	mu sync.Mutex
+	// before, when set, sees each request first, without holding mu.
+	before                                 func(*http.Request)
 	stored                                 map[string]storedAnswer
 	executed                               map[string]int // times each key was executed
 	authorized, unauthorized, statusChecks int
@@ -54,6 +56,12 @@ func newAPIServer(t *testing.T, authHeader, secret string) *apiServer {
 }
 
 func (s *apiServer) serve(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	before := s.before
+	s.mu.Unlock()
+	if before != nil {
+		before(r)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r.Header.Get(s.authHeader) != s.secret {
@@ -111,17 +119,23 @@ func (s *apiServer) counts(key string) (executed int, stored bool) {
 	return s.executed[key], stored
 }
 
-var summaryRE = regexp.MustCompile(`(?m)^resume: claimed (\d+), succeeded (\d+), rejected (\d+), pending (\d+), unknown (\d+), expired (\d+), skipped (\d+), failed (\d+)$`)
+var summaryRE = regexp.MustCompile(`(?m)^resume: claimed (\d+), succeeded (\d+), rejected (\d+), pending (\d+), unknown (\d+), expired (\d+), skipped (\d+), failed (\d+); ` +
+	`left alone: busy (\d+), leased by a live owner (\d+), not due (\d+)( \(the next due at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z, in \S+\))?$`)
 
-// summary parses resume's summary line.
+// summary parses resume's summary line: the counts, by name. Skipped is
+// the sum of what was left alone, and the next due time is given when
+// something is not due.
 func summary(t *testing.T, stdout string) map[string]int {
 	t.Helper()
 	m := summaryRE.FindStringSubmatch(stdout)
 	require.NotNil(t, m, "no summary in %q", stdout)
 	out := map[string]int{}
-	for i, name := range []string{"claimed", "succeeded", "rejected", "pending", "unknown", "expired", "skipped", "failed"} {
+	for i, name := range []string{"claimed", "succeeded", "rejected", "pending", "unknown", "expired", "skipped", "failed",
+		"busy", "leased", "not_due"} {
 		out[name], _ = strconv.Atoi(m[i+1])
 	}
+	require.Equal(t, out["skipped"], out["busy"]+out["leased"]+out["not_due"], m[0])
+	require.Equal(t, out["not_due"] > 0, m[12] != "", "the next due time is given when something is not due: %s", m[0])
 	return out
 }
 

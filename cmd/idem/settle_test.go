@@ -36,7 +36,7 @@ func TestReconcile(t *testing.T) {
 	// The decision is in the history, with its note.
 	r = idemOn(t, path, "show", recs[rExpired].Key)
 	requireOK(t, r)
-	assert.Regexp(t, `(?m)^  4 +\S+ \S+ +expired +rejected +1 +- +- +no shipment found$`, r.stdout)
+	assert.Regexp(t, `(?m)^  4 +\S+ \S+ +operator +expired → rejected +1 +- +- +reconciled as rejected; no shipment found$`, r.stdout)
 
 	// Everything else is untouched.
 	snap := takeSnapshot(t, path)

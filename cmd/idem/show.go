@@ -13,22 +13,45 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 var showCommand = &command{
 	name:    "show",
 	args:    "KEY|SCOPE/ID [--body] [--json]",
-	summary: "print one operation: its record, stored response and history",
+	summary: "print one operation: its record, stored response and history as a timeline",
 	help: `
 Prints one operation: every field of its record, the server's stored
-response (status and headers) and its history of state changes. The
-request and response bodies are printed only with --body: as text when
-they are UTF-8 text, else in base64 (which is said).
+response (status and headers) and its history. The request and response
+bodies are printed only with --body: as text when they are UTF-8 text,
+else in base64 (which is said).
+
+"key header" is the key as every attempt, replay and status check sends
+it, whoever sends it: the header's name and value, quoted (an RFC 8941
+sf-string) or a bare token. A record journaled before idem kept the form
+(schema 1) says "not journaled (sent in the resuming client's form)": the
+client or "idem resume" that sends it uses its own. "attempts" adds the
+times Go's HTTP transport re-sent an attempt on its own, when it did: each
+may have reached the server. "last error" says why the operation is not
+settled, such as what its last status check answered. An in_flight or
+unknown operation whose "expires" has passed is flagged "past the server's
+retention: Resume marks it expired without sending".
+
+The history is a timeline, one line per change: its version and time, its
+kind (create, send, answer, status, claim, stop, expire, operator, or
+update for a journal written before changes had kinds), the state change
+("=" when the state stayed), the attempt count, the HTTP status recorded,
+the lease owner that made the change, and why: why an attempt was sent
+again and how long it waited, what a status check answered or why it
+failed, whose lease a claim took over and why it could, when a stopped
+operation is due again, an operator's note.
 
 The argument is first tried as a key. If no operation has that key and it
 contains "/", it is split at its first "/" into a scope and an operation
 ID: "default/checkout/cart-42" is operation "checkout/cart-42" of scope
-"default".`,
+"default". --json prints the same as one object, with each event's kind
+and detail, and the key's form as key_form (journaled, header, quoted,
+value).`,
 	setup: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		var withBody, asJSON bool
 		fs.BoolVar(&withBody, "body", false, "print the request and response bodies too")
@@ -47,7 +70,7 @@ ID: "default/checkout/cart-42" is operation "checkout/cart-42" of scope
 					return err
 				}
 				if asJSON {
-					return writeJSON(e.stdout, showJSON(rec, hist, withBody))
+					return writeJSON(e.stdout, showJSON(rec, hist, withBody, e.now()))
 				}
 				return showText(e.stdout, rec, hist, withBody, e.now())
 			})
@@ -73,9 +96,10 @@ func resolve(ctx context.Context, e *env, j idem.Journal, arg string) (idem.Reco
 	return rec, err
 }
 
-func showJSON(rec idem.Record, hist []idem.Event, withBody bool) jsonRecord {
-	out := newJSONRecord(rec)
+func showJSON(rec idem.Record, hist []idem.Event, withBody bool, now time.Time) jsonRecord {
+	out := newJSONRecord(rec, now)
 	out.Fingerprint = rec.Fingerprint
+	out.KeyForm = newJSONKeyForm(rec)
 	out.Header = rec.Header
 	n := len(rec.Body)
 	out.BodyBytes = &n
@@ -90,7 +114,8 @@ func showJSON(rec idem.Record, hist []idem.Event, withBody bool) jsonRecord {
 	}
 	out.History = make([]jsonEvent, len(hist))
 	for i, ev := range hist {
-		out.History[i] = jsonEvent{Version: ev.Version, At: utc(ev.At), To: ev.To.String(), Attempt: ev.Attempt,
+		out.History[i] = jsonEvent{Version: ev.Version, At: utc(ev.At), Kind: ev.Kind.String(), Detail: ev.Detail,
+			To: ev.To.String(), Attempt: ev.Attempt,
 			StatusCode: ev.StatusCode, Error: ev.Error, Owner: ev.Owner}
 		if ev.From != 0 {
 			out.History[i].From = ev.From.String()
@@ -103,16 +128,25 @@ func showText(w io.Writer, rec idem.Record, hist []idem.Event, withBody bool, no
 	tw := newTable(w)
 	field := func(name, value string) { row(tw, name, value) }
 	field("key", rec.Key)
+	field("key header", keyFormText(rec))
 	field("scope", rec.Scope)
 	field("id", rec.ID)
 	field("state", rec.State.String())
 	field("method", rec.Method)
 	field("url", rec.URL)
 	field("fingerprint", rec.Fingerprint)
-	field("attempts", strconv.Itoa(rec.Attempts))
+	attempts := strconv.Itoa(rec.Attempts)
+	if n := rec.TransportResends; n > 0 {
+		attempts += fmt.Sprintf(", and %d re-send(s) by Go's HTTP transport on its own (a reused connection died before any reply; each may have reached the server)", n)
+	}
+	field("attempts", attempts)
 	field("created", formatTime(rec.CreatedAt, now))
 	field("updated", formatTime(rec.UpdatedAt, now))
-	field("expires", formatTime(rec.ExpiresAt, now))
+	expires := formatTime(rec.ExpiresAt, now)
+	if pastRetention(rec, now) {
+		expires += ": " + pastRetentionNote
+	}
+	field("expires", expires)
 	field("next attempt", formatTime(rec.NextAttemptAt, now))
 	lease := "none"
 	if rec.Lease.Owner != "" {
@@ -147,20 +181,69 @@ func showText(w io.Writer, rec idem.Record, hist []idem.Event, withBody bool, no
 	}
 
 	fmt.Fprintln(w, "\nhistory:")
-	tw = newTable(w)
-	row(tw, "  VERSION", "AT", "FROM", "TO", "ATTEMPT", "STATUS", "OWNER", "ERROR OR NOTE")
+	return printHistory(w, hist)
+}
+
+// printHistory prints the record's history as a timeline: one line per
+// event, with its version and time, its kind, the state change ("=" when
+// the state stayed), the attempt count, the status code, the lease owner
+// that made the change, and why.
+func printHistory(w io.Writer, hist []idem.Event) error {
+	tw := newTable(w)
+	row(tw, "  VERSION", "AT", "KIND", "CHANGE", "ATTEMPT", "STATUS", "OWNER", "WHY")
+	prevError := ""
 	for _, ev := range hist {
-		from, status := "-", "-"
-		if ev.From != 0 {
-			from = ev.From.String()
-		}
+		status := "-"
 		if ev.StatusCode != 0 {
 			status = strconv.Itoa(ev.StatusCode)
 		}
 		row(tw, "  "+strconv.FormatInt(ev.Version, 10), ev.At.UTC().Format("2006-01-02 15:04:05.000Z07:00"),
-			from, ev.To.String(), strconv.Itoa(ev.Attempt), status, ev.Owner, ev.Error)
+			ev.Kind.String(), stateChange(ev), strconv.Itoa(ev.Attempt), status, ev.Owner, eventWhy(ev, prevError))
+		prevError = ev.Error
 	}
 	return tw.Flush()
+}
+
+// stateChange is "from → to", "→ to" for the creation, or "=" when the
+// state stayed.
+func stateChange(ev idem.Event) string {
+	switch {
+	case ev.From == 0:
+		return "→ " + ev.To.String()
+	case ev.From == ev.To:
+		return "="
+	}
+	return ev.From.String() + " → " + ev.To.String()
+}
+
+// eventWhy is the event's Detail, followed by the record's error (or the
+// operator's note) when the event set it and the detail does not already
+// say it: a status check's detail says what the check answered, or why it
+// failed, which is what its error repeats.
+func eventWhy(ev idem.Event, prevError string) string {
+	why := ev.Detail
+	if ev.Kind == idem.EventStatus && why != "" {
+		return why
+	}
+	if e := ev.Error; e != "" && e != prevError && !strings.Contains(why, e) {
+		if why != "" {
+			why += "; "
+		}
+		why += e
+	}
+	return why
+}
+
+// keyFormText says how the record's key goes on the wire.
+func keyFormText(rec idem.Record) string {
+	if rec.KeyHeader == "" {
+		return "not journaled (sent in the resuming client's form)"
+	}
+	form := "bare token"
+	if rec.KeyQuoted {
+		form = "quoted: an RFC 8941 sf-string"
+	}
+	return fmt.Sprintf("%s: %s (%s)", rec.KeyHeader, wire.FormatKey(rec.Key, rec.KeyQuoted), form)
 }
 
 func printHeader(w io.Writer, h http.Header) {

@@ -189,7 +189,8 @@ func TestShowTellsTheStory(t *testing.T) {
 	assert.Len(t, strings.Split(strings.TrimSpace(hist), "\n"), 8, "a title, a header and six events:\n%s", hist)
 	// A failed check's detail says what failed; the record's error, which
 	// names the checker too, is not repeated.
-	assert.Equal(t, 1, strings.Count(hist, "does not follow"), hist)
+	assert.Equal(t, 1, strings.Count(hist, `without a "state" field`), hist)
+	assert.Regexp(t, `(?m)^  3 .*the transport sent it again 1 time\(s\) by itself`, hist, "the re-send is told where it happened")
 
 	// The JSON has every event's kind and detail, and the key's form.
 	r = idemOn(t, path, "show", rec.Key, "--json")

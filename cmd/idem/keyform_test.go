@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"io"
 	"net"
@@ -188,4 +189,48 @@ func TestResumeRefusesToSetTheKeyHeader(t *testing.T) {
 	srv.mu.Lock()
 	assert.Len(t, srv.seen, before, "nothing was sent")
 	srv.mu.Unlock()
+}
+
+// An operation journaled before the key's form was (schema 1) is sent in
+// the form --legacy-key-header and --legacy-quote-key give: the one the
+// application used then.
+func TestResumeSendsUnjournaledFormsAsTold(t *testing.T) {
+	t.Parallel()
+	srv := newRequestKeyServer(t)
+	path, rec := unknownUnderRequestKey(t, srv)
+	forgetForm(t, path)
+	require.Empty(t, getRecord(t, path, rec.Key).KeyHeader, "the record reads as one of schema 1")
+	r := idemOn(t, path, "show", rec.Key)
+	requireOK(t, r)
+	assert.Contains(t, r.stdout, "not journaled")
+
+	r = cli(t, "", nil, "--journal", path, "resume", "--base-url", srv.URL, "--replay", "--legacy-key-header", "nonsense header")
+	require.Equal(t, 2, r.code, "a bad header name is a usage error")
+
+	srv.mu.Lock()
+	before := len(srv.seen)
+	srv.mu.Unlock()
+	r = cli(t, "", nil, "--journal", path, "resume", "--base-url", srv.URL, "--replay",
+		"--legacy-key-header", "x-request-key", "--legacy-quote-key")
+	require.Equal(t, 0, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	assert.Equal(t, idem.StateSucceeded, getRecord(t, path, rec.Key).State)
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	assert.Equal(t, 1, srv.executed, "the handler ran once")
+	require.Greater(t, len(srv.seen), before)
+	for _, h := range srv.seen[before:] {
+		assert.Equal(t, []string{`"` + rec.Key + `"`}, h.Values("X-Request-Key"))
+		assert.Empty(t, h.Values("Idempotency-Key"))
+	}
+}
+
+// forgetForm makes every record of the journal at path read as one written
+// by schema 1, which did not journal the key's form.
+func forgetForm(t *testing.T, path string) {
+	t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=5000")
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.Exec(`UPDATE operations SET form = 2`)
+	require.NoError(t, err)
 }

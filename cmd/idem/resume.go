@@ -14,12 +14,13 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 var resumeCommand = &command{
 	name: "resume",
 	args: "--base-url URL (--status-url URL | --replay) [--scope S ... | --all-scopes] [--header-env NAME=ENV ...]\n" +
-		"            [--wait] [--concurrency N] [--timeout D]",
+		"            [--wait] [--concurrency N] [--timeout D] [--legacy-key-header NAME] [--legacy-quote-key]",
 	summary: "drive every due unfinished operation of a scope to a definitive answer",
 	help: `
 Drives every due pending, in_flight and unknown operation of the chosen
@@ -52,6 +53,12 @@ Credentials come only from the environment, never from the command line
 them). An unset or empty ENV is an error before anything is done, and so
 is a header that carries the key of an operation to resume.
 
+Operations journaled by idem before the key's form was journaled (a
+journal of schema 1: 'idem show' says "not journaled") are sent with the
+key in the header --legacy-key-header names (default Idempotency-Key),
+quoted with --legacy-quote-key: give the form the application used then,
+or a server that reads another header runs them again.
+
 Without --wait, resume makes one pass over what is due. With --wait it
 also waits for operations that are not due yet, and for leases held by
 live processes to end, and goes on until every operation it may take up
@@ -70,7 +77,8 @@ run; 1 on error.`,
 		var (
 			baseURL, statusURL string
 			replay, allScopes  bool
-			wait               bool
+			wait, legacyQuoted bool
+			legacyHeader       string
 			scopes             scopeList
 			headers            headerEnvList
 			concurrency        int
@@ -84,6 +92,8 @@ run; 1 on error.`,
 		fs.Var(&headers, "header-env", "`NAME=ENV`: set header NAME to the value of environment variable ENV; may be repeated")
 		fs.BoolVar(&wait, "wait", false, "wait for operations not due yet and for leases held by live processes, until every one is settled or --timeout ends")
 		fs.IntVar(&concurrency, "concurrency", 8, "drive at most `N` operations at once")
+		fs.StringVar(&legacyHeader, "legacy-key-header", "", "the key's header `NAME` for operations whose form was not journaled (schema 1); default Idempotency-Key")
+		fs.BoolVar(&legacyQuoted, "legacy-quote-key", false, "send the key of operations whose form was not journaled as a quoted sf-string")
 		fs.Var(&timeout, "timeout", "stop after `D`, such as 10m; operations left stay journaled (default none)")
 		return func(ctx context.Context, e *env, args []string) error {
 			if err := wantArgs("resume", args); err != nil {
@@ -123,6 +133,9 @@ run; 1 on error.`,
 			if concurrency < 1 {
 				return usagef("resume: --concurrency must be at least 1, not %d", concurrency)
 			}
+			if legacyHeader != "" && !wire.IsToken(legacyHeader) {
+				return usagef("resume: --legacy-key-header %q is not a header name", legacyHeader)
+			}
 			for _, h := range headers {
 				if e.getenv(h.env) == "" {
 					return fmt.Errorf("resume: --header-env %s=%s: environment variable %s is unset or empty; export it first (credentials are read only from the environment)", h.header, h.env, h.env)
@@ -139,6 +152,10 @@ run; 1 on error.`,
 				Status:            checker,
 				Authorize:         r.authorize,
 				ResumeConcurrency: concurrency,
+				// Only records whose form was not journaled use the
+				// client's: every other record carries its own.
+				KeyHeader: legacyHeader,
+				QuoteKey:  legacyQuoted,
 			}
 			if allScopes {
 				r.opts = append(r.opts, idem.ResumeAllScopes())

@@ -10,8 +10,8 @@ import (
 	"github.com/idemkit/idem/internal/wire"
 )
 
-// Config configures a Middleware. Only Store is required; every other
-// field's zero value means its default.
+// Config configures a Middleware. Store and Scope are required; every
+// other field's zero value means its default.
 type Config struct {
 	// Store keeps the entries. Required. The middleware never closes it.
 	Store Store
@@ -30,13 +30,14 @@ type Config struct {
 	MaxKeyLength int
 
 	// Scope names the caller a request comes from: its tenant, account or
-	// credential, never anything the caller can choose freely. Keys are
-	// looked up per scope, so that one caller's key never reaches another's
-	// stored response and two callers may use the same key independently.
-	// Defaults to putting every request in one scope "", which is only
-	// right for a service with a single caller: real multi-tenant services
-	// MUST set it, or one tenant can read another's replayed responses by
-	// guessing their keys.
+	// credential as the service's authentication established it, never
+	// anything the caller can choose freely. Keys are looked up per scope,
+	// so that one caller's key never reaches another's stored response
+	// (neither as a replay nor on the status endpoint) and two callers may
+	// use the same key independently. Required: New refuses a Config
+	// without it, because one shared key space hands a stored response to
+	// anyone who can name its key. An API with exactly one tenant says so
+	// with SingleTenant.
 	Scope func(*http.Request) string
 
 	// Retention is how long an entry counts: from its claim while it is in
@@ -78,6 +79,13 @@ type Config struct {
 	// now is the clock; tests replace it.
 	now func() time.Time
 }
+
+// SingleTenant is the Scope of an API with exactly one tenant: every
+// request is in the same scope (""), so any caller that can name a key gets
+// its stored response. Pass it as Config.Scope only when every caller that
+// reaches the middleware is the same party; a service with several tenants
+// or credentials must return the caller's own instead.
+func SingleTenant(*http.Request) string { return "" }
 
 // StorePolicy decides which responses of an executed handler are stored and
 // replayed. The zero value is StoreAll.
@@ -158,7 +166,8 @@ func (c Config) withDefaults() (Config, error) {
 		return bad("MaxKeyLength", "%d is negative", c.MaxKeyLength)
 	}
 	if c.Scope == nil {
-		c.Scope = func(*http.Request) string { return "" }
+		return bad("Scope", "required: return the authenticated tenant or credential of the request, "+
+			"so that one caller never gets another's stored responses; if the API has exactly one tenant, set it to server.SingleTenant")
 	}
 	durations := []struct {
 		name string

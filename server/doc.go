@@ -108,11 +108,19 @@
 //
 // # Scope
 //
-// Config.Scope defaults to one scope for every request, which is only right
-// for a service with a single caller. Real services MUST set it to the
-// authenticated tenant or credential: keys are looked up per scope, so one
-// tenant can neither replay nor query another's responses, and two tenants
-// may use the same key independently.
+// Config.Scope is required: it returns the tenant or credential the
+// service's authentication established for the request. Keys are looked up
+// per scope, so one tenant can neither replay nor query another's
+// responses, and two tenants may use the same key independently. New
+// refuses a Config without it, because a key space shared by every caller
+// hands a stored response to anyone who can name its key (for a
+// deterministic key, anyone who knows the scheme). An API with exactly one
+// tenant passes SingleTenant, which says so in the code.
+//
+// Mount the status endpoint behind the same authentication as the routes
+// it reports on, so that Scope reads the same tenant there: it answers
+// only within the caller's scope, and another tenant's key reads as
+// not_found, never with its response.
 //
 // # Stores
 //

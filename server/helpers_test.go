@@ -75,7 +75,7 @@ func newEnv(t *testing.T, h http.HandlerFunc, opts ...envOption) *env {
 func newWrappedEnv(t *testing.T, h http.HandlerFunc, wrap func(http.Handler) http.Handler, opts ...envOption) *env {
 	t.Helper()
 	e := &env{t: t, clock: newClock()}
-	cfg := server.Config{Store: server.NewMemoryStore()}
+	cfg := server.Config{Store: server.NewMemoryStore(), Scope: server.SingleTenant}
 	for _, o := range opts {
 		o(&cfg)
 	}

@@ -185,7 +185,7 @@ func (w *storeCheckingWriter) WriteHeader(code int) {
 func TestResponseIsStoredBeforeItIsSent(t *testing.T) {
 	t.Parallel()
 	store := server.NewMemoryStore()
-	mw, err := server.New(server.Config{Store: store})
+	mw, err := server.New(server.Config{Store: store, Scope: server.SingleTenant})
 	require.NoError(t, err)
 	defer mw.Close()
 	var sw *storeCheckingWriter
@@ -328,7 +328,7 @@ func TestHandlerPanicReleasesTheKeyAndPanicsOn(t *testing.T) {
 	t.Parallel()
 	var calls atomic.Int64
 	store := server.NewMemoryStore()
-	mw, err := server.New(server.Config{Store: store})
+	mw, err := server.New(server.Config{Store: store, Scope: server.SingleTenant})
 	require.NoError(t, err)
 	defer mw.Close()
 	recovered := make(chan any, 1)
@@ -478,7 +478,7 @@ func TestStoreFailureAfterTheHandlerIs503(t *testing.T) {
 
 func TestCloseIsIdempotent(t *testing.T) {
 	t.Parallel()
-	mw, err := server.New(server.Config{Store: server.NewMemoryStore()})
+	mw, err := server.New(server.Config{Store: server.NewMemoryStore(), Scope: server.SingleTenant})
 	require.NoError(t, err)
 	require.NoError(t, mw.Close())
 	require.NoError(t, mw.Close())

@@ -15,7 +15,11 @@ import (
 
 // StatusHandler answers GET {prefix}/{key} with what the store knows about
 // the key in the caller's scope (Config.Scope of the status request), in
-// the shape of wire.Status:
+// the shape of wire.Status. Mount it behind the same authentication as the
+// routes, so that Scope reads the caller's tenant: a key of another scope
+// reads as not_found, and its response is never sent.
+//
+// The answers:
 //
 //   - 200 {"key":…,"state":"processing"} while a handler runs under the
 //     key and its lock is fresh;

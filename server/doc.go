@@ -53,9 +53,15 @@
 // cannot stream, and http.ResponseController's Flush and Hijack report
 // http.ErrNotSupported. Set-Cookie goes to the first caller only and is
 // never stored. If the store fails to record the response, the response is
-// not sent: the client gets 503 with Retry-After, and the entry is released
-// (or, if the store is still failing, its lock goes stale), so that a retry
-// runs the handler again and the second guard below answers it.
+// not sent, and the key is not released: it stays held (the heartbeat keeps
+// its lock fresh) while the middleware retries storing in the background,
+// and the client gets 409 in progress with Retry-After, which an idem
+// client reads as "wait, then ask the status endpoint". The status endpoint
+// answers processing until the response is stored, and from then on the
+// replay and the status endpoint give it. Close stops the retrying; should
+// the process stop before the response is stored, the key's lock goes stale
+// and the next request with the key runs the handler again: that run is
+// what the second guard below is for.
 //
 // For the same reason the handler's context is not canceled when the client
 // disconnects: the work the client started finishes and is stored for its

@@ -462,7 +462,7 @@ func TestStoreFailureBeforeTheHandlerIs503(t *testing.T) {
 	assert.Zero(t, e.calls.Load(), "the handler never runs when the claim could not be recorded")
 }
 
-func TestStoreFailureAfterTheHandlerIs503(t *testing.T) {
+func TestStoreClosedAfterTheHandlerIs409InProgress(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
@@ -471,8 +471,8 @@ func TestStoreFailureAfterTheHandlerIs503(t *testing.T) {
 		created(w, r)
 	}, withStore(store))
 	r := e.post("/orders", "k", "{}")
-	require.Equal(t, http.StatusServiceUnavailable, r.Status, "a response that is not stored is not sent")
-	assert.Equal(t, wire.ProblemStoreFailed, r.problem(t).Type)
+	require.Equal(t, http.StatusConflict, r.Status, "a response that is not stored is not sent")
+	assert.Equal(t, wire.ProblemInProgress, r.problem(t).Type, "and the client is not told to send the request again")
 	assert.NotContains(t, r.Body, "echo")
 }
 

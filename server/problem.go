@@ -31,12 +31,16 @@ func retryAfter(d time.Duration) string {
 	return strconv.FormatInt(int64(max(s, 1)), 10)
 }
 
-func (m *Middleware) problemInProgress(w http.ResponseWriter, key string) {
+// problemInProgress answers 409 in progress, with detail or else the
+// default one.
+func (m *Middleware) problemInProgress(w http.ResponseWriter, key, detail string) {
+	if detail == "" {
+		detail = "A request with this idempotency key is still being processed; retry after the delay in Retry-After, or ask the status endpoint."
+	}
 	w.Header().Set("Retry-After", m.retryAfter)
 	writeProblem(w, wire.Problem{
 		Type: wire.ProblemInProgress, Status: http.StatusConflict, Title: "Request in progress",
-		Detail: "A request with this idempotency key is still being processed; retry after the delay in Retry-After, or ask the status endpoint.",
-		Key:    key,
+		Detail: detail, Key: key,
 	})
 }
 

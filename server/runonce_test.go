@@ -1,0 +1,114 @@
+package server_test
+
+// The tests of what runs once: a handler that ran is never run again for
+// its key because something failed after it ran (issue 11).
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/server"
+)
+
+// TestStoreFailureAfterTheHandlerKeepsTheKey: the handler ran, and storing
+// its response fails. The key stays held (its heartbeat keeps running), the
+// client is told "in progress" (409, Retry-After), never "not applied", and
+// the middleware retries storing until it succeeds; from then on the replay
+// and the status endpoint give the stored answer. The handler runs once.
+func TestStoreFailureAfterTheHandlerKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := &faultyStore{Store: newStore(t)}
+			store.failCompletes.Store(true)
+			e := newEnv(t, created, withStore(store), func(c *server.Config) { c.LockTimeout = 90 * time.Millisecond })
+
+			first := e.post("/orders", "k", `{"n":1}`)
+			require.Equal(t, http.StatusConflict, first.Status, "a response that could not be stored is not sent: %s", first.Body)
+			assert.Equal(t, wire.ProblemInProgress, first.problem(t).Type, "an idem client reads it as: wait, then check status")
+			assert.Equal(t, "1", first.Header.Get("Retry-After"))
+			assert.NotContains(t, first.Body, "echo")
+
+			// The clock jumps past the lock timeout: the heartbeat, still
+			// running while the response waits to be stored, renews the lock
+			// at the new time, so nobody takes the key over.
+			e.clock.Advance(time.Hour)
+			moved := e.clock.Now()
+			require.Eventually(t, func() bool {
+				en, err := store.Get(context.Background(), "", "k", moved)
+				return err == nil && en.LockedAt.Equal(moved)
+			}, timeout, tick, "the heartbeat keeps the key held while storing is pending")
+
+			s, _, _ := e.status("k")
+			assert.Equal(t, wire.StateProcessing, s.State, "the status endpoint says processing while storing is pending")
+			retry := e.post("/orders", "k", `{"n":1}`)
+			assert.Equal(t, http.StatusConflict, retry.Status, "the client's retry does not run the handler again")
+			require.Eventually(t, func() bool { return len(store.completeResults()) >= 3 }, timeout, tick,
+				"the middleware keeps trying to store the response")
+
+			store.failCompletes.Store(false) // the store recovers
+			require.Eventually(t, func() bool {
+				s, _, _ := e.status("k")
+				return s.State == wire.StateCompleted
+			}, timeout, tick, "the response is stored once the store works again")
+			s, body, _ := e.status("k")
+			assert.Equal(t, http.StatusCreated, s.Response.Status)
+			assert.Equal(t, `{"echo":{"n":1}}`, string(body))
+			replay := e.post("/orders", "k", `{"n":1}`)
+			assert.Equal(t, http.StatusCreated, replay.Status)
+			assert.True(t, replay.replayed())
+			assert.Equal(t, `{"echo":{"n":1}}`, replay.Body, "the replay is the response of the one run")
+			assert.EqualValues(t, 1, e.calls.Load(), "the handler ran once")
+		})
+	}
+}
+
+// TestCloseStopsStoringAndTheStaleKeyRunsAgain: Close stops the
+// background storing of a response and waits for it (goleak checks that
+// nothing is left). The key is then as a process that died left it: in
+// progress until its lock goes stale, after which the next request runs the
+// handler again; that run is what the application's own guard (see
+// KeyFromContext) is for.
+func TestCloseStopsStoringAndTheStaleKeyRunsAgain(t *testing.T) {
+	t.Parallel()
+	store := &faultyStore{Store: openSQLite(t)}
+	store.failCompletes.Store(true)
+	clk := newClock()
+	mw, err := server.New(server.WithClock(server.Config{Store: store, Scope: server.SingleTenant, LockTimeout: time.Minute}, clk.Now))
+	require.NoError(t, err)
+	var calls atomic.Int64
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1); created(w, r) }))
+	post := func(h http.Handler) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, "/orders", nil)
+		req.Header.Set("Idempotency-Key", "k")
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	require.Equal(t, http.StatusConflict, post(h).Code)
+	require.Eventually(t, func() bool { return len(store.completeResults()) >= 2 }, timeout, tick)
+	require.NoError(t, mw.Close(), "Close stops the retrying and waits for it")
+	en, err := store.Get(context.Background(), "", "k", clk.Now())
+	require.NoError(t, err)
+	assert.Equal(t, server.InProgress, en.State, "the key is still held, as a process that died would leave it")
+
+	// A new middleware on the same store, as after a restart.
+	store.failCompletes.Store(false)
+	again, err := server.New(server.WithClock(server.Config{Store: store, Scope: server.SingleTenant, LockTimeout: time.Minute}, clk.Now))
+	require.NoError(t, err)
+	defer again.Close()
+	h = again.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1); created(w, r) }))
+	assert.Equal(t, http.StatusConflict, post(h).Code, "a fresh lock is not taken over")
+	clk.Advance(time.Minute + time.Second)
+	assert.Equal(t, http.StatusCreated, post(h).Code, "once the lock is stale the next request runs the handler again")
+	assert.EqualValues(t, 2, calls.Load())
+}

@@ -85,12 +85,20 @@
 //
 // # Stale locks and fencing
 //
-// While a handler runs, its lock is renewed every LockTimeout/3. A lock
-// older than LockTimeout therefore means the process that held it died. The
-// next request with the same key and payload takes the entry over with a
-// new fencing token and runs the handler; should the old handler come back
-// after all, its token no longer holds the lock, its response is neither
-// stored nor sent, and its client gets 409 and finds the taker's result.
+// While a handler runs, and until its response is stored, its lock is
+// renewed every LockTimeout/3. A lock older than LockTimeout therefore
+// means the process that held it died, or could not reach the store for
+// that long. The next request with the same key and payload then takes the
+// entry over with a new fencing token and runs the handler.
+//
+// A process cut off from its store cannot tell that its lock is going
+// stale, so it acts first: when no renewal succeeded for 2/3 of
+// LockTimeout, the handler's context is canceled with ErrLockNotRenewed as
+// its cause (context.Cause), before anybody may take the key over. A
+// handler that honours its context stops there. Should it come back after
+// a take-over all the same, its token no longer holds the lock: its
+// response is neither stored nor sent, and its client gets 409 and finds
+// the taker's result.
 //
 // # The status endpoint
 //

@@ -3,20 +3,38 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 )
 
+// ErrLockNotRenewed is the cause (context.Cause) with which a handler's
+// context is canceled when its lock could not be kept: no renewal succeeded
+// for 2/3 of LockTimeout (the store is unreachable from this process), or
+// a renewal found the key taken over (the cause then also matches
+// ErrLockLost). From LockTimeout on, another request with the key may run
+// the handler; a handler that sees this cause should stop, and whatever it
+// still answers is stored only if nobody took the key over.
+var ErrLockNotRenewed = errors.New("idem server: the key's lock could not be renewed; another request may take the key over")
+
 // heartbeat keeps a claimed key's lock fresh from the claim until the
 // response is stored (or the key released): it renews the lock every
 // LockTimeout/3, so that only a lock whose process died or lost its store
-// goes stale: a slow handler is never taken over while it still runs.
+// goes stale, and a slow handler is never taken over while it can still be
+// told apart from a dead one.
+//
+// When no renewal succeeded for 2/3 of LockTimeout, the watchdog cancels
+// the handler's context with ErrLockNotRenewed: the lock goes stale at
+// LockTimeout, when another request may take the key over, and by then the
+// handler must have been told to stop.
 type heartbeat struct {
 	m          *Middleware
 	scope, key string
 	token      int64
 	every      time.Duration // between renewals
+	bound      time.Duration // without a successful renewal before the handler is told to stop
+	lose       context.CancelCauseFunc
 
 	// ctx is canceled by stop, so that a renewal in flight does not hold
 	// up the end of a request or Close.
@@ -28,23 +46,32 @@ type heartbeat struct {
 	// lock, so it never mistakes a stored response for a lost lock.
 	op sync.Mutex
 
-	mu      sync.Mutex
-	stopped bool
-	timer   *time.Timer
-	running sync.WaitGroup // renewals in progress
+	mu       sync.Mutex
+	stopped  bool
+	told     bool // the handler's context was canceled
+	timer    *time.Timer
+	watchdog *time.Timer
+	running  sync.WaitGroup // renewals and watchdog firings in progress
 }
 
 // startHeartbeat starts renewing the lock that token holds on (scope, key).
-func (m *Middleware) startHeartbeat(scope, key string, token int64) *heartbeat {
-	hb := &heartbeat{m: m, scope: scope, key: key, token: token, every: m.cfg.LockTimeout / 3}
+// lockedAt is when the lock was last known fresh, in this process's time:
+// the moment before the claim was sent. lose cancels the handler's context.
+func (m *Middleware) startHeartbeat(scope, key string, token int64, lockedAt time.Time, lose context.CancelCauseFunc) *heartbeat {
+	hb := &heartbeat{
+		m: m, scope: scope, key: key, token: token,
+		every: m.cfg.LockTimeout / 3, bound: 2 * m.cfg.LockTimeout / 3, lose: lose,
+	}
 	hb.ctx, hb.cancel = context.WithCancel(context.Background())
 	hb.mu.Lock()
 	hb.timer = time.AfterFunc(hb.every, hb.beat)
+	hb.watchdog = time.AfterFunc(time.Until(lockedAt.Add(hb.bound)), hb.expire)
 	hb.mu.Unlock()
 	return hb
 }
 
-// enter registers a renewal, unless the heartbeat stopped.
+// enter registers a renewal or a firing of the watchdog, unless the
+// heartbeat stopped.
 func (hb *heartbeat) enter() bool {
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
@@ -71,14 +98,23 @@ func (hb *heartbeat) beat() {
 		hb.op.Unlock()
 		return
 	}
+	started := time.Now()
 	ctx, cancel := context.WithTimeout(hb.ctx, hb.every)
 	err := hb.m.cfg.Store.Renew(ctx, hb.scope, hb.key, hb.token, hb.m.cfg.now())
 	cancel()
 	hb.op.Unlock()
 	switch {
 	case err == nil:
+		hb.mu.Lock()
+		if !hb.stopped && !hb.told {
+			hb.watchdog.Reset(time.Until(started.Add(hb.bound)))
+		}
+		hb.mu.Unlock()
 	case errors.Is(err, ErrLockLost):
-		return // taken over: nothing left to renew
+		// Another request took the key over: this run must stop now, and
+		// there is nothing left to renew.
+		hb.tell(fmt.Errorf("%w: %w", ErrLockNotRenewed, ErrLockLost), "idempotency lock lost to another request; the handler's context is canceled")
+		return
 	case hb.isStopped():
 		return // stop ended this renewal
 	default:
@@ -90,6 +126,28 @@ func (hb *heartbeat) beat() {
 		hb.timer.Reset(hb.every)
 	}
 	hb.mu.Unlock()
+}
+
+// expire is the watchdog: no renewal succeeded for 2/3 of LockTimeout.
+func (hb *heartbeat) expire() {
+	if !hb.enter() {
+		return
+	}
+	defer hb.running.Done()
+	hb.tell(ErrLockNotRenewed, "idempotency lock not renewed for 2/3 of LockTimeout; the handler's context is canceled before another request may take the key over")
+}
+
+// tell cancels the handler's context with cause, once.
+func (hb *heartbeat) tell(cause error, msg string) {
+	hb.mu.Lock()
+	first := !hb.told
+	hb.told = true
+	hb.mu.Unlock()
+	if !first {
+		return
+	}
+	hb.lose(cause)
+	hb.m.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("key_hash", keyHash(hb.scope, hb.key)))
 }
 
 // complete stores the response with the heartbeat's token. Once the entry
@@ -114,6 +172,7 @@ func (hb *heartbeat) halt() {
 	hb.mu.Lock()
 	hb.stopped = true
 	hb.timer.Stop()
+	hb.watchdog.Stop()
 	hb.mu.Unlock()
 }
 

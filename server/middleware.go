@@ -137,7 +137,9 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 // next cannot stream, and http.ResponseController's Flush and Hijack report
 // http.ErrNotSupported. Its request context carries the key
 // (KeyFromContext) and is not canceled when the client goes away, so that
-// work a client started completes and is stored for its retry.
+// work a client started completes and is stored for its retry. It is
+// canceled, with ErrLockNotRenewed as its cause, when the key's lock can no
+// longer be kept.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !m.methods[r.Method] {
@@ -171,6 +173,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	scope := m.cfg.Scope(r)
 	fp := fingerprint(r.Method, target(r.URL), body)
 	now := m.cfg.now()
+	// The lock is fresh from before the claim is sent, in this process's
+	// own time: what the heartbeat's watchdog counts from.
+	lockedAt := time.Now()
 	res, err := m.cfg.Store.Claim(r.Context(), ClaimRequest{
 		Scope: scope, Key: key, Fingerprint: fp, Method: r.Method, Path: r.URL.Path,
 		Now: now, ExpiresAt: now.Add(m.cfg.Retention), StaleBefore: now.Add(-m.cfg.LockTimeout),
@@ -195,24 +200,26 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	m.execute(next, w, r, body, &claimed{
 		scope: scope, key: key, method: r.Method, path: r.URL.Path,
 		token: res.Token, expiresAt: res.Entry.ExpiresAt,
-	})
+	}, lockedAt)
 }
 
 // execute runs next under a claimed key, stores its response, then sends
-// it. Once next has returned, the key is never released for another run
-// unless the application opted into SkipServerErrors: whatever fails after
-// that, the key stays held until its response is stored, and the client is
-// told the request is in progress.
-func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed) {
+// it. Once next has run, the key is never released for another run unless
+// the application opted into SkipServerErrors: whatever fails after that,
+// the key stays held until its response is stored, and the client is told
+// the request is in progress.
+func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed, lockedAt time.Time) {
 	// Storing and releasing must happen even if the client is gone: its
 	// retry is what the stored response is for.
 	bg := context.WithoutCancel(r.Context())
-	hr := r.WithContext(context.WithValue(bg, keyContextKey{}, cl.key))
+	hctx, cancel := context.WithCancelCause(context.WithValue(bg, keyContextKey{}, cl.key))
+	defer cancel(context.Canceled)
+	hr := r.WithContext(hctx)
 	hr.Body = io.NopCloser(bytes.NewReader(body))
 	hr.ContentLength = int64(len(body))
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 
-	cl.hb = m.startHeartbeat(cl.scope, cl.key, cl.token)
+	cl.hb = m.startHeartbeat(cl.scope, cl.key, cl.token, lockedAt, cancel)
 	c := newCapture()
 	returned := false
 	defer func() {

@@ -5,6 +5,7 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -111,4 +112,68 @@ func TestCloseStopsStoringAndTheStaleKeyRunsAgain(t *testing.T) {
 	clk.Advance(time.Minute + time.Second)
 	assert.Equal(t, http.StatusCreated, post(h).Code, "once the lock is stale the next request runs the handler again")
 	assert.EqualValues(t, 2, calls.Load())
+}
+
+// TestFailingRenewalsCancelTheHandlerBeforeATakeOver: when this process
+// cannot renew its lock, another request may take the key over once the
+// lock is stale. Before that can happen, the handler's context is canceled
+// with a cause the application can read, so that it stops instead of
+// running alongside the taker; the take-over changes the fencing token, and
+// the first run's late Complete is refused.
+func TestFailingRenewalsCancelTheHandlerBeforeATakeOver(t *testing.T) {
+	t.Parallel()
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := &faultyStore{Store: newStore(t)}
+			causes := make(chan error, 1)
+			g := newGate()
+			e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("X-Attempt") != "first" {
+					_, _ = w.Write([]byte("taker's answer"))
+					return
+				}
+				store.failRenewals.Store(true) // the store is unreachable from here on
+				select {
+				case <-r.Context().Done():
+					causes <- context.Cause(r.Context())
+				case <-time.After(timeout):
+					causes <- errors.New("the handler's context was never canceled")
+				}
+				g.wait() // it takes a moment to stop
+				_, _ = w.Write([]byte("late answer"))
+			}, withStore(store), func(c *server.Config) { c.LockTimeout = 90 * time.Millisecond })
+			t.Cleanup(g.release) // before the server closes, should the test fail early
+
+			firstDone := make(chan reply, 1)
+			go func() {
+				r, err := e.send(context.Background(), http.MethodPost, "/orders", "{}", "Idempotency-Key", "k", "X-Attempt", "first")
+				assert.NoError(t, err)
+				firstDone <- r
+			}()
+			cause := <-causes
+			require.ErrorIs(t, cause, server.ErrLockNotRenewed, "the handler learns why it must stop")
+			g.waitEntered(t)
+
+			// Nobody renewed the lock: once it is stale, the next request
+			// takes the key over with a new token.
+			e.clock.Advance(time.Hour)
+			taker := e.post("/orders", "k", "{}")
+			assert.Equal(t, http.StatusOK, taker.Status)
+			assert.Equal(t, "taker's answer", taker.Body)
+			store.failRenewals.Store(false)
+
+			g.release()
+			late := <-firstDone
+			assert.Equal(t, http.StatusConflict, late.Status, "the first run's answer is neither stored nor sent")
+			results := store.completeResults()
+			require.Len(t, results, 2)
+			assert.NoError(t, results[0], "the taker stored its answer")
+			assert.ErrorIs(t, results[1], server.ErrLockLost, "the first run's Complete was fenced off")
+			replay := e.post("/orders", "k", "{}")
+			assert.True(t, replay.replayed())
+			assert.Equal(t, "taker's answer", replay.Body)
+			assert.EqualValues(t, 2, e.calls.Load())
+		})
+	}
 }

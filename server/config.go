@@ -58,8 +58,9 @@ type Config struct {
 	// (store unavailable), rounded up to whole seconds. Defaults to 1 s.
 	RetryAfter time.Duration
 
-	// StorePolicy decides which executed responses are stored. Defaults to
-	// StoreAll.
+	// StorePolicy decides what becomes of a key whose handler answered
+	// 5xx or panicked: stored (StoreAll), or released for another run
+	// (SkipServerErrors). Defaults to StoreAll.
 	StorePolicy StorePolicy
 
 	// MaxBodyBytes is the largest request body accepted on an idempotent
@@ -87,18 +88,23 @@ type Config struct {
 // or credentials must return the caller's own instead.
 func SingleTenant(*http.Request) string { return "" }
 
-// StorePolicy decides which responses of an executed handler are stored and
-// replayed. The zero value is StoreAll.
+// StorePolicy decides what becomes of a key whose handler failed: answered
+// 5xx or panicked. The zero value is StoreAll, the policy under which a
+// handler never runs twice because it failed.
 type StorePolicy int
 
 const (
 	// StoreAll stores every response the handler wrote, 5xx included, as
-	// Stripe does: a retry gets the same 500 instead of running the
-	// handler again. Right when a 5xx may follow a partial effect.
+	// Stripe does, and for a handler that panicked a 500 problem of type
+	// ProblemHandlerPanicked (the panic goes on). A retry gets the stored
+	// failure instead of running the handler again: right whenever a
+	// handler may have acted before it failed.
 	StoreAll StorePolicy = iota
-	// SkipServerErrors stores no 5xx response: the entry is released, so a
-	// retry with the same key runs the handler again. Right when handlers
-	// are transactional, so that a 5xx means nothing was done.
+	// SkipServerErrors releases the key after a 5xx or a panic instead of
+	// storing anything: the 5xx goes to the client unstored, and a retry
+	// with the same key runs the handler again. Opt into it only when
+	// every handler's failure undoes whatever it did (one transaction that
+	// rolls back), or the retry may act twice.
 	SkipServerErrors
 )
 

@@ -69,12 +69,16 @@
 //
 // # Policies
 //
-// Config.StorePolicy decides what is stored. StoreAll (the default, as
-// Stripe does) stores every response the handler wrote, 5xx included: a
-// retry gets the same 500 instead of running a handler that may have half
-// acted. SkipServerErrors releases the entry after a 5xx so that a retry
-// runs again; choose it when handlers are transactional. A handler that
-// panics releases its entry in any case, and the panic goes on.
+// Config.StorePolicy decides what becomes of a key whose handler failed.
+// StoreAll (the default) stores every response the handler wrote, 5xx
+// included, as Stripe does, and for a handler that panicked a 500 problem
+// of type ProblemHandlerPanicked; the panic goes on. A retry gets the
+// stored failure instead of running a handler that may have half acted: a
+// failed handler is not run again for its key. SkipServerErrors releases
+// the key after a 5xx or a panic, so that a retry with the key runs the
+// handler again, at once: choose it only when every handler's failure
+// undoes whatever it did (one transaction that rolls back), or that retry
+// may act twice.
 //
 // Entries are kept for Config.Retention (24 h by default; counted from the
 // claim while in progress, from the stored response once complete). An

@@ -250,10 +250,16 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 	}
 }
 
-// afterPanic ends the hold of a key whose handler panicked: the key is
-// released, so that a retry runs the request again.
+// afterPanic ends the hold of a key whose handler panicked: by default the
+// key's outcome becomes a stored 500 problem, because the handler may have
+// acted before it panicked; under SkipServerErrors the key is released.
 func (m *Middleware) afterPanic(ctx context.Context, cl *claimed) {
-	m.release(ctx, cl, "a panic")
+	if m.cfg.StorePolicy == SkipServerErrors {
+		m.release(ctx, cl, "a panic")
+		return
+	}
+	m.logKey(ctx, slog.LevelError, "idempotency handler panicked; a 500 is stored for its key", cl)
+	m.store(ctx, cl, panicResponse(cl.key))
 }
 
 func (m *Middleware) release(ctx context.Context, cl *claimed, after string) {

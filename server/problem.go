@@ -51,3 +51,21 @@ func (m *Middleware) problemStoreFailed(w http.ResponseWriter, key, detail strin
 		Detail: detail, Key: key,
 	})
 }
+
+// ProblemHandlerPanicked is the problem type of the 500 the middleware
+// stores for a key whose handler panicked (under StoreAll): the key's
+// outcome is that failure, replayed to every retry.
+const ProblemHandlerPanicked = "urn:idem:problem:handler-panicked"
+
+// panicResponse is what is stored for a key whose handler panicked.
+func panicResponse(key string) *StoredResponse {
+	body, _ := json.Marshal(wire.Problem{
+		Type: ProblemHandlerPanicked, Status: http.StatusInternalServerError, Title: "Handler failed",
+		Detail: "The request's handler failed part-way, so it is not run again for this key: this failure is the key's outcome. " +
+			"It may have acted before it failed; check before sending the operation again under a new key.",
+		Key: key,
+	})
+	h := http.Header{}
+	h.Set("Content-Type", wire.ProblemContentType)
+	return &StoredResponse{Status: http.StatusInternalServerError, Header: h, Body: body}
+}

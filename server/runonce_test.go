@@ -177,3 +177,112 @@ func TestFailingRenewalsCancelTheHandlerBeforeATakeOver(t *testing.T) {
 		})
 	}
 }
+
+// panicking serves h behind the middleware of e's store, with a recoverer
+// in front that records the panic and answers 500 itself, as a service's
+// recovery middleware would.
+func panicking(t *testing.T, store server.Store, policy server.StorePolicy, h http.HandlerFunc) (*env, <-chan any) {
+	t.Helper()
+	mw, err := server.New(server.Config{Store: store, Scope: server.SingleTenant, StorePolicy: policy})
+	require.NoError(t, err)
+	recovered := make(chan any, 10)
+	inner := mw.Handler(h)
+	mux := http.NewServeMux()
+	mux.Handle("GET /idempotency/{key}", mw.StatusHandler())
+	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if p := recover(); p != nil {
+				recovered <- p
+				w.WriteHeader(http.StatusInternalServerError)
+			}
+		}()
+		inner.ServeHTTP(w, r)
+	}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(func() {
+		srv.Close()
+		assert.NoError(t, mw.Close())
+	})
+	return &env{t: t, srv: srv, mw: mw, store: store}, recovered
+}
+
+// TestHandlerPanicStoresA500AndPanicsOn: a handler that panicked may have
+// acted before it did, so by default its key is not released for another
+// run: a 500 problem is stored for it, and the panic goes on.
+func TestHandlerPanicStoresA500AndPanicsOn(t *testing.T) {
+	t.Parallel()
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int64
+			e, recovered := panicking(t, newStore(t), server.StoreAll, func(w http.ResponseWriter, r *http.Request) {
+				calls.Add(1)
+				panic("handler bug")
+			})
+			r := e.post("/orders", "k", "{}")
+			assert.Equal(t, http.StatusInternalServerError, r.Status)
+			assert.Equal(t, "handler bug", <-recovered, "the panic goes on past the middleware")
+
+			s, body, _ := e.status("k")
+			require.Equal(t, wire.StateCompleted, s.State, "the key holds the failure")
+			assert.Equal(t, http.StatusInternalServerError, s.Response.Status)
+			p, ok := wire.ParseProblem(s.Response.Header.Get("Content-Type"), body)
+			require.True(t, ok, "the stored answer is a problem: %s", body)
+			assert.Equal(t, server.ProblemHandlerPanicked, p.Type)
+			assert.Equal(t, "k", p.Key)
+
+			retry := e.post("/orders", "k", "{}")
+			assert.Equal(t, http.StatusInternalServerError, retry.Status)
+			assert.True(t, retry.replayed(), "a retry gets the stored failure")
+			assert.Equal(t, wire.ProblemContentType, retry.Header.Get("Content-Type"))
+			assert.EqualValues(t, 1, calls.Load(), "the handler that panicked is not run again")
+		})
+	}
+}
+
+// TestHandlerPanicWhileTheStoreFailsKeepsTheKey: the stored failure of a
+// panic goes through the same retrying as any response.
+func TestHandlerPanicWhileTheStoreFailsKeepsTheKey(t *testing.T) {
+	t.Parallel()
+	store := &faultyStore{Store: server.NewMemoryStore()}
+	store.failCompletes.Store(true)
+	var calls atomic.Int64
+	e, recovered := panicking(t, store, server.StoreAll, func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		panic("handler bug")
+	})
+	e.post("/orders", "k", "{}")
+	assert.Equal(t, "handler bug", <-recovered)
+	s, _, _ := e.status("k")
+	assert.Equal(t, wire.StateProcessing, s.State)
+	assert.Equal(t, http.StatusConflict, e.post("/orders", "k", "{}").Status)
+	store.failCompletes.Store(false)
+	require.Eventually(t, func() bool {
+		s, _, _ := e.status("k")
+		return s.State == wire.StateCompleted && s.Response.Status == http.StatusInternalServerError
+	}, timeout, tick)
+	assert.EqualValues(t, 1, calls.Load())
+}
+
+// TestSkipServerErrorsReleasesAfterAPanic: releasing after a panic is what
+// the application opts into with SkipServerErrors, for handlers whose
+// failure undoes everything they did.
+func TestSkipServerErrorsReleasesAfterAPanic(t *testing.T) {
+	t.Parallel()
+	store := server.NewMemoryStore()
+	var calls atomic.Int64
+	e, recovered := panicking(t, store, server.SkipServerErrors, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			panic("handler bug")
+		}
+		created(w, r)
+	})
+	r := e.post("/orders", "k", "{}")
+	assert.Equal(t, http.StatusInternalServerError, r.Status)
+	assert.Equal(t, "handler bug", <-recovered)
+	assert.Zero(t, store.Len(), "the entry is released")
+	r = e.post("/orders", "k", "{}")
+	assert.Equal(t, http.StatusCreated, r.Status, "a retry runs the handler again")
+	assert.False(t, r.replayed())
+	assert.EqualValues(t, 2, calls.Load())
+}

@@ -47,15 +47,20 @@ type Config struct {
 	Retention time.Duration
 
 	// LockTimeout is how long an in-progress entry keeps its lock without
-	// a heartbeat. While a handler runs, the middleware renews the lock
-	// every LockTimeout/3, so a lock only goes stale when the process that
-	// held it died; the next request with the same key and payload then
-	// takes the entry over and runs the handler again, instead of getting
-	// 409 forever. Defaults to 1 min.
+	// a heartbeat. While a handler runs, and until its response is stored,
+	// the middleware renews the lock every LockTimeout/3, so a lock only
+	// goes stale when the process that held it died or lost its store; the
+	// next request with the same key and payload then takes the entry over
+	// and runs the handler again, instead of getting 409 forever. When no
+	// renewal succeeded for 2/3 of LockTimeout, the handler's context is
+	// canceled (cause ErrLockNotRenewed) before that can happen. Defaults
+	// to 1 min.
 	LockTimeout time.Duration
 
 	// RetryAfter is the Retry-After sent with 409 (in progress) and 503
-	// (store unavailable), rounded up to whole seconds. Defaults to 1 s.
+	// (store unavailable), rounded up to whole seconds. It is also the
+	// longest wait between two tries to store a response the store failed
+	// to record. Defaults to 1 s.
 	RetryAfter time.Duration
 
 	// StorePolicy decides what becomes of a key whose handler answered

@@ -5,11 +5,15 @@
 //
 //	mw, err := server.New(server.Config{
 //		Store: store, // server.OpenSQLiteStore("keys.db")
-//		Scope: func(r *http.Request) string { return tenantOf(r) },
+//		Scope: func(r *http.Request) string { return tenantOf(r) }, // or server.SingleTenant
 //	})
 //	defer mw.Close()
 //	mux.Handle("POST /orders", mw.Handler(createOrder))
 //	mux.Handle("GET /idempotency/{key}", mw.StatusHandler())
+//	http.ListenAndServe(addr, authenticate(mux)) // the same authentication for both
+//
+// examples/server holds the whole pattern in a program and its package
+// orders, on this package, database/sql and the SQLite driver only.
 //
 // # Model
 //
@@ -40,7 +44,38 @@
 // MaxBodyBytes 413 (urn:idem:problem:body-too-large). When the store cannot
 // record the claim the answer is 503 (urn:idem:problem:store-unavailable)
 // with Retry-After, and the handler does not run. Every error is an RFC 9457
-// application/problem+json body; none of them is stored.
+// application/problem+json body; none of them is stored (the one problem
+// the middleware stores is the 500 of a handler that panicked, see
+// Policies).
+//
+// # What runs once
+//
+// The handler runs once per (scope, key) while the entry is kept, whatever
+// fails after it started: concurrent duplicates get 409; a client that
+// disconnects or times out gets the stored response on its retry; a store
+// that fails to record the response keeps the key held and is retried
+// (below); a handler that panicked or answered 5xx has that failure stored
+// and replayed (StoreAll, the default). It may run again for the same key
+// in these cases only:
+//
+//   - Its process died, or could not reach the store for LockTimeout, after
+//     the claim and before the response was stored. The key's lock goes
+//     stale after LockTimeout, and the next request with the key and the
+//     same payload runs the handler again. (A handler cut off from the
+//     store was told to stop first; see Stale locks and fencing.)
+//   - The store lost a stored response: a MemoryStore on restart, an
+//     SQLiteStore opened with SQLiteDeferCompletes in a power failure. The
+//     key then reads as absent or as a stale lock, as above.
+//   - The entry expired after Retention: a request reusing the key is a
+//     new request.
+//   - The application opted into SkipServerErrors: after a 5xx or a panic
+//     the key is released, and the next request with it runs the handler.
+//
+// The first two are what the application's own guard is for (see The
+// second guard): with the key stored under a UNIQUE constraint in the
+// transaction of the effect, the second run finds the first run's record
+// and answers with it. Idem clients stop resending before the retention
+// ends, which covers the third; the fourth is the application's choice.
 //
 // # Store first, then send
 //
@@ -65,7 +100,8 @@
 //
 // For the same reason the handler's context is not canceled when the client
 // disconnects: the work the client started finishes and is stored for its
-// retry.
+// retry. It is canceled only when the key's lock can no longer be kept,
+// with ErrLockNotRenewed as its cause (see below).
 //
 // # Policies
 //
@@ -107,8 +143,9 @@
 // # The status endpoint
 //
 // StatusHandler answers GET …/{key} in the caller's scope with
-// {"key","state"}: "processing" while a handler runs, "completed" with the
-// stored response, and 404 "not_found" when there is no entry — never seen
+// {"key","state"}: "processing" while a handler runs or its response waits
+// to be stored, "completed" with the stored response (a stored failure
+// included), and 404 "not_found" when there is no entry — never seen
 // within the retention, swept, or released. An entry whose lock is stale
 // also reads as not_found: its handler is dead, and a request sent now with
 // the key will run it, which is exactly what not_found tells a client to
@@ -117,12 +154,14 @@
 //
 // # The second guard
 //
-// The middleware is one guard. A handler can still run twice for one key:
-// after a take-over of a handler that died past its own commit, or after a
-// power failure lost a stored response (see SQLiteStore). KeyFromContext
-// gives the handler the key; store it in the application's own table under
-// a UNIQUE (tenant, key) constraint, in the same transaction as the effect,
-// and answer a constraint violation with the record that is already there.
+// The middleware is one guard. A handler can still run twice for one key
+// (see What runs once): after a take-over of a handler whose process died
+// past its own commit, before the response was stored, or after the store
+// lost a stored response. KeyFromContext gives the handler the key; store
+// it in the application's own table under a UNIQUE (tenant, key)
+// constraint, in the same transaction as the effect, and answer a
+// constraint violation with the record that is already there, as
+// examples/server/orders does.
 //
 // # Scope
 //

@@ -122,6 +122,12 @@ func New(path string) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("orders database %s: %w", abs, err)
 	}
+	// One connection: this process's orders queue for it in database/sql,
+	// in order, instead of racing for SQLite's write lock, whose busy
+	// handler retries at intervals and lets a writer starve past its
+	// timeout ("database is locked") under load. Other processes that
+	// open the file still wait up to the busy timeout.
+	db.SetMaxOpenConns(1)
 	if err := setUp(db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("orders database %s: %w", abs, err)

@@ -61,8 +61,10 @@
 //   - Its process died, or could not reach the store for LockTimeout, after
 //     the claim and before the response was stored. The key's lock goes
 //     stale after LockTimeout, and the next request with the key and the
-//     same payload runs the handler again. (A handler cut off from the
-//     store was told to stop first; see Stale locks and fencing.)
+//     same payload runs the handler again. A handler cut off from the store
+//     is told to stop first, and if it then fails, its failure is not
+//     stored either: the key is run again once its lock is stale (see
+//     Stale locks and fencing).
 //   - The store lost a stored response: a MemoryStore on restart, an
 //     SQLiteStore opened with SQLiteDeferCompletes in a power failure. The
 //     key then reads as absent or as a stale lock, as above.
@@ -135,10 +137,13 @@
 // stale, so it acts first: when no renewal succeeded for 2/3 of
 // LockTimeout, the handler's context is canceled with ErrLockNotRenewed as
 // its cause (context.Cause), before anybody may take the key over. A
-// handler that honours its context stops there. Should it come back after
-// a take-over all the same, its token no longer holds the lock: its
-// response is neither stored nor sent, and its client gets 409 and finds
-// the taker's result.
+// handler that honours its context stops there. If it then fails (5xx or
+// panic), the failure is the interruption's, not the request's: it is not
+// stored, the client gets 409, and the lock, no longer renewed, goes
+// stale, so that the next request with the key runs the handler again. An
+// answer below 500 is stored as usual. Should the handler come back after
+// a take-over, its token no longer holds the lock: its response is neither
+// stored nor sent, and its client gets 409 and finds the taker's result.
 //
 // # The status endpoint
 //

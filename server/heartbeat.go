@@ -14,8 +14,10 @@ import (
 // for 2/3 of LockTimeout (the store is unreachable from this process), or
 // a renewal found the key taken over (the cause then also matches
 // ErrLockLost). From LockTimeout on, another request with the key may run
-// the handler; a handler that sees this cause should stop, and whatever it
-// still answers is stored only if nobody took the key over.
+// the handler; a handler that sees this cause should stop. If it then
+// fails (5xx or panic), the failure is taken for the interruption's: it is
+// not stored, and the key is run again once its lock is stale. An answer
+// below 500 is stored as usual, unless the key was taken over.
 var ErrLockNotRenewed = errors.New("idem server: the key's lock could not be renewed; another request may take the key over")
 
 // heartbeat keeps a claimed key's lock fresh from the claim until the
@@ -48,7 +50,8 @@ type heartbeat struct {
 
 	mu       sync.Mutex
 	stopped  bool
-	told     bool // the handler's context was canceled
+	told     bool      // the handler's context was canceled
+	deadline time.Time // when the watchdog fires, unless a renewal succeeds
 	timer    *time.Timer
 	watchdog *time.Timer
 	running  sync.WaitGroup // renewals and watchdog firings in progress
@@ -64,8 +67,9 @@ func (m *Middleware) startHeartbeat(scope, key string, token int64, lockedAt tim
 	}
 	hb.ctx, hb.cancel = context.WithCancel(context.Background())
 	hb.mu.Lock()
+	hb.deadline = lockedAt.Add(hb.bound)
 	hb.timer = time.AfterFunc(hb.every, hb.beat)
-	hb.watchdog = time.AfterFunc(time.Until(lockedAt.Add(hb.bound)), hb.expire)
+	hb.watchdog = time.AfterFunc(time.Until(hb.deadline), hb.expire)
 	hb.mu.Unlock()
 	return hb
 }
@@ -99,7 +103,12 @@ func (hb *heartbeat) beat() {
 		return
 	}
 	started := time.Now()
-	ctx, cancel := context.WithTimeout(hb.ctx, hb.every)
+	// A slow renewal that succeeds before the watchdog fires keeps the
+	// handler running: it may take until then, and at least one interval.
+	hb.mu.Lock()
+	limit := max(time.Until(hb.deadline), hb.every)
+	hb.mu.Unlock()
+	ctx, cancel := context.WithTimeout(hb.ctx, limit)
 	err := hb.m.cfg.Store.Renew(ctx, hb.scope, hb.key, hb.token, hb.m.cfg.now())
 	cancel()
 	hb.op.Unlock()
@@ -107,7 +116,8 @@ func (hb *heartbeat) beat() {
 	case err == nil:
 		hb.mu.Lock()
 		if !hb.stopped && !hb.told {
-			hb.watchdog.Reset(time.Until(started.Add(hb.bound)))
+			hb.deadline = started.Add(hb.bound)
+			hb.watchdog.Reset(time.Until(hb.deadline))
 		}
 		hb.mu.Unlock()
 	case errors.Is(err, ErrLockLost):
@@ -148,6 +158,14 @@ func (hb *heartbeat) tell(cause error, msg string) {
 	}
 	hb.lose(cause)
 	hb.m.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("key_hash", keyHash(hb.scope, hb.key)))
+}
+
+// wasTold reports whether the handler's context was canceled because the
+// lock could not be kept.
+func (hb *heartbeat) wasTold() bool {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.told
 }
 
 // complete stores the response with the heartbeat's token. Once the entry

@@ -238,6 +238,11 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 		writeStored(w, resp, c.cookies(), false)
 		return
 	}
+	if resp.Status >= 500 && cl.hb.wasTold() {
+		m.interrupted(bg, cl)
+		m.problemInProgress(w, cl.key, "The request was interrupted: its hold on the idempotency key could not be kept. Retry with the same key after the delay in Retry-After, or ask the status endpoint.")
+		return
+	}
 	switch m.store(bg, cl, resp) {
 	case stored:
 		writeStored(w, resp, c.cookies(), false)
@@ -258,8 +263,23 @@ func (m *Middleware) afterPanic(ctx context.Context, cl *claimed) {
 		m.release(ctx, cl, "a panic")
 		return
 	}
+	if cl.hb.wasTold() {
+		m.interrupted(ctx, cl)
+		return
+	}
 	m.logKey(ctx, slog.LevelError, "idempotency handler panicked; a 500 is stored for its key", cl)
 	m.store(ctx, cl, panicResponse(cl.key))
+}
+
+// interrupted ends the hold of a key whose handler failed (5xx or panic)
+// after the middleware told it to stop, because its lock could not be
+// kept. The failure is the interruption's, not the request's: it is not
+// stored, and the key is left as a process that died would leave it. Its
+// lock, no longer renewed, goes stale, and the next request with the key
+// runs the handler again, which the application's own guard answers.
+func (m *Middleware) interrupted(ctx context.Context, cl *claimed) {
+	cl.hb.stop()
+	m.logKey(ctx, slog.LevelWarn, "idempotency handler failed after it was told to stop; its answer is not stored, and the key is retryable once its lock is stale", cl)
 }
 
 func (m *Middleware) release(ctx context.Context, cl *claimed, after string) {

@@ -286,3 +286,64 @@ func TestSkipServerErrorsReleasesAfterAPanic(t *testing.T) {
 	assert.False(t, r.replayed())
 	assert.EqualValues(t, 2, calls.Load())
 }
+
+// TestInterruptedHandlerIsRunAgainOnceItsLockIsStale: a handler told to
+// stop (its lock could not be renewed) that answers 5xx was interrupted by
+// the middleware, not failed on its own: its answer is not stored, as if
+// its process had died, and once the lock is stale the next request runs
+// the handler again (the application's guard answers it). A handler that
+// still answered below 500 finished: its answer is stored.
+func TestInterruptedHandlerIsRunAgainOnceItsLockIsStale(t *testing.T) {
+	t.Parallel()
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := &faultyStore{Store: newStore(t)}
+			e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("X-Attempt") != "first" {
+					created(w, r)
+					return
+				}
+				store.failRenewals.Store(true)
+				select {
+				case <-r.Context().Done():
+				case <-time.After(timeout):
+				}
+				// The application rolls back and fails, as the orders
+				// example does when its transaction's context ends.
+				http.Error(w, "could not be saved", http.StatusInternalServerError)
+			}, withStore(store), func(c *server.Config) { c.LockTimeout = 90 * time.Millisecond })
+
+			first := e.post("/orders", "k", `{"n":1}`, "X-Attempt", "first")
+			assert.Equal(t, http.StatusConflict, first.Status, "the interrupted run's 500 is not the key's outcome: %s", first.Body)
+			assert.Equal(t, wire.ProblemInProgress, first.problem(t).Type)
+			store.failRenewals.Store(false)
+			s, _, _ := e.status("k")
+			assert.Equal(t, wire.StateProcessing, s.State, "until its lock is stale")
+
+			e.clock.Advance(time.Hour)
+			s, _, _ = e.status("k")
+			assert.Equal(t, wire.StateNotFound, s.State, "the interrupted run no longer renews its lock")
+			again := e.post("/orders", "k", `{"n":1}`)
+			assert.Equal(t, http.StatusCreated, again.Status)
+			assert.True(t, e.post("/orders", "k", `{"n":1}`).replayed())
+			assert.EqualValues(t, 2, e.calls.Load())
+		})
+	}
+}
+
+func TestHandlerToldToStopThatStillSucceededIsStored(t *testing.T) {
+	t.Parallel()
+	store := &faultyStore{Store: server.NewMemoryStore()}
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		store.failRenewals.Store(true)
+		<-r.Context().Done()
+		store.failRenewals.Store(false)
+		created(w, r) // it had committed before it looked
+	}, withStore(store), func(c *server.Config) { c.LockTimeout = 90 * time.Millisecond })
+	first := e.post("/orders", "k", `{"n":1}`)
+	assert.Equal(t, http.StatusCreated, first.Status)
+	replay := e.post("/orders", "k", `{"n":1}`)
+	assert.True(t, replay.replayed(), "a success is the key's outcome, told to stop or not")
+	assert.EqualValues(t, 1, e.calls.Load())
+}

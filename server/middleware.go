@@ -207,7 +207,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // it. Once next has run, the key is never released for another run unless
 // the application opted into SkipServerErrors: whatever fails after that,
 // the key stays held until its response is stored, and the client is told
-// the request is in progress.
+// the request is in progress. The one exception is a run the middleware
+// itself told to stop that then failed (see interrupted): its key is left
+// to go stale, as a dead process's would.
 func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed, lockedAt time.Time) {
 	// Storing and releasing must happen even if the client is gone: its
 	// retry is what the stored response is for.

@@ -26,7 +26,7 @@ func (a api) Close() { a.Server.Close(); a.mw.Close() }
 
 func ordersAPI() (api, *atomic.Int32) {
 	var created atomic.Int32
-	mw, err := server.New(server.Config{Store: server.NewMemoryStore()})
+	mw, err := server.New(server.Config{Store: server.NewMemoryStore(), Scope: server.SingleTenant})
 	if err != nil {
 		panic(err)
 	}

@@ -78,7 +78,7 @@ func childFullDisk() error {
 	// The server: the middleware and a handler that counts executions.
 	var mu sync.Mutex
 	executions := map[string]int{}
-	mw, err := server.New(server.Config{Store: server.NewMemoryStore()})
+	mw, err := server.New(server.Config{Store: server.NewMemoryStore(), Scope: server.SingleTenant})
 	if err != nil {
 		return err
 	}

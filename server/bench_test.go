@@ -47,7 +47,7 @@ func benchSQLite(b *testing.B, opts ...server.SQLiteOption) server.Store {
 }
 
 func withMiddleware(b *testing.B, store server.Store, h http.Handler) http.Handler {
-	mw, err := server.New(server.Config{Store: store})
+	mw, err := server.New(server.Config{Store: store, Scope: server.SingleTenant})
 	if err != nil {
 		b.Fatal(err)
 	}

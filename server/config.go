@@ -10,8 +10,8 @@ import (
 	"github.com/idemkit/idem/internal/wire"
 )
 
-// Config configures a Middleware. Only Store is required; every other
-// field's zero value means its default.
+// Config configures a Middleware. Store and Scope are required; every
+// other field's zero value means its default.
 type Config struct {
 	// Store keeps the entries. Required. The middleware never closes it.
 	Store Store
@@ -30,13 +30,14 @@ type Config struct {
 	MaxKeyLength int
 
 	// Scope names the caller a request comes from: its tenant, account or
-	// credential, never anything the caller can choose freely. Keys are
-	// looked up per scope, so that one caller's key never reaches another's
-	// stored response and two callers may use the same key independently.
-	// Defaults to putting every request in one scope "", which is only
-	// right for a service with a single caller: real multi-tenant services
-	// MUST set it, or one tenant can read another's replayed responses by
-	// guessing their keys.
+	// credential as the service's authentication established it, never
+	// anything the caller can choose freely. Keys are looked up per scope,
+	// so that one caller's key never reaches another's stored response
+	// (neither as a replay nor on the status endpoint) and two callers may
+	// use the same key independently. Required: New refuses a Config
+	// without it, because one shared key space hands a stored response to
+	// anyone who can name its key. An API with exactly one tenant says so
+	// with SingleTenant.
 	Scope func(*http.Request) string
 
 	// Retention is how long an entry counts: from its claim while it is in
@@ -46,19 +47,25 @@ type Config struct {
 	Retention time.Duration
 
 	// LockTimeout is how long an in-progress entry keeps its lock without
-	// a heartbeat. While a handler runs, the middleware renews the lock
-	// every LockTimeout/3, so a lock only goes stale when the process that
-	// held it died; the next request with the same key and payload then
-	// takes the entry over and runs the handler again, instead of getting
-	// 409 forever. Defaults to 1 min.
+	// a heartbeat. While a handler runs, and until its response is stored,
+	// the middleware renews the lock every LockTimeout/3, so a lock only
+	// goes stale when the process that held it died or lost its store; the
+	// next request with the same key and payload then takes the entry over
+	// and runs the handler again, instead of getting 409 forever. When no
+	// renewal succeeded for 2/3 of LockTimeout, the handler's context is
+	// canceled (cause ErrLockNotRenewed) before that can happen. Defaults
+	// to 1 min.
 	LockTimeout time.Duration
 
 	// RetryAfter is the Retry-After sent with 409 (in progress) and 503
-	// (store unavailable), rounded up to whole seconds. Defaults to 1 s.
+	// (store unavailable), rounded up to whole seconds. It is also the
+	// longest wait between two tries to store a response the store failed
+	// to record. Defaults to 1 s.
 	RetryAfter time.Duration
 
-	// StorePolicy decides which executed responses are stored. Defaults to
-	// StoreAll.
+	// StorePolicy decides what becomes of a key whose handler answered
+	// 5xx or panicked: stored (StoreAll), or released for another run
+	// (SkipServerErrors). Defaults to StoreAll.
 	StorePolicy StorePolicy
 
 	// MaxBodyBytes is the largest request body accepted on an idempotent
@@ -79,18 +86,30 @@ type Config struct {
 	now func() time.Time
 }
 
-// StorePolicy decides which responses of an executed handler are stored and
-// replayed. The zero value is StoreAll.
+// SingleTenant is the Scope of an API with exactly one tenant: every
+// request is in the same scope (""), so any caller that can name a key gets
+// its stored response. Pass it as Config.Scope only when every caller that
+// reaches the middleware is the same party; a service with several tenants
+// or credentials must return the caller's own instead.
+func SingleTenant(*http.Request) string { return "" }
+
+// StorePolicy decides what becomes of a key whose handler failed: answered
+// 5xx or panicked. The zero value is StoreAll, the policy under which a
+// handler never runs twice because it failed.
 type StorePolicy int
 
 const (
 	// StoreAll stores every response the handler wrote, 5xx included, as
-	// Stripe does: a retry gets the same 500 instead of running the
-	// handler again. Right when a 5xx may follow a partial effect.
+	// Stripe does, and for a handler that panicked a 500 problem of type
+	// ProblemHandlerPanicked (the panic goes on). A retry gets the stored
+	// failure instead of running the handler again: right whenever a
+	// handler may have acted before it failed.
 	StoreAll StorePolicy = iota
-	// SkipServerErrors stores no 5xx response: the entry is released, so a
-	// retry with the same key runs the handler again. Right when handlers
-	// are transactional, so that a 5xx means nothing was done.
+	// SkipServerErrors releases the key after a 5xx or a panic instead of
+	// storing anything: the 5xx goes to the client unstored, and a retry
+	// with the same key runs the handler again. Opt into it only when
+	// every handler's failure undoes whatever it did (one transaction that
+	// rolls back), or the retry may act twice.
 	SkipServerErrors
 )
 
@@ -158,7 +177,8 @@ func (c Config) withDefaults() (Config, error) {
 		return bad("MaxKeyLength", "%d is negative", c.MaxKeyLength)
 	}
 	if c.Scope == nil {
-		c.Scope = func(*http.Request) string { return "" }
+		return bad("Scope", "required: return the authenticated tenant or credential of the request, "+
+			"so that one caller never gets another's stored responses; if the API has exactly one tenant, set it to server.SingleTenant")
 	}
 	durations := []struct {
 		name string

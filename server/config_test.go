@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -19,21 +20,23 @@ import (
 func TestNewNamesTheBadField(t *testing.T) {
 	t.Parallel()
 	store := server.NewMemoryStore()
+	one := server.SingleTenant
 	for _, tc := range []struct {
 		field string
 		cfg   server.Config
 	}{
 		{"Store", server.Config{}},
-		{"Methods", server.Config{Store: store, Methods: []string{"PO ST"}}},
-		{"Header", server.Config{Store: store, Header: "Idempotency Key"}},
-		{"MaxKeyLength", server.Config{Store: store, MaxKeyLength: -1}},
-		{"Retention", server.Config{Store: store, Retention: -time.Hour}},
-		{"Retention", server.Config{Store: store, Retention: time.Minute, LockTimeout: time.Minute}},
-		{"LockTimeout", server.Config{Store: store, LockTimeout: -1}},
-		{"RetryAfter", server.Config{Store: store, RetryAfter: -1}},
-		{"SweepInterval", server.Config{Store: store, SweepInterval: -1}},
-		{"StorePolicy", server.Config{Store: store, StorePolicy: 7}},
-		{"MaxBodyBytes", server.Config{Store: store, MaxBodyBytes: -1}},
+		{"Scope", server.Config{Store: store}},
+		{"Methods", server.Config{Store: store, Scope: one, Methods: []string{"PO ST"}}},
+		{"Header", server.Config{Store: store, Scope: one, Header: "Idempotency Key"}},
+		{"MaxKeyLength", server.Config{Store: store, Scope: one, MaxKeyLength: -1}},
+		{"Retention", server.Config{Store: store, Scope: one, Retention: -time.Hour}},
+		{"Retention", server.Config{Store: store, Scope: one, Retention: time.Minute, LockTimeout: time.Minute}},
+		{"LockTimeout", server.Config{Store: store, Scope: one, LockTimeout: -1}},
+		{"RetryAfter", server.Config{Store: store, Scope: one, RetryAfter: -1}},
+		{"SweepInterval", server.Config{Store: store, Scope: one, SweepInterval: -1}},
+		{"StorePolicy", server.Config{Store: store, Scope: one, StorePolicy: 7}},
+		{"MaxBodyBytes", server.Config{Store: store, Scope: one, MaxBodyBytes: -1}},
 	} {
 		mw, err := server.New(tc.cfg)
 		require.Error(t, err, tc.field)
@@ -116,4 +119,23 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestNewRequiresAScope: without a Scope every caller would share one key
+// space, and anyone who can name a key would get its stored response. The
+// application must decide, and an API with one tenant says so.
+func TestNewRequiresAScope(t *testing.T) {
+	t.Parallel()
+	mw, err := server.New(server.Config{Store: server.NewMemoryStore()})
+	var ce *server.ConfigError
+	require.ErrorAs(t, err, &ce)
+	assert.Nil(t, mw)
+	assert.Equal(t, "Scope", ce.Field)
+	assert.Contains(t, ce.Problem, "tenant", "the error says what a scope is")
+	assert.Contains(t, ce.Problem, "server.SingleTenant", "and what an API with one tenant sets")
+
+	mw, err = server.New(server.Config{Store: server.NewMemoryStore(), Scope: server.SingleTenant})
+	require.NoError(t, err, "SingleTenant is an explicit decision")
+	require.NoError(t, mw.Close())
+	assert.Equal(t, "", server.SingleTenant(httptest.NewRequest(http.MethodPost, "/orders", nil)), "SingleTenant puts every request in one scope")
 }

@@ -5,11 +5,15 @@
 //
 //	mw, err := server.New(server.Config{
 //		Store: store, // server.OpenSQLiteStore("keys.db")
-//		Scope: func(r *http.Request) string { return tenantOf(r) },
+//		Scope: func(r *http.Request) string { return tenantOf(r) }, // or server.SingleTenant
 //	})
 //	defer mw.Close()
 //	mux.Handle("POST /orders", mw.Handler(createOrder))
 //	mux.Handle("GET /idempotency/{key}", mw.StatusHandler())
+//	http.ListenAndServe(addr, authenticate(mux)) // the same authentication for both
+//
+// examples/server holds the whole pattern in a program and its package
+// orders, on this package, database/sql and the SQLite driver only.
 //
 // # Model
 //
@@ -40,7 +44,40 @@
 // MaxBodyBytes 413 (urn:idem:problem:body-too-large). When the store cannot
 // record the claim the answer is 503 (urn:idem:problem:store-unavailable)
 // with Retry-After, and the handler does not run. Every error is an RFC 9457
-// application/problem+json body; none of them is stored.
+// application/problem+json body; none of them is stored (the one problem
+// the middleware stores is the 500 of a handler that panicked, see
+// Policies).
+//
+// # What runs once
+//
+// The handler runs once per (scope, key) while the entry is kept, whatever
+// fails after it started: concurrent duplicates get 409; a client that
+// disconnects or times out gets the stored response on its retry; a store
+// that fails to record the response keeps the key held and is retried
+// (below); a handler that panicked or answered 5xx has that failure stored
+// and replayed (StoreAll, the default). It may run again for the same key
+// in these cases only:
+//
+//   - Its process died, or could not reach the store for LockTimeout, after
+//     the claim and before the response was stored. The key's lock goes
+//     stale after LockTimeout, and the next request with the key and the
+//     same payload runs the handler again. A handler cut off from the store
+//     is told to stop first, and if it then fails, its failure is not
+//     stored either: the key is run again once its lock is stale (see
+//     Stale locks and fencing).
+//   - The store lost a stored response: a MemoryStore on restart, an
+//     SQLiteStore opened with SQLiteDeferCompletes in a power failure. The
+//     key then reads as absent or as a stale lock, as above.
+//   - The entry expired after Retention: a request reusing the key is a
+//     new request.
+//   - The application opted into SkipServerErrors: after a 5xx or a panic
+//     the key is released, and the next request with it runs the handler.
+//
+// The first two are what the application's own guard is for (see The
+// second guard): with the key stored under a UNIQUE constraint in the
+// transaction of the effect, the second run finds the first run's record
+// and answers with it. Idem clients stop resending before the retention
+// ends, which covers the third; the fourth is the application's choice.
 //
 // # Store first, then send
 //
@@ -53,22 +90,33 @@
 // cannot stream, and http.ResponseController's Flush and Hijack report
 // http.ErrNotSupported. Set-Cookie goes to the first caller only and is
 // never stored. If the store fails to record the response, the response is
-// not sent: the client gets 503 with Retry-After, and the entry is released
-// (or, if the store is still failing, its lock goes stale), so that a retry
-// runs the handler again and the second guard below answers it.
+// not sent, and the key is not released: it stays held (the heartbeat keeps
+// its lock fresh) while the middleware retries storing in the background,
+// and the client gets 409 in progress with Retry-After, which an idem
+// client reads as "wait, then ask the status endpoint". The status endpoint
+// answers processing until the response is stored, and from then on the
+// replay and the status endpoint give it. Close stops the retrying; should
+// the process stop before the response is stored, the key's lock goes stale
+// and the next request with the key runs the handler again: that run is
+// what the second guard below is for.
 //
 // For the same reason the handler's context is not canceled when the client
 // disconnects: the work the client started finishes and is stored for its
-// retry.
+// retry. It is canceled only when the key's lock can no longer be kept,
+// with ErrLockNotRenewed as its cause (see below).
 //
 // # Policies
 //
-// Config.StorePolicy decides what is stored. StoreAll (the default, as
-// Stripe does) stores every response the handler wrote, 5xx included: a
-// retry gets the same 500 instead of running a handler that may have half
-// acted. SkipServerErrors releases the entry after a 5xx so that a retry
-// runs again; choose it when handlers are transactional. A handler that
-// panics releases its entry in any case, and the panic goes on.
+// Config.StorePolicy decides what becomes of a key whose handler failed.
+// StoreAll (the default) stores every response the handler wrote, 5xx
+// included, as Stripe does, and for a handler that panicked a 500 problem
+// of type ProblemHandlerPanicked; the panic goes on. A retry gets the
+// stored failure instead of running a handler that may have half acted: a
+// failed handler is not run again for its key. SkipServerErrors releases
+// the key after a 5xx or a panic, so that a retry with the key runs the
+// handler again, at once: choose it only when every handler's failure
+// undoes whatever it did (one transaction that rolls back), or that retry
+// may act twice.
 //
 // Entries are kept for Config.Retention (24 h by default; counted from the
 // claim while in progress, from the stored response once complete). An
@@ -79,18 +127,30 @@
 //
 // # Stale locks and fencing
 //
-// While a handler runs, its lock is renewed every LockTimeout/3. A lock
-// older than LockTimeout therefore means the process that held it died. The
-// next request with the same key and payload takes the entry over with a
-// new fencing token and runs the handler; should the old handler come back
-// after all, its token no longer holds the lock, its response is neither
+// While a handler runs, and until its response is stored, its lock is
+// renewed every LockTimeout/3. A lock older than LockTimeout therefore
+// means the process that held it died, or could not reach the store for
+// that long. The next request with the same key and payload then takes the
+// entry over with a new fencing token and runs the handler.
+//
+// A process cut off from its store cannot tell that its lock is going
+// stale, so it acts first: when no renewal succeeded for 2/3 of
+// LockTimeout, the handler's context is canceled with ErrLockNotRenewed as
+// its cause (context.Cause), before anybody may take the key over. A
+// handler that honours its context stops there. If it then fails (5xx or
+// panic), the failure is the interruption's, not the request's: it is not
+// stored, the client gets 409, and the lock, no longer renewed, goes
+// stale, so that the next request with the key runs the handler again. An
+// answer below 500 is stored as usual. Should the handler come back after
+// a take-over, its token no longer holds the lock: its response is neither
 // stored nor sent, and its client gets 409 and finds the taker's result.
 //
 // # The status endpoint
 //
 // StatusHandler answers GET …/{key} in the caller's scope with
-// {"key","state"}: "processing" while a handler runs, "completed" with the
-// stored response, and 404 "not_found" when there is no entry — never seen
+// {"key","state"}: "processing" while a handler runs or its response waits
+// to be stored, "completed" with the stored response (a stored failure
+// included), and 404 "not_found" when there is no entry — never seen
 // within the retention, swept, or released. An entry whose lock is stale
 // also reads as not_found: its handler is dead, and a request sent now with
 // the key will run it, which is exactly what not_found tells a client to
@@ -99,20 +159,30 @@
 //
 // # The second guard
 //
-// The middleware is one guard. A handler can still run twice for one key:
-// after a take-over of a handler that died past its own commit, or after a
-// power failure lost a stored response (see SQLiteStore). KeyFromContext
-// gives the handler the key; store it in the application's own table under
-// a UNIQUE (tenant, key) constraint, in the same transaction as the effect,
-// and answer a constraint violation with the record that is already there.
+// The middleware is one guard. A handler can still run twice for one key
+// (see What runs once): after a take-over of a handler whose process died
+// past its own commit, before the response was stored, or after the store
+// lost a stored response. KeyFromContext gives the handler the key; store
+// it in the application's own table under a UNIQUE (tenant, key)
+// constraint, in the same transaction as the effect, and answer a
+// constraint violation with the record that is already there, as
+// examples/server/orders does.
 //
 // # Scope
 //
-// Config.Scope defaults to one scope for every request, which is only right
-// for a service with a single caller. Real services MUST set it to the
-// authenticated tenant or credential: keys are looked up per scope, so one
-// tenant can neither replay nor query another's responses, and two tenants
-// may use the same key independently.
+// Config.Scope is required: it returns the tenant or credential the
+// service's authentication established for the request. Keys are looked up
+// per scope, so one tenant can neither replay nor query another's
+// responses, and two tenants may use the same key independently. New
+// refuses a Config without it, because a key space shared by every caller
+// hands a stored response to anyone who can name its key (for a
+// deterministic key, anyone who knows the scheme). An API with exactly one
+// tenant passes SingleTenant, which says so in the code.
+//
+// Mount the status endpoint behind the same authentication as the routes
+// it reports on, so that Scope reads the same tenant there: it answers
+// only within the caller's scope, and another tenant's key reads as
+// not_found, never with its response.
 //
 // # Stores
 //

@@ -74,7 +74,7 @@ func ExampleKeyFromContext() {
 		// existing order instead of creating one.
 		fmt.Println("handling key", key)
 	})
-	mw, err := server.New(server.Config{Store: server.NewMemoryStore()})
+	mw, err := server.New(server.Config{Store: server.NewMemoryStore(), Scope: server.SingleTenant})
 	if err != nil {
 		log.Fatal(err)
 	}

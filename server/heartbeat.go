@@ -3,61 +3,202 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 )
 
-// heartbeat renews a running handler's lock every LockTimeout/3, so that
-// only a lock whose process died goes stale: a slow handler is never taken
-// over while it still runs.
+// ErrLockNotRenewed is the cause (context.Cause) with which a handler's
+// context is canceled when its lock could not be kept: no renewal succeeded
+// for 2/3 of LockTimeout (the store is unreachable from this process), or
+// a renewal found the key taken over (the cause then also matches
+// ErrLockLost). From LockTimeout on, another request with the key may run
+// the handler; a handler that sees this cause should stop. If it then
+// fails (5xx or panic), the failure is taken for the interruption's: it is
+// not stored, and the key is run again once its lock is stale. An answer
+// below 500 is stored as usual, unless the key was taken over.
+var ErrLockNotRenewed = errors.New("idem server: the key's lock could not be renewed; another request may take the key over")
+
+// heartbeat keeps a claimed key's lock fresh from the claim until the
+// response is stored (or the key released): it renews the lock every
+// LockTimeout/3, so that only a lock whose process died or lost its store
+// goes stale, and a slow handler is never taken over while it can still be
+// told apart from a dead one.
+//
+// When no renewal succeeded for 2/3 of LockTimeout, the watchdog cancels
+// the handler's context with ErrLockNotRenewed: the lock goes stale at
+// LockTimeout, when another request may take the key over, and by then the
+// handler must have been told to stop.
 type heartbeat struct {
-	mu      sync.Mutex
-	stopped bool
-	timer   *time.Timer
-	running sync.WaitGroup
+	m          *Middleware
+	scope, key string
+	token      int64
+	every      time.Duration // between renewals
+	bound      time.Duration // without a successful renewal before the handler is told to stop
+	lose       context.CancelCauseFunc
+
+	// ctx is canceled by stop, so that a renewal in flight does not hold
+	// up the end of a request or Close.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// op is held across every store call on the entry, renewals and
+	// Complete alike: a renewal never races the Complete that ends the
+	// lock, so it never mistakes a stored response for a lost lock.
+	op sync.Mutex
+
+	mu       sync.Mutex
+	stopped  bool
+	told     bool      // the handler's context was canceled
+	deadline time.Time // when the watchdog fires, unless a renewal succeeds
+	timer    *time.Timer
+	watchdog *time.Timer
+	running  sync.WaitGroup // renewals and watchdog firings in progress
 }
 
-func (m *Middleware) startHeartbeat(scope, key string, token int64) *heartbeat {
-	hb := &heartbeat{}
-	every := m.cfg.LockTimeout / 3
-	beat := func() {
-		hb.mu.Lock()
-		if hb.stopped {
-			hb.mu.Unlock()
-			return
-		}
-		hb.running.Add(1)
-		hb.mu.Unlock()
-		defer hb.running.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), every)
-		err := m.cfg.Store.Renew(ctx, scope, key, token, m.cfg.now())
-		cancel()
-		if errors.Is(err, ErrLockLost) {
-			return // taken over or finished: nothing left to renew
-		}
-		if err != nil {
-			m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lock renewal failed",
-				slog.String("key_hash", keyHash(scope, key)), slog.Any("error", err))
-		}
-		hb.mu.Lock()
-		if !hb.stopped {
-			hb.timer.Reset(every)
-		}
-		hb.mu.Unlock()
+// startHeartbeat starts renewing the lock that token holds on (scope, key).
+// lockedAt is when the lock was last known fresh, in this process's time:
+// the moment before the claim was sent. lose cancels the handler's context.
+func (m *Middleware) startHeartbeat(scope, key string, token int64, lockedAt time.Time, lose context.CancelCauseFunc) *heartbeat {
+	hb := &heartbeat{
+		m: m, scope: scope, key: key, token: token,
+		every: m.cfg.LockTimeout / 3, bound: 2 * m.cfg.LockTimeout / 3, lose: lose,
 	}
+	hb.ctx, hb.cancel = context.WithCancel(context.Background())
 	hb.mu.Lock()
-	hb.timer = time.AfterFunc(every, beat)
+	hb.deadline = lockedAt.Add(hb.bound)
+	hb.timer = time.AfterFunc(hb.every, hb.beat)
+	hb.watchdog = time.AfterFunc(time.Until(hb.deadline), hb.expire)
 	hb.mu.Unlock()
 	return hb
 }
 
-// stop ends the heartbeat and waits for a renewal in progress, so that no
-// renewal outlives the request. It may be called more than once.
-func (hb *heartbeat) stop() {
+// enter registers a renewal or a firing of the watchdog, unless the
+// heartbeat stopped.
+func (hb *heartbeat) enter() bool {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if hb.stopped {
+		return false
+	}
+	hb.running.Add(1)
+	return true
+}
+
+func (hb *heartbeat) isStopped() bool {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.stopped
+}
+
+func (hb *heartbeat) beat() {
+	if !hb.enter() {
+		return
+	}
+	defer hb.running.Done()
+	hb.op.Lock()
+	if hb.isStopped() {
+		hb.op.Unlock()
+		return
+	}
+	started := time.Now()
+	// A slow renewal that succeeds before the watchdog fires keeps the
+	// handler running: it may take until then, and at least one interval.
+	hb.mu.Lock()
+	limit := max(time.Until(hb.deadline), hb.every)
+	hb.mu.Unlock()
+	ctx, cancel := context.WithTimeout(hb.ctx, limit)
+	err := hb.m.cfg.Store.Renew(ctx, hb.scope, hb.key, hb.token, hb.m.cfg.now())
+	cancel()
+	hb.op.Unlock()
+	switch {
+	case err == nil:
+		hb.mu.Lock()
+		if !hb.stopped && !hb.told {
+			hb.deadline = started.Add(hb.bound)
+			hb.watchdog.Reset(time.Until(hb.deadline))
+		}
+		hb.mu.Unlock()
+	case errors.Is(err, ErrLockLost):
+		// Another request took the key over: this run must stop now, and
+		// there is nothing left to renew.
+		hb.tell(fmt.Errorf("%w: %w", ErrLockNotRenewed, ErrLockLost), "idempotency lock lost to another request; the handler's context is canceled")
+		return
+	case hb.isStopped():
+		return // stop ended this renewal
+	default:
+		hb.m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lock renewal failed",
+			slog.String("key_hash", keyHash(hb.scope, hb.key)), slog.Any("error", err))
+	}
+	hb.mu.Lock()
+	if !hb.stopped {
+		hb.timer.Reset(hb.every)
+	}
+	hb.mu.Unlock()
+}
+
+// expire is the watchdog: no renewal succeeded for 2/3 of LockTimeout.
+func (hb *heartbeat) expire() {
+	if !hb.enter() {
+		return
+	}
+	defer hb.running.Done()
+	hb.tell(ErrLockNotRenewed, "idempotency lock not renewed for 2/3 of LockTimeout; the handler's context is canceled before another request may take the key over")
+}
+
+// tell cancels the handler's context with cause, once.
+func (hb *heartbeat) tell(cause error, msg string) {
+	hb.mu.Lock()
+	first := !hb.told
+	hb.told = true
+	hb.mu.Unlock()
+	if !first {
+		return
+	}
+	hb.lose(cause)
+	hb.m.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("key_hash", keyHash(hb.scope, hb.key)))
+}
+
+// wasTold reports whether the handler's context was canceled because the
+// lock could not be kept.
+func (hb *heartbeat) wasTold() bool {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.told
+}
+
+// complete stores the response with the heartbeat's token. Once the entry
+// is no longer the heartbeat's to renew (the response is stored, or the
+// lock was lost), the heartbeat stops.
+func (hb *heartbeat) complete(ctx context.Context, req CompleteRequest) error {
+	hb.op.Lock()
+	err := hb.m.cfg.Store.Complete(ctx, req)
+	done := err == nil || errors.Is(err, ErrLockLost)
+	if done {
+		hb.halt() // before a renewal waiting for op can start
+	}
+	hb.op.Unlock()
+	if done {
+		hb.stop()
+	}
+	return err
+}
+
+// halt stops the timers; renewals in progress see stopped and end.
+func (hb *heartbeat) halt() {
 	hb.mu.Lock()
 	hb.stopped = true
 	hb.timer.Stop()
+	hb.watchdog.Stop()
 	hb.mu.Unlock()
+}
+
+// stop ends the heartbeat and waits for a renewal in progress, canceling
+// it, so that no renewal outlives the request or Close. It may be called
+// more than once.
+func (hb *heartbeat) stop() {
+	hb.halt()
+	hb.cancel()
 	hb.running.Wait()
 }

@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log"
 	"net/http"
@@ -75,7 +76,7 @@ func newEnv(t *testing.T, h http.HandlerFunc, opts ...envOption) *env {
 func newWrappedEnv(t *testing.T, h http.HandlerFunc, wrap func(http.Handler) http.Handler, opts ...envOption) *env {
 	t.Helper()
 	e := &env{t: t, clock: newClock()}
-	cfg := server.Config{Store: server.NewMemoryStore()}
+	cfg := server.Config{Store: server.NewMemoryStore(), Scope: server.SingleTenant}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -210,4 +211,55 @@ func (g *gate) waitEntered(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler was never entered")
 	}
+}
+
+// errInjected is the failure a faultyStore injects.
+var errInjected = errors.New("injected store failure")
+
+// faultyStore wraps a real store and fails its Complete or its Renew on
+// command, as a disk hiccup or a lost connection to the store would. It
+// records what every Complete returned.
+type faultyStore struct {
+	server.Store
+	failCompletes atomic.Bool
+	failRenewals  atomic.Bool
+
+	mu        sync.Mutex
+	completes []error // the result of every Complete, in order
+	renewals  int     // Renew calls, failed or not
+}
+
+func (s *faultyStore) Complete(ctx context.Context, req server.CompleteRequest) error {
+	err := errInjected
+	if !s.failCompletes.Load() {
+		err = s.Store.Complete(ctx, req)
+	}
+	s.mu.Lock()
+	s.completes = append(s.completes, err)
+	s.mu.Unlock()
+	return err
+}
+
+func (s *faultyStore) Renew(ctx context.Context, scope, key string, token int64, now time.Time) error {
+	s.mu.Lock()
+	s.renewals++
+	s.mu.Unlock()
+	if s.failRenewals.Load() {
+		return errInjected
+	}
+	return s.Store.Renew(ctx, scope, key, token, now)
+}
+
+// completeResults returns what every Complete returned so far.
+func (s *faultyStore) completeResults() []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]error(nil), s.completes...)
+}
+
+// stores are the real stores every middleware test that depends on the
+// store runs against.
+var stores = map[string]func(*testing.T) server.Store{
+	"memory": func(*testing.T) server.Store { return server.NewMemoryStore() },
+	"sqlite": func(t *testing.T) server.Store { return openSQLite(t) },
 }

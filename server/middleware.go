@@ -22,9 +22,15 @@ type Middleware struct {
 	methods    map[string]bool
 	retryAfter string
 
-	stopSweeper context.CancelFunc
-	sweeperDone chan struct{}
-	closeOnce   sync.Once
+	// life is canceled by Close. It bounds the middleware's own
+	// goroutines: the sweeper, and the storing of responses whose first
+	// attempt to store failed.
+	life      context.Context
+	end       context.CancelFunc
+	mu        sync.Mutex
+	closed    bool
+	owned     sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // New checks cfg, fills in the defaults and starts the sweeper that
@@ -44,25 +50,46 @@ func New(cfg Config) (*Middleware, error) {
 	for _, method := range cfg.Methods {
 		m.methods[method] = true
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	m.stopSweeper, m.sweeperDone = cancel, make(chan struct{})
-	go m.sweepLoop(ctx)
+	m.life, m.end = context.WithCancel(context.Background())
+	m.spawn(m.sweepLoop)
 	return m, nil
 }
 
-// Close stops the sweeper and waits for it. It does not close the Store,
-// which belongs to the caller, and handlers keep working after it. Close
-// may be called more than once.
+// Close stops the sweeper and the storing of responses that could not be
+// stored yet, and waits for both. A response still unstored stays so: its
+// key remains in progress until its lock goes stale (LockTimeout), as if
+// the process had died, and the error log names it. Close does not close
+// the Store, which belongs to the caller; call it once the HTTP server has
+// shut down, as handlers that run after it can no longer retry storing
+// their responses. Close may be called more than once.
 func (m *Middleware) Close() error {
 	m.closeOnce.Do(func() {
-		m.stopSweeper()
-		<-m.sweeperDone
+		m.mu.Lock()
+		m.closed = true
+		m.mu.Unlock()
+		m.end()
+		m.owned.Wait()
 	})
 	return nil
 }
 
+// spawn runs f on a goroutine that Close stops (through ctx) and waits
+// for. Once Close has begun it runs nothing and reports false.
+func (m *Middleware) spawn(f func(ctx context.Context)) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return false
+	}
+	m.owned.Add(1)
+	go func() {
+		defer m.owned.Done()
+		f(m.life)
+	}()
+	return true
+}
+
 func (m *Middleware) sweepLoop(ctx context.Context) {
-	defer close(m.sweeperDone)
 	t := time.NewTicker(m.cfg.SweepInterval)
 	defer t.Stop()
 	for {
@@ -110,7 +137,9 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 // next cannot stream, and http.ResponseController's Flush and Hijack report
 // http.ErrNotSupported. Its request context carries the key
 // (KeyFromContext) and is not canceled when the client goes away, so that
-// work a client started completes and is stored for its retry.
+// work a client started completes and is stored for its retry. It is
+// canceled, with ErrLockNotRenewed as its cause, when the key's lock can no
+// longer be kept.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !m.methods[r.Method] {
@@ -119,6 +148,17 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 		}
 		m.serve(next, w, r)
 	})
+}
+
+// claimed is a key this request holds, and what it needs to end the hold.
+type claimed struct {
+	scope, key   string
+	method, path string // for the logs, which outlive the request
+	token        int64
+	// expiresAt is when the in-progress entry expires: no response is
+	// stored after it.
+	expiresAt time.Time
+	hb        *heartbeat
 }
 
 func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
@@ -133,6 +173,9 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	scope := m.cfg.Scope(r)
 	fp := fingerprint(r.Method, target(r.URL), body)
 	now := m.cfg.now()
+	// The lock is fresh from before the claim is sent, in this process's
+	// own time: what the heartbeat's watchdog counts from.
+	lockedAt := time.Now()
 	res, err := m.cfg.Store.Claim(r.Context(), ClaimRequest{
 		Scope: scope, Key: key, Fingerprint: fp, Method: r.Method, Path: r.URL.Path,
 		Now: now, ExpiresAt: now.Add(m.cfg.Retention), StaleBefore: now.Add(-m.cfg.LockTimeout),
@@ -154,62 +197,169 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		m.log(r.Context(), slog.LevelWarn, "idempotency lock was stale; running the request again", r, scope, key,
 			slog.Time("created_at", res.Entry.CreatedAt))
 	}
-	m.execute(next, w, r, body, scope, key, res.Token)
+	m.execute(next, w, r, body, &claimed{
+		scope: scope, key: key, method: r.Method, path: r.URL.Path,
+		token: res.Token, expiresAt: res.Entry.ExpiresAt,
+	}, lockedAt)
 }
 
-// execute runs next under a claimed key, stores its response, then sends it.
-func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, scope, key string, token int64) {
+// execute runs next under a claimed key, stores its response, then sends
+// it. Once next has run, the key is never released for another run unless
+// the application opted into SkipServerErrors: whatever fails after that,
+// the key stays held until its response is stored, and the client is told
+// the request is in progress. The one exception is a run the middleware
+// itself told to stop that then failed (see interrupted): its key is left
+// to go stale, as a dead process's would.
+func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed, lockedAt time.Time) {
 	// Storing and releasing must happen even if the client is gone: its
 	// retry is what the stored response is for.
 	bg := context.WithoutCancel(r.Context())
-	hctx := context.WithValue(bg, keyContextKey{}, key)
+	hctx, cancel := context.WithCancelCause(context.WithValue(bg, keyContextKey{}, cl.key))
+	defer cancel(context.Canceled)
 	hr := r.WithContext(hctx)
 	hr.Body = io.NopCloser(bytes.NewReader(body))
 	hr.ContentLength = int64(len(body))
 	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 
-	hb := m.startHeartbeat(scope, key, token)
+	cl.hb = m.startHeartbeat(cl.scope, cl.key, cl.token, lockedAt, cancel)
 	c := newCapture()
 	returned := false
 	defer func() {
-		hb.stop()
 		if !returned {
-			// A panic (or runtime.Goexit) in next: free the key so that a
-			// retry runs the request again, and let the panic go on.
-			if err := m.cfg.Store.Release(bg, scope, key, token); err != nil {
-				m.log(bg, slog.LevelError, "idempotency key not released after a panic", r, scope, key, slog.Any("error", err))
-			}
+			// A panic (or runtime.Goexit) in next, which goes on once
+			// this returns.
+			m.afterPanic(bg, cl)
 		}
 	}()
 	next.ServeHTTP(c, hr)
 	returned = true
-	hb.stop()
 
 	resp := c.response()
 	if resp.Status >= 500 && m.cfg.StorePolicy == SkipServerErrors {
-		if err := m.cfg.Store.Release(bg, scope, key, token); err != nil {
-			m.log(bg, slog.LevelError, "idempotency key not released after a server error", r, scope, key, slog.Any("error", err))
-		}
+		m.release(bg, cl, "a server error")
 		writeStored(w, resp, c.cookies(), false)
 		return
 	}
-	err := m.cfg.Store.Complete(bg, CompleteRequest{
-		Scope: scope, Key: key, Token: token, Response: resp, ExpiresAt: m.cfg.now().Add(m.cfg.Retention),
-	})
-	switch {
-	case errors.Is(err, ErrLockLost):
+	if resp.Status >= 500 && cl.hb.wasTold() {
+		m.interrupted(bg, cl)
+		m.problemInProgress(w, cl.key, "The request was interrupted: its hold on the idempotency key could not be kept. Retry with the same key after the delay in Retry-After, or ask the status endpoint.")
+		return
+	}
+	switch m.store(bg, cl, resp) {
+	case stored:
+		writeStored(w, resp, c.cookies(), false)
+	case lockLost:
 		// Another request took the entry over while this one ran: its
 		// response, not this one, is what the key stands for.
-		m.log(bg, slog.LevelWarn, "idempotency lock lost while the handler ran; its response is not sent", r, scope, key)
-		m.problemInProgress(w, key)
-	case err != nil:
-		m.log(bg, slog.LevelError, "idempotency response could not be stored; it is not sent", r, scope, key, slog.Any("error", err))
-		if rerr := m.cfg.Store.Release(bg, scope, key, token); rerr != nil {
-			m.log(bg, slog.LevelError, "idempotency key not released", r, scope, key, slog.Any("error", rerr))
+		m.problemInProgress(w, cl.key, "")
+	case storing:
+		m.problemInProgress(w, cl.key, "The request ran, and its response is being recorded; retry with the same key after the delay in Retry-After, or ask the status endpoint.")
+	}
+}
+
+// afterPanic ends the hold of a key whose handler panicked: by default the
+// key's outcome becomes a stored 500 problem, because the handler may have
+// acted before it panicked; under SkipServerErrors the key is released.
+func (m *Middleware) afterPanic(ctx context.Context, cl *claimed) {
+	if m.cfg.StorePolicy == SkipServerErrors {
+		m.release(ctx, cl, "a panic")
+		return
+	}
+	if cl.hb.wasTold() {
+		m.interrupted(ctx, cl)
+		return
+	}
+	m.logKey(ctx, slog.LevelError, "idempotency handler panicked; a 500 is stored for its key", cl)
+	m.store(ctx, cl, panicResponse(cl.key))
+}
+
+// interrupted ends the hold of a key whose handler failed (5xx or panic)
+// after the middleware told it to stop, because its lock could not be
+// kept. The failure is the interruption's, not the request's: it is not
+// stored, and the key is left as a process that died would leave it. Its
+// lock, no longer renewed, goes stale, and the next request with the key
+// runs the handler again, which the application's own guard answers.
+func (m *Middleware) interrupted(ctx context.Context, cl *claimed) {
+	cl.hb.stop()
+	m.logKey(ctx, slog.LevelWarn, "idempotency handler failed after it was told to stop; its answer is not stored, and the key is retryable once its lock is stale", cl)
+}
+
+func (m *Middleware) release(ctx context.Context, cl *claimed, after string) {
+	cl.hb.stop()
+	if err := m.cfg.Store.Release(ctx, cl.scope, cl.key, cl.token); err != nil {
+		m.logKey(ctx, slog.LevelError, "idempotency key not released after "+after+"; it is retryable once its lock is stale", cl, slog.Any("error", err))
+	}
+}
+
+// storeResult says what became of a response the middleware stores.
+type storeResult int
+
+const (
+	stored   storeResult = iota + 1
+	lockLost             // another request took the key over: not stored, never will be
+	storing              // not stored yet: the middleware keeps trying in the background
+)
+
+// completeRetryMin is the first wait before storing a response again.
+const completeRetryMin = 50 * time.Millisecond
+
+// store stores resp for a claimed key. When the store fails, the key stays
+// held (its heartbeat keeps running) and a goroutine that Close owns keeps
+// trying, with backoff from completeRetryMin up to RetryAfter, so that the
+// client that comes back after Retry-After likely finds the response; it
+// stops once the response is stored, the lock is lost, the entry expired,
+// or Close.
+func (m *Middleware) store(ctx context.Context, cl *claimed, resp *StoredResponse) storeResult {
+	req := CompleteRequest{Scope: cl.scope, Key: cl.key, Token: cl.token, Response: resp, ExpiresAt: m.cfg.now().Add(m.cfg.Retention)}
+	err := cl.hb.complete(ctx, req)
+	switch {
+	case err == nil:
+		return stored
+	case errors.Is(err, ErrLockLost):
+		m.logKey(ctx, slog.LevelWarn, "idempotency lock lost while the handler ran; its response is not sent", cl)
+		return lockLost
+	}
+	m.logKey(ctx, slog.LevelError, "idempotency response could not be stored; the key stays held and storing is retried", cl, slog.Any("error", err))
+	if !m.spawn(func(life context.Context) { m.storeLater(life, cl, req) }) {
+		cl.hb.stop()
+		m.logKey(ctx, slog.LevelError, "idempotency response not stored: the middleware is closed; the key is retryable once its lock is stale", cl)
+	}
+	return storing
+}
+
+func (m *Middleware) storeLater(life context.Context, cl *claimed, req CompleteRequest) {
+	defer cl.hb.stop()
+	wait := completeRetryMin
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for attempt := 2; ; attempt++ {
+		select {
+		case <-life.Done():
+			m.logKey(life, slog.LevelError, "idempotency response not stored before Close; the key is retryable once its lock is stale", cl)
+			return
+		case <-t.C:
 		}
-		m.problemStoreFailed(w, key, "The request ran but its response could not be recorded; retry with the same key.")
-	default:
-		writeStored(w, resp, c.cookies(), false)
+		now := m.cfg.now()
+		if !now.Before(cl.expiresAt) {
+			m.logKey(life, slog.LevelError, "idempotency response not stored before its entry expired", cl)
+			return
+		}
+		req.ExpiresAt = now.Add(m.cfg.Retention)
+		ctx, cancel := context.WithTimeout(life, max(m.cfg.RetryAfter, completeRetryMin))
+		err := cl.hb.complete(ctx, req)
+		cancel()
+		switch {
+		case err == nil:
+			m.logKey(life, slog.LevelInfo, "idempotency response stored after a store failure", cl, slog.Int("attempts", attempt))
+			return
+		case errors.Is(err, ErrLockLost):
+			m.logKey(life, slog.LevelWarn, "idempotency lock lost before the response could be stored", cl)
+			return
+		case life.Err() == nil:
+			m.logKey(life, slog.LevelDebug, "idempotency response still not stored", cl, slog.Any("error", err))
+		}
+		wait = min(2*wait, max(m.cfg.RetryAfter, completeRetryMin))
+		t.Reset(wait)
 	}
 }
 
@@ -222,7 +372,7 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, key,
 	case e.State == Completed && e.Response != nil:
 		writeStored(w, e.Response, nil, true)
 	default:
-		m.problemInProgress(w, key)
+		m.problemInProgress(w, key, "")
 	}
 }
 
@@ -244,11 +394,15 @@ func writeStored(w http.ResponseWriter, resp *StoredResponse, cookies []string, 
 }
 
 func (m *Middleware) log(ctx context.Context, level slog.Level, msg string, r *http.Request, scope, key string, attrs ...slog.Attr) {
+	m.logKey(ctx, level, msg, &claimed{scope: scope, key: key, method: r.Method, path: r.URL.Path}, attrs...)
+}
+
+func (m *Middleware) logKey(ctx context.Context, level slog.Level, msg string, cl *claimed, attrs ...slog.Attr) {
 	if !m.cfg.Logger.Enabled(ctx, level) {
 		return
 	}
 	attrs = append([]slog.Attr{
-		slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("key_hash", keyHash(scope, key)),
+		slog.String("method", cl.method), slog.String("path", cl.path), slog.String("key_hash", keyHash(cl.scope, cl.key)),
 	}, attrs...)
 	m.cfg.Logger.LogAttrs(ctx, level, msg, attrs...)
 }

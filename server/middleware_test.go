@@ -185,7 +185,7 @@ func (w *storeCheckingWriter) WriteHeader(code int) {
 func TestResponseIsStoredBeforeItIsSent(t *testing.T) {
 	t.Parallel()
 	store := server.NewMemoryStore()
-	mw, err := server.New(server.Config{Store: store})
+	mw, err := server.New(server.Config{Store: store, Scope: server.SingleTenant})
 	require.NoError(t, err)
 	defer mw.Close()
 	var sw *storeCheckingWriter
@@ -324,41 +324,6 @@ func TestBodyOverLimitIs413(t *testing.T) {
 	assert.Equal(t, http.StatusCreated, e.post("/orders", "k", `{"n":1}`).Status, "a body at the limit is fine, and the key was not taken")
 }
 
-func TestHandlerPanicReleasesTheKeyAndPanicsOn(t *testing.T) {
-	t.Parallel()
-	var calls atomic.Int64
-	store := server.NewMemoryStore()
-	mw, err := server.New(server.Config{Store: store})
-	require.NoError(t, err)
-	defer mw.Close()
-	recovered := make(chan any, 1)
-	inner := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if calls.Add(1) == 1 {
-			panic("handler bug")
-		}
-		created(w, r)
-	}))
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() {
-			if p := recover(); p != nil {
-				recovered <- p
-				w.WriteHeader(http.StatusInternalServerError)
-			}
-		}()
-		inner.ServeHTTP(w, r)
-	}))
-	defer srv.Close()
-	e := &env{t: t, srv: srv}
-	r := e.post("/orders", "k", "{}")
-	assert.Equal(t, http.StatusInternalServerError, r.Status)
-	assert.Equal(t, "handler bug", <-recovered, "the panic goes on past the middleware")
-	assert.Zero(t, store.Len(), "the entry is released")
-	r = e.post("/orders", "k", "{}")
-	assert.Equal(t, http.StatusCreated, r.Status, "a retry runs the handler again")
-	assert.False(t, r.replayed())
-	assert.EqualValues(t, 2, calls.Load())
-}
-
 func TestServerErrorsAreStoredByDefault(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
@@ -462,7 +427,7 @@ func TestStoreFailureBeforeTheHandlerIs503(t *testing.T) {
 	assert.Zero(t, e.calls.Load(), "the handler never runs when the claim could not be recorded")
 }
 
-func TestStoreFailureAfterTheHandlerIs503(t *testing.T) {
+func TestStoreClosedAfterTheHandlerIs409InProgress(t *testing.T) {
 	t.Parallel()
 	store := openSQLite(t)
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
@@ -471,14 +436,14 @@ func TestStoreFailureAfterTheHandlerIs503(t *testing.T) {
 		created(w, r)
 	}, withStore(store))
 	r := e.post("/orders", "k", "{}")
-	require.Equal(t, http.StatusServiceUnavailable, r.Status, "a response that is not stored is not sent")
-	assert.Equal(t, wire.ProblemStoreFailed, r.problem(t).Type)
+	require.Equal(t, http.StatusConflict, r.Status, "a response that is not stored is not sent")
+	assert.Equal(t, wire.ProblemInProgress, r.problem(t).Type, "and the client is not told to send the request again")
 	assert.NotContains(t, r.Body, "echo")
 }
 
 func TestCloseIsIdempotent(t *testing.T) {
 	t.Parallel()
-	mw, err := server.New(server.Config{Store: server.NewMemoryStore()})
+	mw, err := server.New(server.Config{Store: server.NewMemoryStore(), Scope: server.SingleTenant})
 	require.NoError(t, err)
 	require.NoError(t, mw.Close())
 	require.NoError(t, mw.Close())

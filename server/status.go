@@ -15,18 +15,22 @@ import (
 
 // StatusHandler answers GET {prefix}/{key} with what the store knows about
 // the key in the caller's scope (Config.Scope of the status request), in
-// the shape of wire.Status:
+// the shape of wire.Status. Mount it behind the same authentication as the
+// routes, so that Scope reads the caller's tenant: a key of another scope
+// reads as not_found, and its response is never sent.
+//
+// The answers:
 //
 //   - 200 {"key":…,"state":"processing"} while a handler runs under the
-//     key and its lock is fresh;
+//     key, or its response waits to be stored, and its lock is fresh;
 //   - 200 {"key":…,"state":"completed","response":{…}} with the stored
 //     status, headers and body;
 //   - 404 {"key":…,"state":"not_found"} when there is no entry: the key was
-//     never seen within the retention, was swept, or was released (a
-//     handler panicked, or a 5xx was not stored). A request sent now with
+//     never seen within the retention, was swept, or was released (under
+//     SkipServerErrors, after a 5xx or a panic). A request sent now with
 //     the key runs the handler.
 //   - 404 not_found as well when the entry is in progress but its lock is
-//     stale: its handler died, and the next request with the key and the
+//     stale: its process died (or lost its store), and the next request with the key and the
 //     same payload takes the entry over and runs the handler. not_found
 //     tells the client exactly that: send the request (with the same key).
 //

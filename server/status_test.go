@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -155,4 +156,53 @@ func TestStatusStoreFailureIs503NeverNotFound(t *testing.T) {
 	assert.Equal(t, wire.ProblemStoreFailed, r.problem(t).Type)
 	_, _, err := wire.DecodeStatus(r.Status, []byte(r.Body), "k")
 	assert.ErrorIs(t, err, wire.ErrBadStatus, "a client reads the failure as unknown, never as not_found")
+}
+
+// TestStatusEndpointBehindTheRoutesAuthentication mounts the status
+// endpoint as it must be: behind the same authentication as the routes,
+// with Scope reading the tenant that authentication established. A caller
+// learns about its own keys only: another tenant's key is not_found, and
+// never carries its body.
+func TestStatusEndpointBehindTheRoutesAuthentication(t *testing.T) {
+	t.Parallel()
+	type tenantKey struct{}
+	tokens := map[string]string{"Bearer token-a": "tenant-a", "Bearer token-b": "tenant-b"}
+	authenticate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tenant, ok := tokens[r.Header.Get("Authorization")]
+			if !ok {
+				http.Error(w, "unauthenticated", http.StatusUnauthorized)
+				return
+			}
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+		})
+	}
+	e := newWrappedEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("secret of " + r.Context().Value(tenantKey{}).(string)))
+	}, authenticate, func(c *server.Config) {
+		c.Scope = func(r *http.Request) string { return r.Context().Value(tenantKey{}).(string) }
+	})
+
+	first := e.post("/orders", "k", "{}", "Authorization", "Bearer token-a")
+	require.Equal(t, http.StatusCreated, first.Status)
+
+	s, body, r := e.status("k", "Authorization", "Bearer token-a")
+	assert.Equal(t, http.StatusOK, r.Status)
+	assert.Equal(t, wire.StateCompleted, s.State)
+	assert.Equal(t, "secret of tenant-a", string(body), "the owner gets its stored response")
+
+	s, _, r = e.status("k", "Authorization", "Bearer token-b")
+	assert.Equal(t, http.StatusNotFound, r.Status)
+	assert.Equal(t, wire.StateNotFound, s.State, "another tenant's key is not found in this tenant's scope")
+	assert.NotContains(t, r.Body, "secret", "and its body is never sent")
+
+	anon := e.do(http.MethodGet, "/idempotency/k", "")
+	assert.Equal(t, http.StatusUnauthorized, anon.Status, "the status endpoint answers authenticated callers only")
+	assert.NotContains(t, anon.Body, "secret")
+
+	other := e.post("/orders", "k", "{}", "Authorization", "Bearer token-b")
+	assert.Equal(t, "secret of tenant-b", other.Body, "the same key and payload from another tenant is that tenant's own request")
+	assert.False(t, other.replayed())
+	assert.EqualValues(t, 2, e.calls.Load())
 }

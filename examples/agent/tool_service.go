@@ -51,6 +51,9 @@ type gate struct {
 func startToolService() (*toolService, error) {
 	mw, err := server.New(server.Config{
 		Store: server.NewMemoryStore(), // server.OpenSQLiteStore in a real service
+		// One agent runtime is the only caller; a service with several
+		// callers returns the caller's tenant or credential instead.
+		Scope: server.SingleTenant,
 		// Tools answer 200 on success: the middleware stores and replays
 		// whatever they answer.
 	})

@@ -50,6 +50,9 @@ func startBank() (*bank, error) {
 		// window is answered from this store. server.OpenSQLiteStore keeps
 		// them across the service's restarts.
 		Store: server.NewMemoryStore(),
+		// The payroll job is the bank's only caller here; a real bank
+		// scopes keys by the authenticated account.
+		Scope: server.SingleTenant,
 	})
 	if err != nil {
 		return nil, err

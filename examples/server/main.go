@@ -3,8 +3,11 @@
 // keys in an SQLite store so that they survive restarts, and the status
 // endpoint GET /idempotency/{key} that idem clients ask when an outcome is
 // unknown. The tenant comes from the X-Tenant header (a real service takes
-// it from the credential), and the orders table keeps the key under a
-// UNIQUE constraint as a second guard.
+// it from the credential, in an authentication layer in front of both
+// routes), and the orders table keeps the key under a UNIQUE constraint as
+// a second guard. The application is package orders beside this file; the
+// whole pattern uses idem's public server package, database/sql and the
+// SQLite driver only, so it can be copied into a module of your own.
 //
 //	go run ./examples/server -addr 127.0.0.1:8080 -data /tmp
 //	curl -i -X POST localhost:8080/orders -H 'Idempotency-Key: 0b0e…' -d '{"item":"book","quantity":1}'
@@ -25,7 +28,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkit/idem/internal/orders"
+	"github.com/idemkit/idem/examples/server/orders"
 	"github.com/idemkit/idem/server"
 )
 

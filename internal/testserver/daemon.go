@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idem/internal/orders"
+	"github.com/idemkit/idem/examples/server/orders"
 	"github.com/idemkit/idem/server"
 )
 

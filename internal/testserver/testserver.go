@@ -1,6 +1,6 @@
-// Package testserver runs the orders application behind the server
-// middleware on a real loopback HTTP server, with faults injected per
-// request, for the client's tests.
+// Package testserver runs the orders application of the server example
+// (examples/server/orders) behind the server middleware on a real loopback
+// HTTP server, with faults injected per request, for the client's tests.
 //
 //	s := testserver.Start(t)
 //	s.Inject(testserver.DropAfterCommit) // the next POST /orders
@@ -26,7 +26,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/orders"
+	"github.com/idemkit/idem/examples/server/orders"
 	"github.com/idemkit/idem/internal/wire"
 	"github.com/idemkit/idem/server"
 )

@@ -40,6 +40,7 @@ func Run(t *testing.T, newStore Factory) {
 	}{
 		{"Claim", claimTests},
 		{"Lifecycle", lifecycleTests},
+		{"Fencing", fencingTests},
 		{"Expiry", expiryTests},
 		{"Scope", scopeTests},
 		{"Concurrency", concurrencyTests},

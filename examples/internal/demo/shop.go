@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkit/idem/internal/orders"
+	"github.com/idemkit/idem/examples/server/orders"
 	"github.com/idemkit/idem/server"
 )
 

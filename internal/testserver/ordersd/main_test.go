@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idem/internal/orders"
+	"github.com/idemkit/idem/examples/server/orders"
 	"github.com/idemkit/idem/internal/testserver"
 	"github.com/idemkit/idem/internal/wire"
 )

@@ -2,10 +2,12 @@ package orders_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,8 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idem/internal/orders"
-	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/examples/server/orders"
 	"github.com/idemkit/idem/server"
 )
 
@@ -112,10 +113,16 @@ func TestRetryIsReplayedNotExecuted(t *testing.T) {
 	assert.Equal(t, 1, a.app.Executions())
 
 	r := a.do("GET", "/idempotency/k", "", "acme", "")
-	s, body, err := wire.DecodeStatus(r.status, []byte(r.body), "k")
-	require.NoError(t, err)
-	assert.Equal(t, wire.StateCompleted, s.State)
-	assert.Equal(t, first.body, string(body))
+	require.Equal(t, http.StatusOK, r.status)
+	var s struct {
+		State    string `json:"state"`
+		Response struct {
+			Body string `json:"body"`
+		} `json:"response"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.body), &s))
+	assert.Equal(t, "completed", s.State)
+	assert.Equal(t, first.body, s.Response.Body)
 
 	r = a.do("GET", "/idempotency/k", "", "other", "")
 	assert.Equal(t, http.StatusNotFound, r.status, "the status endpoint is scoped by tenant")
@@ -138,8 +145,11 @@ func TestInvalidOrdersAre400(t *testing.T) {
 	} {
 		r := a.do("POST", "/orders", "k"+string(rune('a'+i)), "", body)
 		assert.Equal(t, http.StatusBadRequest, r.status, body)
-		p, ok := wire.ParseProblem(r.header.Get("Content-Type"), []byte(r.body))
-		if assert.True(t, ok, body) {
+		assert.Equal(t, "application/problem+json", r.header.Get("Content-Type"), body)
+		var p struct {
+			Type string `json:"type"`
+		}
+		if assert.NoError(t, json.Unmarshal([]byte(r.body), &p), body) {
 			assert.Equal(t, orders.ProblemInvalidOrder, p.Type, body)
 		}
 	}
@@ -178,12 +188,62 @@ func TestHandlerWithoutMiddlewareIs500(t *testing.T) {
 	assert.Zero(t, app.GuardedDuplicates())
 }
 
-func TestOpenRefusesAKeyStore(t *testing.T) {
+func TestNewRefusesAnotherProgramsFile(t *testing.T) {
 	t.Parallel()
-	path := filepath.Join(t.TempDir(), "keys.db")
-	s, err := server.OpenSQLiteStore(path)
+	dir := t.TempDir()
+	keys := filepath.Join(dir, "keys.db")
+	s, err := server.OpenSQLiteStore(keys)
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
-	_, err = orders.New(path)
-	require.Error(t, err, "an orders database is not a key store")
+	_, err = orders.New(keys)
+	require.ErrorIs(t, err, orders.ErrNotOrdersDatabase, "a key store is not an orders database")
+	assert.Contains(t, err.Error(), keys, "the error names the file")
+
+	other := filepath.Join(dir, "other.db")
+	db, err := sql.Open("sqlite3", other)
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TABLE customers (id INTEGER PRIMARY KEY)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	_, err = orders.New(other)
+	require.ErrorIs(t, err, orders.ErrNotOrdersDatabase)
+
+	text := filepath.Join(dir, "notes.txt")
+	require.NoError(t, os.WriteFile(text, []byte("these are not the bytes of an SQLite database, not at all....."), 0o600))
+	_, err = orders.New(text)
+	require.Error(t, err)
+	b, err := os.ReadFile(text)
+	require.NoError(t, err)
+	assert.Equal(t, "these are not the bytes of an SQLite database, not at all.....", string(b), "a foreign file is left as it was")
+}
+
+func TestDatabaseFileIsPrivateWALAndReopens(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "orders.db")
+	app, err := orders.New(path)
+	require.NoError(t, err)
+	a := serve(t, app)
+	a.do("POST", "/orders", "k", "acme", `{"item":"book","quantity":1}`)
+	for _, p := range []string{path, path + "-wal"} {
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "%s is readable by its owner only", filepath.Base(p))
+	}
+	require.NoError(t, app.Close())
+
+	db, err := sql.Open("sqlite3", path)
+	require.NoError(t, err)
+	defer db.Close()
+	var mode string
+	require.NoError(t, db.QueryRow(`PRAGMA journal_mode`).Scan(&mode))
+	assert.Equal(t, "wal", mode)
+	_, err = db.Exec(`INSERT INTO orders (tenant, idem_key, item, quantity) VALUES ('acme', 'k', 'pen', 1)`)
+	require.Error(t, err, "UNIQUE (tenant, idem_key): the database itself refuses a second order for a key")
+
+	again, err := orders.New(path)
+	require.NoError(t, err, "an orders database reopens")
+	defer again.Close()
+	n, err := again.Orders(context.Background(), "acme")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
 }

@@ -2,9 +2,7 @@ package idem
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -135,7 +133,7 @@ func scanRecord(s scanner) (int64, Record, error) {
 	r.Key = keyString(v[1])
 	r.Scope, r.ID, r.Method, r.URL = asString(v[2]), asString(v[3]), asString(v[4]), asString(v[5])
 	var err error
-	if r.Header, err = decodeHeader(asBytes(v[6])); err != nil {
+	if r.Header, err = wire.DecodeHeader(asBytes(v[6])); err != nil {
 		return 0, Record{}, fmt.Errorf("%w: header of %s: %v", ErrJournalCorrupt, r.Key, err)
 	}
 	r.Body = asBytes(v[7])
@@ -144,7 +142,7 @@ func scanRecord(s scanner) (int64, Record, error) {
 	r.NextAttemptAt = fromMillis(asInt(v[11]))
 	r.Lease = Lease{Owner: asString(v[12]), Epoch: asInt(v[13]), ExpiresAt: fromMillis(asInt(v[14]))}
 	if v[15] != nil {
-		h, err := decodeHeader(asBytes(v[16]))
+		h, err := wire.DecodeHeader(asBytes(v[16]))
 		if err != nil {
 			return 0, Record{}, fmt.Errorf("%w: response header of %s: %v", ErrJournalCorrupt, r.Key, err)
 		}
@@ -194,7 +192,7 @@ func asBytes(v any) []byte {
 // row id, or 0 when a record with the same scope and ID exists: the
 // insert is the existence check, so that creating costs no read.
 func (d *dict) insertRecord(tx *sqlitefile.Tx, r Record) (int64, error) {
-	header, err := d.intern(tx, encodeHeader(r.Header))
+	header, err := d.intern(tx, wire.EncodeHeader(r.Header))
 	if err != nil {
 		return 0, err
 	}
@@ -257,7 +255,7 @@ func (d *dict) storeRecord(tx *sqlitefile.Tx, id int64, old, next Record) error 
 	_, err = tx.Exec(`INSERT INTO responses (op, status, header, body, replayed) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (op) DO UPDATE SET status = excluded.status, header = excluded.header,
 		body = excluded.body, replayed = excluded.replayed`,
-		id, resp.StatusCode, encodeHeader(resp.Header), nonNil(resp.Body), resp.Replayed)
+		id, resp.StatusCode, wire.EncodeHeader(resp.Header), nonNil(resp.Body), resp.Replayed)
 	return err
 }
 
@@ -266,7 +264,7 @@ func sameResponse(a, b *Response) bool {
 		return a == b
 	}
 	return a.StatusCode == b.StatusCode && a.Replayed == b.Replayed && string(a.Body) == string(b.Body) &&
-		string(encodeHeader(a.Header)) == string(encodeHeader(b.Header))
+		string(wire.EncodeHeader(a.Header)) == string(wire.EncodeHeader(b.Header))
 }
 
 // insertEvent appends ev to the history of the row id.
@@ -384,23 +382,6 @@ func nonNil(b []byte) []byte {
 		return []byte{}
 	}
 	return b
-}
-
-func encodeHeader(h http.Header) []byte {
-	if len(h) == 0 {
-		return nil
-	}
-	b, _ := json.Marshal(h) // a map of string slices always marshals
-	return b
-}
-
-func decodeHeader(b []byte) (http.Header, error) {
-	if len(b) == 0 {
-		return nil, nil
-	}
-	var h http.Header
-	err := json.Unmarshal(b, &h)
-	return h, err
 }
 
 func millis(t time.Time) int64 {

@@ -184,3 +184,13 @@ func TestQuotedKeyHeader(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Equal(t, `"`+res.Key+`"`, <-got)
 }
+
+// Journaled fingerprints must keep their meaning across versions: a change
+// of the formula would refuse every resumed operation as another request.
+// The value is what the formula of the first release computes.
+func TestFingerprintIsStable(t *testing.T) {
+	t.Parallel()
+	got := idem.Fingerprint("POST", "https://api.example.com/orders", http.Header{"Content-Type": {"application/json"}},
+		[]string{"content-type"}, []byte(`{"a":1}`))
+	assert.Equal(t, "fc4950fe1fe769d3a47bff8a0085e8ed734bbc2e58e15d44662e9f5e1acc9a0b", got)
+}

@@ -158,7 +158,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	methods := make([]string, len(c.Methods))
 	for i, m := range c.Methods {
-		if !isToken(m) {
+		if !wire.IsToken(m) {
 			return bad("Methods", "%q is not an HTTP method", m)
 		}
 		methods[i] = strings.ToUpper(m)
@@ -167,7 +167,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Header == "" {
 		c.Header = wire.KeyHeader
 	}
-	if !isToken(c.Header) {
+	if !wire.IsToken(c.Header) {
 		return bad("Header", "%q is not a valid header name", c.Header)
 	}
 	if c.MaxKeyLength == 0 {
@@ -219,17 +219,4 @@ func (c Config) withDefaults() (Config, error) {
 		c.now = time.Now
 	}
 	return c, nil
-}
-
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -88,14 +87,7 @@ func target(u *url.URL) string {
 // method, target and body, each length-prefixed so that no two different
 // requests hash the same bytes.
 func fingerprint(method, target string, body []byte) string {
-	h := sha256.New()
-	var n [8]byte
-	for _, part := range [][]byte{[]byte(method), []byte(target), body} {
-		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-		h.Write(n[:])
-		h.Write(part)
-	}
-	return hex.EncodeToString(h.Sum(nil))
+	return wire.Fingerprint([]byte(method), []byte(target), body)
 }
 
 // keyHash names a key in logs without revealing it.

@@ -3,14 +3,13 @@ package server
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"time"
 
 	"github.com/idemkit/idem/internal/sqlitefile"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // Errors from opening or using an SQLite store, matched with errors.Is. They
@@ -159,20 +158,18 @@ func scanEntry(row rowScanner) (Entry, error) {
 		if r.Body == nil {
 			r.Body = []byte{}
 		}
-		if len(header) > 0 {
-			if err := json.Unmarshal(header, &r.Header); err != nil {
-				return Entry{}, fmt.Errorf("stored response header of key %q does not parse: %w", e.Key, err)
-			}
+		var err error
+		if r.Header, err = wire.DecodeHeader(header); err != nil {
+			return Entry{}, fmt.Errorf("stored response header of key %q does not parse: %w", e.Key, err)
 		}
 		e.Response = r
 	}
 	return e, nil
 }
 
-func nanos(t time.Time) int64        { return t.UnixNano() }
-func fromNanos(n int64) time.Time    { return time.Unix(0, n) }
-func newToken() int64                { return rand.Int64N(1<<62) + 1 }
-func encodeHeader(h http.Header) any { b, _ := json.Marshal(h); return b }
+func nanos(t time.Time) int64     { return t.UnixNano() }
+func fromNanos(n int64) time.Time { return time.Unix(0, n) }
+func newToken() int64             { return rand.Int64N(1<<62) + 1 }
 
 // Claim implements Store.
 func (s *SQLiteStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error) {
@@ -235,7 +232,7 @@ func (s *SQLiteStore) Complete(ctx context.Context, req CompleteRequest) error {
 	return s.fenced(ctx, s.completeMode(), func(tx *sqlitefile.Tx) (sql.Result, error) {
 		return tx.Exec(`UPDATE entries SET state = ?, expires_at = ?, resp_status = ?, resp_header = ?, resp_body = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = ?`,
-			Completed, nanos(req.ExpiresAt), req.Response.Status, encodeHeader(req.Response.Header), body,
+			Completed, nanos(req.ExpiresAt), req.Response.Status, wire.EncodeHeader(req.Response.Header), body,
 			req.Scope, req.Key, req.Token, InProgress)
 	})
 }

@@ -287,7 +287,7 @@ func fzRecords() ([]idem.Record, [][]idem.Event, error) {
 		evs := []idem.Event{created}
 		if update != nil {
 			var ev idem.Event
-			if rec, ev, err = idem.ApplyUpdate(rec, update(rec), fzTime.Add(40*time.Millisecond), idem.Event{}); err != nil {
+			if rec, ev, err = idem.ApplyUpdate(rec, update(rec), fzTime.Add(40*time.Millisecond), idem.Event{}, nil); err != nil {
 				return err
 			}
 			evs = append(evs, ev)

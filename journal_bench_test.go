@@ -379,7 +379,7 @@ func jbBulkRecord(key string, i int) (idem.Record, []idem.Event, error) {
 	if err != nil {
 		return idem.Record{}, nil, err
 	}
-	done, settled, err := idem.ApplyUpdate(rec, jbOutcome(rec), now.Add(40*time.Millisecond), idem.Event{Kind: idem.EventAnswer})
+	done, settled, err := idem.ApplyUpdate(rec, jbOutcome(rec), now.Add(40*time.Millisecond), idem.Event{Kind: idem.EventAnswer}, nil)
 	if err != nil {
 		return idem.Record{}, nil, err
 	}

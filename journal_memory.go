@@ -146,7 +146,7 @@ func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, wh
 	if !ok {
 		return Record{}, notFound("key " + rec.Key)
 	}
-	out, ev, err := ApplyUpdate(e.rec, rec, m.now(), why)
+	out, ev, err := ApplyUpdate(e.rec, rec, m.now(), why, m.ownerGone)
 	if err != nil {
 		return Record{}, err
 	}

@@ -68,7 +68,8 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 //
 //   - next.Lease names an owner and that owner no longer holds the stored
 //     lease at the same epoch: ErrLeaseLost (a fenced write);
-//   - next.Lease is empty while another worker's lease is live: ErrLeased;
+//   - next.Lease is empty (an operator's write) while another worker's
+//     lease is live and gone does not report its owner gone: ErrLeased;
 //   - stored.Version differs from next.Version: ErrConflict;
 //   - the state machine forbids the move (see State.CanMoveTo):
 //     ErrIllegalTransition;
@@ -85,14 +86,14 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 // ignored, so a stale copy never undoes a Renew). The request and the key's
 // wire form never change. A record that leaves the active states loses its
 // lease. The event takes its Kind and Detail from why.
-func ApplyUpdate(stored, next Record, now time.Time, why Event) (Record, Event, error) {
+func ApplyUpdate(stored, next Record, now time.Time, why Event, gone func(owner string) bool) (Record, Event, error) {
 	now = journalTime(now)
 	if next.Lease.Owner != "" {
 		if stored.Lease.Owner != next.Lease.Owner || stored.Lease.Epoch != next.Lease.Epoch {
 			return Record{}, Event{}, fmt.Errorf("%w: operation %s is now leased by %q at epoch %d, the write came from %q at epoch %d",
 				ErrLeaseLost, stored.Key, stored.Lease.Owner, stored.Lease.Epoch, next.Lease.Owner, next.Lease.Epoch)
 		}
-	} else if stored.Lease.Held(now) {
+	} else if !leaseFree(stored.Lease, now, gone) {
 		return Record{}, Event{}, fmt.Errorf("%w: operation %s is leased by %q until %s",
 			ErrLeased, stored.Key, stored.Lease.Owner, stored.Lease.ExpiresAt.Format(time.RFC3339))
 	}

@@ -297,7 +297,7 @@ func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability, wh
 		if err != nil {
 			return err
 		}
-		next, ev, err := ApplyUpdate(stored, rec, j.now(), why)
+		next, ev, err := ApplyUpdate(stored, rec, j.now(), why, j.owners.Gone)
 		if err != nil {
 			return err
 		}

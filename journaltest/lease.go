@@ -517,6 +517,20 @@ func testGoneOwner(t *testing.T, j idem.Journal) {
 	_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrLeaseLost)
 
+	// An operator's write (no lease) goes over a gone owner's lease too.
+	byGone2 := acquire(t, j, createDue(t, j, "tenant-a", time.Time{}).Key, "worker-gone-2", longLease)
+	unregister2, err := j.Register(ctx, "worker-gone-2")
+	require.NoError(t, err)
+	next = idem.CloneRecord(byGone2)
+	next.Lease = idem.Lease{}
+	next.State = idem.StateCanceled
+	_, err = j.Update(ctx, next, idem.Durable, idem.Event{Kind: idem.EventOperator})
+	require.ErrorIs(t, err, idem.ErrLeased, "not while its owner lives")
+	require.NoError(t, unregister2())
+	canceled, err := j.Update(ctx, next, idem.Durable, idem.Event{Kind: idem.EventOperator})
+	require.NoError(t, err, "an operator's write goes over a gone owner's lease")
+	assert.Equal(t, idem.StateCanceled, canceled.State)
+
 	requireStored(t, j, byAlive)
 	requireStored(t, j, byUnknown)
 	_, err = j.Acquire(ctx, byAlive.Key, "worker-new", longLease)

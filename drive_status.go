@@ -15,6 +15,9 @@ import (
 // Every check is journaled with its answer, or with why it failed.
 func (d *driver) checkStatus(ctx context.Context) error {
 	for {
+		if err := ctx.Err(); err != nil {
+			return d.stop(ctx, fmt.Errorf("%w; before that: %w", err, d.cause), d.failedDue())
+		}
 		if d.checks >= d.c.retry.MaxStatusChecks {
 			return d.stop(ctx, fmt.Errorf("no definitive status after %d checks (RetryPolicy.MaxStatusChecks): %w", d.checks, d.cause), d.failedDue())
 		}

@@ -121,8 +121,24 @@ func run(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("the second Do used key %s, not %s", res.Key, firstKey)
 	}
 
-	// 3. A crash while an order is on the wire.
-	fmt.Fprintln(out, "\n3. Place order checkout/cart-43. The shop creates it and holds the answer; meanwhile the process \"crashes\".")
+	// 3. An order the shop refuses: a definitive answer, and an error.
+	fmt.Fprintln(out, "\n3. Place order checkout/cart-44 for 0 lamps. The shop refuses it.")
+	res, err = client.Do(ctx, placeOrder("checkout/cart-44", "lamp", 0))
+	var refused *idem.OperationError
+	if !errors.Is(err, idem.ErrRejected) || !errors.As(err, &refused) {
+		return fmt.Errorf("checkout/cart-44: want ErrRejected, got %v", err)
+	}
+	fmt.Fprintf(out, "   → ErrRejected: HTTP %d, %s\n", refused.StatusCode, problemDetail(refused.Body))
+	before = shop.OrderRequests()
+	res, err = client.Do(ctx, placeOrder("checkout/cart-44", "lamp", 0))
+	if !errors.Is(err, idem.ErrRejected) || !res.Journaled {
+		return fmt.Errorf("checkout/cart-44 asked again: want ErrRejected from the journal, got %v", err)
+	}
+	fmt.Fprintf(out, "   Do again: ErrRejected from the journal, HTTP %d; POST /orders requests at the shop: %d before, %d after\n",
+		res.StatusCode, before, shop.OrderRequests())
+
+	// 4. A crash while an order is on the wire.
+	fmt.Fprintln(out, "\n4. Place order checkout/cart-43. The shop creates it and holds the answer; meanwhile the process \"crashes\".")
 	held := shop.HoldAnswerOf(shop.OrderRequests() + 1) // the next order's answer is held
 	done := make(chan error, 1)
 	go func() {
@@ -151,14 +167,14 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 
-	// 4. The shop's own count.
+	// 5. The shop's own count.
 	n, err := shop.Orders(ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\n4. 2 logical operations, %d orders on the server.\n", n)
+	fmt.Fprintf(out, "\n5. 2 orders placed, 1 refused: %d orders on the server.\n", n)
 	if n != 2 {
-		return fmt.Errorf("the shop holds %d orders for 2 logical operations", n)
+		return fmt.Errorf("the shop holds %d orders for 2 orders placed", n)
 	}
 	return nil
 }
@@ -234,4 +250,15 @@ func placeOrder(id, item string, quantity int) idem.Op {
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   body,
 	}
+}
+
+// problemDetail is the detail of an RFC 9457 problem, or the body itself.
+func problemDetail(body []byte) string {
+	var p struct {
+		Detail string `json:"detail"`
+	}
+	if json.Unmarshal(body, &p) != nil || p.Detail == "" {
+		return string(body)
+	}
+	return p.Detail
 }

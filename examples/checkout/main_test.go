@@ -57,7 +57,12 @@ func TestRun(t *testing.T) {
 	assert.Equal(t, "0", resumed[4], "Resume did not re-send the order")
 
 	// 4. The shop's own count.
-	assert.Contains(t, text, "2 logical operations, 2 orders on the server.")
+	assert.Contains(t, text, "2 orders placed, 1 refused: 2 orders on the server.")
+	assert.Contains(t, text, "→ ErrRejected: HTTP 400, quantity must be an integer")
+	again := regexp.MustCompile(`Do again: ErrRejected from the journal, HTTP 400; POST /orders requests at the shop: (\d+) before, (\d+) after`).FindStringSubmatch(text)
+	if assert.NotNil(t, again) {
+		assert.Equal(t, again[1], again[2], "a refusal is never sent again")
+	}
 }
 
 func TestRunRefusesAnExistingJournal(t *testing.T) {

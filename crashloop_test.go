@@ -120,6 +120,9 @@ const (
 	crashFinalBudget   = 2 * time.Minute // for the lives without kills
 )
 
+// crashOwner is Config.Owner of the life with process id pid. The client
+// adds "#" and a random suffix: the leases of that life are those whose
+// owner starts with crashOwner(pid)+"#".
 func crashOwner(pid int) string { return "crashloop/" + strconv.Itoa(pid) }
 
 func crashOpID(n int) string { return "crash/op-" + strconv.Itoa(n) }
@@ -657,7 +660,7 @@ func TestCrashLoop(t *testing.T) {
 		}
 		clientKills++
 		site := crashKillSite{phase: tally.add(life, ch)}
-		owner := crashOwner(ch.cmd.Process.Pid)
+		owner := crashOwner(ch.cmd.Process.Pid) + "#"
 		hasOrder := func(key string) bool {
 			var n int
 			require.NoError(t, orders.QueryRow(`SELECT count(*) FROM orders WHERE idem_key = ?`, key).Scan(&n))
@@ -668,7 +671,7 @@ func TestCrashLoop(t *testing.T) {
 			if rec.State == idem.StatePending && hasOrder(rec.Key) {
 				site.pendingApplied = append(site.pendingApplied, fmt.Sprintf("%s (key %s, %s)", rec.ID, rec.Key, rec.LastError))
 			}
-			if rec.Lease.Owner != owner {
+			if !strings.HasPrefix(rec.Lease.Owner, owner) {
 				site.backlog++
 				continue
 			}

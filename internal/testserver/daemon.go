@@ -9,10 +9,12 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/idemkit/idem/examples/server/orders"
+	"github.com/idemkit/idem/internal/wire"
 	"github.com/idemkit/idem/server"
 )
 
@@ -23,6 +25,15 @@ import (
 // hold of up to the given duration to -delay-before and -delay-after, drawn
 // per request from a source seeded with -seed). It prints
 // "listening http://ADDR" once it accepts connections.
+//
+// -key-header names the one header the middleware takes the key from
+// (Idempotency-Key by default); -key-quoted demands the key as an RFC 8941
+// sf-string; -tenant-tokens "a=tokA,b=tokB" demands of every request the
+// bearer token of its tenant (X-Tenant). With any of them, or -audit FILE,
+// a check in front of the middleware refuses a request with the key in
+// another header or form (400) or without its tenant's token (403), and
+// appends one line per request to FILE saying what it found (see
+// requestChecks).
 func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("ordersd", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "address to listen on")
@@ -36,8 +47,28 @@ func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 	jitterBefore := fs.Duration("jitter-before", 0, "add a random hold from 0 to this to -delay-before, drawn per request")
 	jitterAfter := fs.Duration("jitter-after", 0, "add a random hold from 0 to this to -delay-after, drawn per request")
 	seed := fs.Uint64("seed", 0, "seed of the jitter's random source (0: a random seed)")
+	keyHeader := fs.String("key-header", wire.KeyHeader, "the one request header that carries the key")
+	keyQuoted := fs.Bool("key-quoted", false, "refuse a key that is not an RFC 8941 sf-string")
+	tenantTokens := fs.String("tenant-tokens", "", "tenant=token,…: refuse a request without the bearer token of its tenant (X-Tenant)")
+	auditPath := fs.String("audit", "", "append one line per request checked to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	tokens, err := parseTokens(*tenantTokens)
+	if err != nil {
+		return err
+	}
+	var checks *requestChecks
+	if http.CanonicalHeaderKey(*keyHeader) != wire.KeyHeader || *keyQuoted || len(tokens) > 0 || *auditPath != "" {
+		checks = &requestChecks{header: http.CanonicalHeaderKey(*keyHeader), quoted: *keyQuoted, tokens: tokens}
+		if *auditPath != "" {
+			f, err := os.OpenFile(*auditPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			checks.log = f
+		}
 	}
 
 	store, err := server.OpenSQLiteStore(*storePath)
@@ -50,7 +81,7 @@ func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer app.Close()
-	cfg := server.Config{Store: store, Scope: orders.Tenant, LockTimeout: *lockTimeout, Retention: *retention}
+	cfg := server.Config{Store: store, Scope: orders.Tenant, Header: *keyHeader, LockTimeout: *lockTimeout, Retention: *retention}
 	if *skip5xx {
 		cfg.StorePolicy = server.SkipServerErrors
 	}
@@ -62,8 +93,12 @@ func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 
 	mux := http.NewServeMux()
 	holds := newHolds(*delayBefore, *jitterBefore, *delayAfter, *jitterAfter, *seed)
-	mux.Handle("POST /orders", mw.Handler(delayed(app.Handler(), holds)))
-	mux.Handle("GET /idempotency/{key}", mw.StatusHandler())
+	orderHandler, statusHandler := mw.Handler(delayed(app.Handler(), holds)), mw.StatusHandler()
+	if checks != nil {
+		orderHandler, statusHandler = checks.orders(orderHandler), checks.status(statusHandler)
+	}
+	mux.Handle("POST /orders", orderHandler)
+	mux.Handle("GET /idempotency/{key}", statusHandler)
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {

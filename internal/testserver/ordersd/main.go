@@ -20,6 +20,17 @@
 // -jitter-before and -jitter-after add a random hold, drawn per request
 // from 0 to that long, to the two delays; -seed seeds it, so that a crash
 // test can name its run.
+//
+// -key-header makes the middleware take the key from that header only;
+// -key-quoted refuses a key that is not an RFC 8941 sf-string;
+// -tenant-tokens a=tokA,b=tokB refuses a request (order or status) without
+// "Authorization: Bearer" and the token of its X-Tenant. A request with
+// the key in another header or form is refused with 400, one with another
+// tenant's token (or none) with 403, before the middleware sees it; -audit
+// FILE appends one line per request checked, saying what was wrong:
+//
+//	POST orders tenant-a header=ok token=ok
+//	POST orders tenant-b header=other:Idempotency-Key token=of:tenant-a
 package main
 
 import (

@@ -207,3 +207,121 @@ func TestBadFlagsFail(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "keys.db")
 }
+
+// TestRequestChecks: with a custom key header, the quoted form and a token
+// per tenant, ordersd refuses a key in another header or form and a
+// credential of another tenant, runs nothing for them, and writes one audit
+// line per request, which a SIGKILL does not cut.
+func TestRequestChecks(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	audit := filepath.Join(dir, "audit.log")
+	d := start(t, dir, "-key-header", "x-request-key", "-key-quoted",
+		"-tenant-tokens", "tenant-a=tok-a,tenant-b=tok-b", "-audit", audit)
+	send := func(method, path string, header http.Header, body string) reply {
+		t.Helper()
+		req, err := http.NewRequest(method, d.url+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header = header
+		tr := &http.Transport{DisableKeepAlives: true}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return reply{resp.StatusCode, resp.Header, string(b)}
+	}
+	h := func(kv ...string) http.Header {
+		out := http.Header{}
+		for i := 0; i < len(kv); i += 2 {
+			out.Add(kv[i], kv[i+1])
+		}
+		return out
+	}
+	const k = "k1"
+	cases := []struct {
+		name   string
+		method string
+		path   string
+		header http.Header
+		status int
+		audit  string
+	}{
+		{"right header, form and token", "POST", "/orders",
+			h("X-Request-Key", `"k1"`, "X-Tenant", "tenant-a", "Authorization", "Bearer tok-a"), http.StatusCreated,
+			"POST orders tenant-a header=ok token=ok"},
+		{"the default header", "POST", "/orders",
+			h("Idempotency-Key", k, "X-Tenant", "tenant-a", "Authorization", "Bearer tok-a"), http.StatusBadRequest,
+			"POST orders tenant-a header=other:Idempotency-Key token=ok"},
+		{"both headers", "POST", "/orders",
+			h("X-Request-Key", `"k1"`, "Idempotency-Key", `"k1"`, "X-Tenant", "tenant-a", "Authorization", "Bearer tok-a"), http.StatusBadRequest,
+			"POST orders tenant-a header=other:Idempotency-Key token=ok"},
+		{"a bare key", "POST", "/orders",
+			h("X-Request-Key", k, "X-Tenant", "tenant-a", "Authorization", "Bearer tok-a"), http.StatusBadRequest,
+			"POST orders tenant-a header=bare token=ok"},
+		{"no key", "POST", "/orders",
+			h("X-Tenant", "tenant-a", "Authorization", "Bearer tok-a"), http.StatusBadRequest,
+			"POST orders tenant-a header=missing token=ok"},
+		{"another tenant's token", "POST", "/orders",
+			h("X-Request-Key", `"k2"`, "X-Tenant", "tenant-b", "Authorization", "Bearer tok-a"), http.StatusForbidden,
+			"POST orders tenant-b header=ok token=of:tenant-a"},
+		{"no token", "POST", "/orders",
+			h("X-Request-Key", `"k2"`, "X-Tenant", "tenant-b"), http.StatusForbidden,
+			"POST orders tenant-b header=ok token=none"},
+		{"no tenant", "POST", "/orders",
+			h("X-Request-Key", `"k2"`, "Authorization", "Bearer tok-b"), http.StatusForbidden,
+			"POST orders default header=ok token=of:tenant-b"},
+		{"status, right form and token", "GET", "/idempotency/k1",
+			h("X-Request-Key", `"k1"`, "X-Tenant", "tenant-a", "Authorization", "Bearer tok-a"), http.StatusOK,
+			"GET status tenant-a header=ok token=ok"},
+		{"status, another key in the header", "GET", "/idempotency/k1",
+			h("X-Request-Key", `"k2"`, "X-Tenant", "tenant-a", "Authorization", "Bearer tok-a"), http.StatusBadRequest,
+			"GET status tenant-a header=mismatch token=ok"},
+		{"status, the default header", "GET", "/idempotency/k1",
+			h("Idempotency-Key", "k1", "X-Tenant", "tenant-a", "Authorization", "Bearer tok-a"), http.StatusBadRequest,
+			"GET status tenant-a header=other:Idempotency-Key token=ok"},
+		{"status, another tenant's token", "GET", "/idempotency/k1",
+			h("X-Request-Key", `"k1"`, "X-Tenant", "tenant-a", "Authorization", "Bearer tok-b"), http.StatusForbidden,
+			"GET status tenant-a header=ok token=of:tenant-b"},
+	}
+	var want []string
+	for _, c := range cases {
+		r := send(c.method, c.path, c.header, order)
+		assert.Equal(t, c.status, r.status, "%s: %s", c.name, r.body)
+		want = append(want, c.audit)
+	}
+	d.kill(t)
+
+	app, err := orders.New(filepath.Join(dir, "orders.db"))
+	require.NoError(t, err)
+	defer app.Close()
+	n, err := app.TotalOrders(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "a refused request runs nothing")
+	b, err := os.ReadFile(audit)
+	require.NoError(t, err)
+	assert.Equal(t, want, strings.Split(strings.TrimSuffix(string(b), "\n"), "\n"), "one audit line per request, in order")
+
+	// Without the flags, nothing is checked and nothing is written.
+	plain := start(t, t.TempDir())
+	req, err := http.NewRequest("POST", plain.url+"/orders", strings.NewReader(order))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", k)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	http.DefaultClient.CloseIdleConnections()
+	assert.Equal(t, http.StatusCreated, resp.StatusCode, "the default: Idempotency-Key, bare, no credential")
+}
+
+func TestBadTenantTokensFail(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, v := range []string{"a", "a=", "=t", "a=t,a=u", "a=t u"} {
+		err := testserver.Daemon(context.Background(), []string{"-tenant-tokens", v,
+			"-store", filepath.Join(dir, "keys.db"), "-orders", filepath.Join(dir, "orders.db")}, io.Discard)
+		require.Error(t, err, v)
+		assert.Contains(t, err.Error(), "-tenant-tokens", v)
+	}
+}

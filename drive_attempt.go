@@ -145,7 +145,7 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	}
 	a.finish(resp, err, d.c.cfg.MaxResponseBytes)
 	d.countResends(a)
-	if a.resp != nil && a.err != nil {
+	if a.resp != nil && a.err != nil && d.answersTheKey(a) {
 		d.partial = &Response{StatusCode: a.resp.StatusCode, Body: a.body}
 	}
 	// An answer, even a broken one, means the server received the request,
@@ -191,6 +191,15 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 }
 
 func (v Verdict) retryable() bool { return v == Retry || v == RetrySameKey }
+
+// answersTheKey reports whether an answer whose body broke off would,
+// whole, have been the key's answer: a definitive one. Only such an answer
+// is the server's first word on the key, which a later one must agree
+// with; a cut "in progress" or "retry later" is not.
+func (d *driver) answersTheKey(a *attempt) bool {
+	v := d.c.classify(Attempt{Response: a.resp, Body: a.body, Written: true}).Verdict
+	return v == Succeeded || v == Rejected || v == KeyConflict
+}
 
 // wrote is the trace's WroteHeaders.
 func (a *attempt) wrote() {

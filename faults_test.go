@@ -78,10 +78,13 @@ func newFaultsConfig(t *testing.T) faultsConfig {
 		attemptTimeout: 300 * time.Millisecond,
 		hold:           2 * time.Second,
 		policy: idem.RetryPolicy{
-			MaxAttempts:     5,
-			MinBackoff:      2 * time.Millisecond,
-			MaxBackoff:      20 * time.Millisecond,
-			MaxRetryAfter:   20 * time.Millisecond, // the proxy's Retry-After: 1 is honoured, capped
+			MaxAttempts: 5,
+			MinBackoff:  2 * time.Millisecond,
+			MaxBackoff:  20 * time.Millisecond,
+			// The proxy's Retry-After: 1 is longer: such a call returns with
+			// its operation due a second later, never sooner, and the settle
+			// rounds (Resume) finish it.
+			MaxRetryAfter:   20 * time.Millisecond,
 			Budget:          30 * time.Second,
 			MaxStatusChecks: 8,
 			// The shared retry budget exists to keep a failing server from

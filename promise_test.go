@@ -1211,3 +1211,49 @@ func TestResumeWaitFinishesWhatIsNotDueYet(t *testing.T) {
 	assert.Zero(t, rep.NotDue)
 	assert.Len(t, api.all(), 1)
 }
+
+// slowAnswer is the status endpoint, whose answer takes 400 ms to come back
+// (it was true when the server gave it).
+type slowAnswer struct{ next idem.StatusChecker }
+
+func (s slowAnswer) CheckStatus(ctx context.Context, q idem.StatusQuery) (idem.Status, error) {
+	st, err := s.next.CheckStatus(ctx, q)
+	time.Sleep(400 * time.Millisecond)
+	return st, err
+}
+
+// Attempt 1 is held by a gateway and reaches the server late; the status
+// endpoint says not_found meanwhile, so attempt 2 is sent (same key) and
+// meets attempt 1 in progress: the server answers 409 in progress, and that
+// answer is cut mid-body. The status endpoint then reports the key's one
+// answer, 201. One order; the client should report it succeeded.
+func TestACutInProgressAnswerIsNotTheKeysAnswer(t *testing.T) {
+	t.Parallel()
+	srv := testserver.Start(t)
+	srv.Inject(testserver.SlowHandler(time.Second)) // attempt 1, when it arrives, holds the key in progress
+	proxy, err := faultproxy.New(srv.URL, faultproxy.Config{Delay: 300 * time.Millisecond, Script: []faultproxy.Fault{
+		faultproxy.LateForward,   // attempt 1: forwarded after 300 ms; the client gave up at 100 ms
+		faultproxy.ResetResponse, // attempt 2: the server's 409 in progress, cut mid-body
+	}})
+	require.NoError(t, err)
+	require.NoError(t, proxy.Start())
+	t.Cleanup(func() { _ = proxy.Close() })
+	j := openJournal(t, filepath.Join(t.TempDir(), "ops.db"))
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: proxy.URL,
+		Status:         slowAnswer{idem.StatusEndpoint(proxy.URL + "/idempotency")},
+		AttemptTimeout: 100 * time.Millisecond,
+		Retry:          idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxRetryAfter: 2 * time.Second, MaxStatusChecks: 20}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	res, err := c.Do(ctx, orderOp("op-1", 1))
+	rec, _ := c.Lookup(ctx, "default", "op-1")
+	h, _ := j.History(ctx, rec.Key)
+	for _, e := range h {
+		t.Logf("  %s -> %s %v %s", e.From, e.To, e.Kind, e.Detail)
+	}
+	t.Logf("orders on the server: %d; executions %d; proxy %v", srv.TotalOrders(), srv.Executions(), proxy.Stats())
+	assert.Equal(t, 1, srv.TotalOrders())
+	require.NoError(t, err, "Do")
+	assert.Equal(t, idem.StateSucceeded, res.State)
+}

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"time"
+
+	"github.com/idemkit/idem/journal"
 )
 
 // checkStatus asks the server what became of the operation until it
@@ -137,7 +139,7 @@ func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 // send requests through the client as attempts are sent.
 func (d *driver) query(ctx context.Context) StatusQuery {
 	return StatusQuery{
-		Record: CloneRecord(d.rec),
+		Record: journal.CloneRecord(d.rec),
 		Do:     d.statusDo,
 		Request: func(ctx context.Context) (*http.Request, error) {
 			req, err := http.NewRequestWithContext(context.WithValue(ctx, replayKey{}, true), d.rec.Method, d.rec.URL, bytes.NewReader(d.rec.Body))

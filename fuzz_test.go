@@ -24,6 +24,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/journal"
 )
 
 // fzHeader parses header lines leniently: "Name: value" per line, with CR
@@ -280,14 +281,14 @@ func fzRecords() ([]idem.Record, [][]idem.Event, error) {
 	var recs []idem.Record
 	var events [][]idem.Event
 	add := func(intent idem.Record, update func(idem.Record) idem.Record) error {
-		rec, created, err := idem.NewRecord(intent, fzTime, 0)
+		rec, created, err := journal.NewRecord(intent, fzTime, 0)
 		if err != nil {
 			return err
 		}
 		evs := []idem.Event{created}
 		if update != nil {
 			var ev idem.Event
-			if rec, ev, err = idem.ApplyUpdate(rec, update(rec), fzTime.Add(40*time.Millisecond), idem.Event{}, nil); err != nil {
+			if rec, ev, err = journal.ApplyUpdate(rec, update(rec), fzTime.Add(40*time.Millisecond), idem.Event{}, nil); err != nil {
 				return err
 			}
 			evs = append(evs, ev)

@@ -30,6 +30,7 @@ import (
 	_ "github.com/mattn/go-sqlite3"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
 )
 
 // The operation every benchmark journals: what Client.Do stores for a
@@ -375,11 +376,11 @@ var jbBulkTime = time.UnixMilli(1_750_000_000_000)
 // Update leave it, with its two events, by applying the journal's own rules.
 func jbBulkRecord(key string, i int) (idem.Record, []idem.Event, error) {
 	now := jbBulkTime.Add(time.Duration(i) * time.Millisecond)
-	rec, created, err := idem.NewRecord(jbIntent(key, jbID(i), now), now, 0)
+	rec, created, err := journal.NewRecord(jbIntent(key, jbID(i), now), now, 0)
 	if err != nil {
 		return idem.Record{}, nil, err
 	}
-	done, settled, err := idem.ApplyUpdate(rec, jbOutcome(rec), now.Add(40*time.Millisecond), idem.Event{Kind: idem.EventAnswer}, nil)
+	done, settled, err := journal.ApplyUpdate(rec, jbOutcome(rec), now.Add(40*time.Millisecond), idem.Event{Kind: idem.EventAnswer}, nil)
 	if err != nil {
 		return idem.Record{}, nil, err
 	}

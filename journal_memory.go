@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/journal"
 )
 
 // MemoryJournal is a Journal held in process memory. It is NOT durable: a
@@ -80,11 +82,11 @@ func (m *MemoryJournal) Create(ctx context.Context, rec Record) (Record, bool, e
 	defer m.mu.Unlock()
 	if e, ok := m.byOp[scopeID{rec.Scope, rec.ID}]; ok {
 		if e.rec.Fingerprint != rec.Fingerprint {
-			return CloneRecord(e.rec), false, fingerprintMismatch(e.rec)
+			return journal.CloneRecord(e.rec), false, journal.FingerprintMismatch(e.rec)
 		}
-		return CloneRecord(e.rec), false, nil
+		return journal.CloneRecord(e.rec), false, nil
 	}
-	out, ev, err := NewRecord(rec, m.now(), m.maxBody)
+	out, ev, err := journal.NewRecord(rec, m.now(), m.maxBody)
 	if err != nil {
 		return Record{}, false, err
 	}
@@ -95,17 +97,8 @@ func (m *MemoryJournal) Create(ctx context.Context, rec Record) (Record, bool, e
 	e := &memEntry{seq: m.seq, rec: out, history: []Event{ev}}
 	m.byKey[out.Key] = e
 	m.byOp[scopeID{out.Scope, out.ID}] = e
-	return CloneRecord(out), true, nil
+	return journal.CloneRecord(out), true, nil
 }
-
-// fingerprintMismatch is the error every journal returns from Create when
-// the operation ID is taken by another request.
-func fingerprintMismatch(existing Record) error {
-	return fmt.Errorf("%w: %s/%s is journaled under key %s with fingerprint %.12s…; use a new operation ID for a different request",
-		ErrFingerprintMismatch, existing.Scope, existing.ID, existing.Key, existing.Fingerprint)
-}
-
-func notFound(what string) error { return fmt.Errorf("%w: %s", ErrNotFound, what) }
 
 // Get implements Journal.
 func (m *MemoryJournal) Get(ctx context.Context, key string) (Record, error) {
@@ -115,9 +108,9 @@ func (m *MemoryJournal) Get(ctx context.Context, key string) (Record, error) {
 	defer m.mu.Unlock()
 	e, ok := m.byKey[key]
 	if !ok {
-		return Record{}, notFound("key " + key)
+		return Record{}, journal.NotFound("key " + key)
 	}
-	return CloneRecord(e.rec), nil
+	return journal.CloneRecord(e.rec), nil
 }
 
 // Lookup implements Journal.
@@ -128,14 +121,14 @@ func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 	defer m.mu.Unlock()
 	e, ok := m.byOp[scopeID{scope, id}]
 	if !ok {
-		return Record{}, notFound(scope + "/" + id)
+		return Record{}, journal.NotFound(scope + "/" + id)
 	}
-	return CloneRecord(e.rec), nil
+	return journal.CloneRecord(e.rec), nil
 }
 
 // Update implements Journal. Durability is ignored: nothing is durable here.
 func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
-	if err := d.check(); err != nil {
+	if err := journal.CheckDurability(d); err != nil {
 		return Record{}, err
 	}
 	if err := m.lock(ctx); err != nil {
@@ -144,20 +137,20 @@ func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, wh
 	defer m.mu.Unlock()
 	e, ok := m.byKey[rec.Key]
 	if !ok {
-		return Record{}, notFound("key " + rec.Key)
+		return Record{}, journal.NotFound("key " + rec.Key)
 	}
-	out, ev, err := ApplyUpdate(e.rec, rec, m.now(), why, m.ownerGone)
+	out, ev, err := journal.ApplyUpdate(e.rec, rec, m.now(), why, m.ownerGone)
 	if err != nil {
 		return Record{}, err
 	}
 	e.rec = out
 	e.history = append(e.history, ev)
-	return CloneRecord(out), nil
+	return journal.CloneRecord(out), nil
 }
 
 // Claim implements Journal.
 func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, error) {
-	if err := checkClaimRequest(req); err != nil {
+	if err := journal.CheckClaimRequest(req); err != nil {
 		return nil, err
 	}
 	if err := m.lock(ctx); err != nil {
@@ -167,7 +160,7 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 	now := m.now()
 	var due []*memEntry
 	for _, e := range m.byKey {
-		if Claimable(e.rec, now, req.DueBy, m.ownerGone) && (req.Scope == "" || e.rec.Scope == req.Scope) &&
+		if journal.Claimable(e.rec, now, req.DueBy, m.ownerGone) && (req.Scope == "" || e.rec.Scope == req.Scope) &&
 			strings.HasPrefix(e.rec.URL, req.URLPrefix) {
 			due = append(due, e)
 		}
@@ -177,23 +170,15 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 	})
 	var out []Record
 	for _, e := range due[:min(len(due), req.Limit)] {
-		rec, ev, err := ApplyClaim(e.rec, req.Owner, req.Lease, now, m.ownerGone)
+		rec, ev, err := journal.ApplyClaim(e.rec, req.Owner, req.Lease, now, m.ownerGone)
 		if err != nil {
 			return nil, err
 		}
 		e.rec = rec
 		e.history = append(e.history, ev)
-		out = append(out, CloneRecord(rec))
+		out = append(out, journal.CloneRecord(rec))
 	}
 	return out, nil
-}
-
-func checkClaimRequest(req ClaimRequest) error {
-	if req.Owner == "" || req.Limit <= 0 || req.Lease <= 0 {
-		return fmt.Errorf("%w: a claim needs an owner, a positive limit and a positive lease (got %q, %d, %s)",
-			ErrInvalidRecord, req.Owner, req.Limit, req.Lease)
-	}
-	return nil
 }
 
 // Acquire implements Journal.
@@ -204,15 +189,15 @@ func (m *MemoryJournal) Acquire(ctx context.Context, key, owner string, lease ti
 	defer m.mu.Unlock()
 	e, ok := m.byKey[key]
 	if !ok {
-		return Record{}, notFound("key " + key)
+		return Record{}, journal.NotFound("key " + key)
 	}
-	rec, ev, err := ApplyClaim(e.rec, owner, lease, m.now(), m.ownerGone)
+	rec, ev, err := journal.ApplyClaim(e.rec, owner, lease, m.now(), m.ownerGone)
 	if err != nil {
-		return CloneRecord(e.rec), err
+		return journal.CloneRecord(e.rec), err
 	}
 	e.rec = rec
 	e.history = append(e.history, ev)
-	return CloneRecord(rec), nil
+	return journal.CloneRecord(rec), nil
 }
 
 // Renew implements Journal.
@@ -229,7 +214,7 @@ func (m *MemoryJournal) Renew(ctx context.Context, held map[string]Lease, lease 
 			continue
 		}
 		var renewed bool
-		if e.rec, renewed = ApplyRenew(e.rec, l, lease, now); renewed {
+		if e.rec, renewed = journal.ApplyRenew(e.rec, l, lease, now); renewed {
 			n++
 		}
 	}
@@ -278,9 +263,9 @@ func (m *MemoryJournal) Release(ctx context.Context, key string, l Lease) error 
 	defer m.mu.Unlock()
 	e, ok := m.byKey[key]
 	if !ok {
-		return notFound("key " + key)
+		return journal.NotFound("key " + key)
 	}
-	rec, err := ApplyRelease(e.rec, l, m.now())
+	rec, err := journal.ApplyRelease(e.rec, l, m.now())
 	if err != nil {
 		return err
 	}
@@ -305,7 +290,7 @@ func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 		slices.SortFunc(match, func(a, b *memEntry) int { return cmp.Compare(a.seq, b.seq) })
 		recs := make([]Record, len(match))
 		for i, e := range match {
-			recs[i] = CloneRecord(e.rec)
+			recs[i] = journal.CloneRecord(e.rec)
 		}
 		m.mu.Unlock()
 		for _, r := range recs {
@@ -347,16 +332,8 @@ func (m *MemoryJournal) Count(ctx context.Context) ([]Count, error) {
 	for _, c := range counts {
 		out = append(out, *c)
 	}
-	SortCounts(out)
+	journal.SortCounts(out)
 	return out, nil
-}
-
-// SortCounts orders counts by scope, then state, as Journal.Count returns
-// them.
-func SortCounts(c []Count) {
-	slices.SortFunc(c, func(a, b Count) int {
-		return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.State, b.State))
-	})
 }
 
 // History implements Journal.
@@ -367,7 +344,7 @@ func (m *MemoryJournal) History(ctx context.Context, key string) ([]Event, error
 	defer m.mu.Unlock()
 	e, ok := m.byKey[key]
 	if !ok {
-		return nil, notFound("key " + key)
+		return nil, journal.NotFound("key " + key)
 	}
 	return slices.Clone(e.history), nil
 }
@@ -380,7 +357,7 @@ func (m *MemoryJournal) Prune(ctx context.Context, before time.Time) (int, error
 	defer m.mu.Unlock()
 	n := 0
 	for k, e := range m.byKey {
-		if Prunable(e.rec, before) {
+		if journal.Prunable(e.rec, before) {
 			delete(m.byKey, k)
 			delete(m.byOp, scopeID{e.rec.Scope, e.rec.ID})
 			n++

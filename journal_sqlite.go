@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/internal/liveness"
 	"github.com/idemkit/idem/internal/sqlitefile"
+	"github.com/idemkit/idem/journal"
 )
 
 // Errors from opening or using a journal file. They are reported as a
@@ -206,7 +207,7 @@ func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, e
 	var out Record
 	var created bool
 	err := j.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
-		nr, ev, err := NewRecord(rec, j.now(), j.maxBody)
+		nr, ev, err := journal.NewRecord(rec, j.now(), j.maxBody)
 		if err != nil {
 			return err
 		}
@@ -224,7 +225,7 @@ func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, e
 				return err
 			}
 			if out.Fingerprint != rec.Fingerprint {
-				return fingerprintMismatch(out)
+				return journal.FingerprintMismatch(out)
 			}
 			return nil
 		}
@@ -256,7 +257,7 @@ func (j *SQLiteJournal) readOne(ctx context.Context, what, query string, args ..
 	}
 	_, rec, err := scanRecord(j.db.Reader.QueryRowContext(ctx, query, args...))
 	if errors.Is(err, sql.ErrNoRows) {
-		return Record{}, notFound(what)
+		return Record{}, journal.NotFound(what)
 	}
 	return rec, j.db.Classify(err)
 }
@@ -288,7 +289,7 @@ func (j *SQLiteJournal) beforeRead(ctx context.Context) error {
 
 // Update implements Journal.
 func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
-	if err := d.check(); err != nil {
+	if err := journal.CheckDurability(d); err != nil {
 		return Record{}, err
 	}
 	var out Record
@@ -297,7 +298,7 @@ func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability, wh
 		if err != nil {
 			return err
 		}
-		next, ev, err := ApplyUpdate(stored, rec, j.now(), why, j.owners.Gone)
+		next, ev, err := journal.ApplyUpdate(stored, rec, j.now(), why, j.owners.Gone)
 		if err != nil {
 			return err
 		}
@@ -316,14 +317,14 @@ func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability, wh
 func (j *SQLiteJournal) lockedGet(tx *sqlitefile.Tx, key string) (int64, Record, error) {
 	id, rec, err := scanRecord(tx.QueryRow(selectRecord+` WHERE o.key = ?`, keyValue(key)))
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, Record{}, notFound("key " + key)
+		return 0, Record{}, journal.NotFound("key " + key)
 	}
 	return id, rec, err
 }
 
 // Claim implements Journal.
 func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, error) {
-	if err := checkClaimRequest(req); err != nil {
+	if err := journal.CheckClaimRequest(req); err != nil {
 		return nil, err
 	}
 	var out []Record
@@ -370,7 +371,7 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 			return err
 		}
 		for i, rec := range recs {
-			claimed, ev, err := ApplyClaim(rec, req.Owner, req.Lease, now, j.owners.Gone)
+			claimed, ev, err := journal.ApplyClaim(rec, req.Owner, req.Lease, now, j.owners.Gone)
 			if err != nil {
 				return err
 			}
@@ -425,7 +426,7 @@ func (j *SQLiteJournal) Acquire(ctx context.Context, key, owner string, lease ti
 		if err != nil {
 			return err
 		}
-		claimed, ev, err := ApplyClaim(stored, owner, lease, j.now(), j.owners.Gone)
+		claimed, ev, err := journal.ApplyClaim(stored, owner, lease, j.now(), j.owners.Gone)
 		if err != nil {
 			out = stored
 			return err
@@ -449,7 +450,7 @@ func (j *SQLiteJournal) Renew(ctx context.Context, held map[string]Lease, lease 
 			res, err := tx.Exec(`UPDATE operations SET lease_expires_at = max(lease_expires_at, ?)
 				WHERE key = ? AND lease_epoch = ? AND state IN (1, 2, 3)
 				AND lease_owner = (SELECT id FROM dict WHERE value = ?)`,
-				millis(journalTime(now.Add(lease))), keyValue(key), l.Epoch, []byte(l.Owner))
+				millis(journal.TruncateTime(now.Add(lease))), keyValue(key), l.Epoch, []byte(l.Owner))
 			if err != nil {
 				return err
 			}
@@ -518,7 +519,7 @@ func (j *SQLiteJournal) Release(ctx context.Context, key string, l Lease) error 
 		if err != nil {
 			return err
 		}
-		released, err := ApplyRelease(stored, l, j.now())
+		released, err := journal.ApplyRelease(stored, l, j.now())
 		if err != nil {
 			return err
 		}
@@ -655,7 +656,7 @@ func (j *SQLiteJournal) History(ctx context.Context, key string) ([]Event, error
 		return nil, j.db.Classify(err)
 	}
 	if !found {
-		return nil, notFound("key " + key)
+		return nil, journal.NotFound("key " + key)
 	}
 	return out, nil
 }

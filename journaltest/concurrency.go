@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
 )
 
 // The concurrency subtests release their goroutines together from a closed
@@ -31,7 +32,7 @@ func testConcurrentCreate(t *testing.T, j idem.Journal) {
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range results {
-		rec := idem.CloneRecord(base)
+		rec := journal.CloneRecord(base)
 		rec.Key = uuid.NewString()
 		results[i].proposed = rec.Key
 		wg.Go(func() {
@@ -76,7 +77,7 @@ func testConcurrentUpdate(t *testing.T, j idem.Journal) {
 		start := make(chan struct{})
 		var wg sync.WaitGroup
 		for i := range results {
-			next := idem.CloneRecord(cur)
+			next := journal.CloneRecord(cur)
 			next.State = idem.StateInFlight
 			next.Attempts = cur.Attempts + 1
 			next.LastError = fmt.Sprintf("racer %d, round %d", i, round)
@@ -305,7 +306,7 @@ func testConcurrentFence(t *testing.T, j idem.Journal) {
 	_, err := j.Update(ctx, cur, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrLeaseLost)
 
-	next := idem.CloneRecord(b)
+	next := journal.CloneRecord(b)
 	next.State = idem.StateSucceeded
 	next.Attempts = cur.Attempts
 	done := update(t, j, next, idem.Durable)

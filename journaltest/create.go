@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
 )
 
 func testCreateNewRecord(t *testing.T, j idem.Journal) {
@@ -121,7 +122,7 @@ func testCreateExisting(t *testing.T, j idem.Journal) {
 
 	// The same operation again, proposing another key and, under the same
 	// fingerprint, other request fields: the first record wins untouched.
-	again := idem.CloneRecord(first)
+	again := journal.CloneRecord(first)
 	again.Key = uuid.NewString()
 	again.Method = http.MethodPut
 	again.URL = "https://api.example.test/other"
@@ -139,7 +140,7 @@ func testCreateExisting(t *testing.T, j idem.Journal) {
 	require.ErrorIs(t, err, idem.ErrNotFound, "the proposed key must not be stored")
 
 	// Create returns the record as it is now, not as it was created.
-	moved := idem.CloneRecord(first)
+	moved := journal.CloneRecord(first)
 	moved.State = idem.StateInFlight
 	moved.Attempts = 1
 	moved = update(t, j, moved, idem.Durable)
@@ -156,7 +157,7 @@ func testCreateExisting(t *testing.T, j idem.Journal) {
 func testCreateFingerprintMismatch(t *testing.T, j idem.Journal) {
 	ctx := t.Context()
 	first := create(t, j, newRecord("tenant-a"))
-	next := idem.CloneRecord(first)
+	next := journal.CloneRecord(first)
 	next.State = idem.StateInFlight
 	next.Attempts = 1
 	next.LastError = "kept"
@@ -303,7 +304,7 @@ func testReturnsCopies(t *testing.T, j idem.Journal) {
 	ctx := t.Context()
 	rec := newRecord("tenant-a")
 	rec.Header = http.Header{"Accept": {"application/json", "text/plain"}}
-	want := idem.CloneRecord(rec)
+	want := journal.CloneRecord(rec)
 	got := create(t, j, rec)
 	want.Version, want.CreatedAt, want.UpdatedAt = got.Version, got.CreatedAt, got.UpdatedAt
 
@@ -321,7 +322,7 @@ func testReturnsCopies(t *testing.T, j idem.Journal) {
 	read.Header["Accept"][0] = "changed/read"
 	requireStored(t, j, want)
 
-	next := idem.CloneRecord(want)
+	next := journal.CloneRecord(want)
 	next.State = idem.StateSucceeded
 	next.Response = &idem.Response{StatusCode: 201, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
 	want = update(t, j, next, idem.Durable)
@@ -354,7 +355,7 @@ func testCreateKeyWireForm(t *testing.T, j idem.Journal) {
 		assertRequest(t, rec, got)
 		assertRequest(t, rec, get(t, j, rec.Key))
 
-		next := idem.CloneRecord(got)
+		next := journal.CloneRecord(got)
 		next.State = idem.StateInFlight
 		next.KeyHeader, next.KeyQuoted = "Other-Header", !form.quoted
 		next.TransportResends = 3

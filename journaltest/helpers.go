@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
 )
 
 // newRecord returns a valid pending record in scope with a random key and
@@ -70,7 +71,7 @@ func update(t *testing.T, j idem.Journal, rec idem.Record, d idem.Durability) id
 // moveTo updates rec, as read, to state.
 func moveTo(t *testing.T, j idem.Journal, rec idem.Record, state idem.State) idem.Record {
 	t.Helper()
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.State = state
 	return update(t, j, next, idem.Durable)
 }

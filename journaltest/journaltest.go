@@ -23,6 +23,13 @@
 //
 // # What the journal must provide
 //
+// The rules the suite checks are written once, in package
+// github.com/idemkit/idem/journal: a journal that reads the stored record
+// inside its write transaction, calls the rule (journal.NewRecord,
+// journal.ApplyUpdate, journal.ApplyClaim, ...) and stores what it returns
+// agrees with them; what the suite proves beyond that is the storage, the
+// atomicity under concurrency and the leases.
+//
 // The suite drives the journal through the Journal interface only. The
 // journal must read the wall clock (time.Now): the lease tests take real
 // 50 ms leases and wait, with generous deadlines, for them to run out. It

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
 )
 
 // createDue creates a pending record in scope due at next (zero: due now).
@@ -61,7 +62,7 @@ func testClaimSelection(t *testing.T, j idem.Journal) {
 	inFlight.NextAttemptAt = past(2 * time.Second)
 	dueInFlight := create(t, j, inFlight)
 	unknown := createDue(t, j, "tenant-a", past(time.Second))
-	next := idem.CloneRecord(unknown)
+	next := journal.CloneRecord(unknown)
 	next.State = idem.StateUnknown
 	dueUnknown := update(t, j, next, idem.Durable)
 	want := []idem.Record{dueZero, duePending, dueInFlight, dueUnknown}
@@ -260,7 +261,7 @@ func testHolderUpdate(t *testing.T, j idem.Journal) {
 				rec.Lease = idem.Lease{Owner: "worker-1", ExpiresAt: time.Now().Add(longLease)}
 				held = create(t, j, rec)
 			}
-			next := idem.CloneRecord(held)
+			next := journal.CloneRecord(held)
 			next.State = idem.StateInFlight
 			next.Attempts = 1
 			got := update(t, j, next, idem.Durable)
@@ -268,7 +269,7 @@ func testHolderUpdate(t *testing.T, j idem.Journal) {
 			assertLease(t, held.Lease, got.Lease, "the holder keeps its lease")
 			requireStored(t, j, got)
 
-			next = idem.CloneRecord(got)
+			next = journal.CloneRecord(got)
 			next.State = idem.StateUnknown
 			next.LastError = "read: connection reset by peer"
 			got = update(t, j, next, idem.Deferred)
@@ -283,7 +284,7 @@ func testHolderSetsExpiry(t *testing.T, j idem.Journal) {
 	held := acquire(t, j, rec.Key, "worker-1", longLease)
 
 	// A zero Lease.ExpiresAt keeps the stored expiry.
-	next := idem.CloneRecord(held)
+	next := journal.CloneRecord(held)
 	next.State = idem.StateInFlight
 	next.Lease.ExpiresAt = time.Time{}
 	got := update(t, j, next, idem.Durable)
@@ -291,7 +292,7 @@ func testHolderSetsExpiry(t *testing.T, j idem.Journal) {
 
 	// The holder may move its expiry.
 	until := time.Now().Add(2 * longLease)
-	next = idem.CloneRecord(got)
+	next = journal.CloneRecord(got)
 	next.Lease.ExpiresAt = until
 	got = update(t, j, next, idem.Durable)
 	assertLease(t, idem.Lease{Owner: "worker-1", Epoch: held.Lease.Epoch, ExpiresAt: until}, got.Lease, "Lease after the holder moved its expiry")
@@ -305,7 +306,7 @@ func testUnleasedWrite(t *testing.T, j idem.Journal) {
 
 	// A writer without a lease, or with a lease it does not hold, is
 	// refused while the lease is live.
-	next := idem.CloneRecord(held)
+	next := journal.CloneRecord(held)
 	next.Lease = idem.Lease{}
 	next.State = idem.StateCanceled
 	_, err := j.Update(ctx, next, idem.Durable, idem.Event{})
@@ -321,7 +322,7 @@ func testUnleasedWrite(t *testing.T, j idem.Journal) {
 	rec = create(t, j, newRecord("tenant-a"))
 	held = acquire(t, j, rec.Key, "worker-1", shortLease)
 	waitExpired(t, held.Lease)
-	next = idem.CloneRecord(held)
+	next = journal.CloneRecord(held)
 	next.Lease = idem.Lease{}
 	next.State = idem.StateCanceled
 	got := update(t, j, next, idem.Durable)
@@ -360,7 +361,7 @@ func testFencing(t *testing.T, j idem.Journal) {
 			require.Equal(t, a.Lease.Epoch+1, b.Lease.Epoch, "the takeover increments the epoch")
 
 			// The old holder's write, as it had the record.
-			stale := idem.CloneRecord(a)
+			stale := journal.CloneRecord(a)
 			stale.State = idem.StateInFlight
 			stale.Attempts = 1
 			_, err := j.Update(ctx, stale, idem.Durable, idem.Event{})
@@ -381,7 +382,7 @@ func testFencing(t *testing.T, j idem.Journal) {
 			requireStored(t, j, b)
 
 			// The new holder writes.
-			next := idem.CloneRecord(b)
+			next := journal.CloneRecord(b)
 			next.State = idem.StateInFlight
 			next.Attempts = 1
 			got := update(t, j, next, idem.Durable)
@@ -434,7 +435,7 @@ func testRenew(t *testing.T, j idem.Journal) {
 
 	// The holder's next update, at the version and with the lease it had
 	// before Renew.
-	next := idem.CloneRecord(a2)
+	next := journal.CloneRecord(a2)
 	next.State = idem.StateInFlight
 	next.Attempts = 1
 	got := update(t, j, next, idem.Durable)
@@ -511,7 +512,7 @@ func testGoneOwner(t *testing.T, j idem.Journal) {
 	assert.Contains(t, last.Detail, "gone", "and says its owner is gone")
 
 	// The fenced holder's write is refused.
-	next := idem.CloneRecord(other)
+	next := journal.CloneRecord(other)
 	next.State = idem.StateInFlight
 	next.Attempts = 1
 	_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
@@ -521,7 +522,7 @@ func testGoneOwner(t *testing.T, j idem.Journal) {
 	byGone2 := acquire(t, j, createDue(t, j, "tenant-a", time.Time{}).Key, "worker-gone-2", longLease)
 	unregister2, err := j.Register(ctx, "worker-gone-2")
 	require.NoError(t, err)
-	next = idem.CloneRecord(byGone2)
+	next = journal.CloneRecord(byGone2)
 	next.Lease = idem.Lease{}
 	next.State = idem.StateCanceled
 	_, err = j.Update(ctx, next, idem.Durable, idem.Event{Kind: idem.EventOperator})
@@ -565,7 +566,7 @@ func testRelease(t *testing.T, j idem.Journal) {
 	assertRequest(t, rec, released)
 
 	// The old holder can no longer write or release.
-	next := idem.CloneRecord(released)
+	next := journal.CloneRecord(released)
 	next.Lease = held.Lease
 	next.State = idem.StateInFlight
 	_, err := j.Update(ctx, next, idem.Durable, idem.Event{})

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
 )
 
 func testListFilters(t *testing.T, j idem.Journal) {
@@ -100,7 +101,7 @@ func testListEarlyBreak(t *testing.T, j idem.Journal) {
 			var rec idem.Record
 			rec, _, err = j.Create(ctx, newRecord("tenant-b"))
 			if err == nil {
-				next := idem.CloneRecord(rec)
+				next := journal.CloneRecord(rec)
 				next.State = idem.StateInFlight
 				_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
 			}
@@ -184,7 +185,7 @@ func testListWrites(t *testing.T, j idem.Journal) {
 			if !want[rec.Key] {
 				continue // created during the iteration
 			}
-			next := idem.CloneRecord(rec)
+			next := journal.CloneRecord(rec)
 			next.State = idem.StateInFlight
 			next.Attempts = 1
 			if _, err := j.Update(ctx, next, idem.Deferred, idem.Event{}); err != nil {
@@ -275,12 +276,12 @@ func testHistory(t *testing.T, j idem.Journal) {
 	assertEvent(t, idem.Event{Version: held.Version, At: held.UpdatedAt, Kind: idem.EventClaim,
 		From: idem.StatePending, To: idem.StatePending, Owner: "worker-1"}, evs[1])
 
-	next := idem.CloneRecord(held)
+	next := journal.CloneRecord(held)
 	next.State = idem.StateInFlight
 	next.Attempts = 1
 	sent := update(t, j, next, idem.Durable)
 
-	next = idem.CloneRecord(sent)
+	next = journal.CloneRecord(sent)
 	next.State = idem.StateUnknown
 	next.LastError = "read: connection reset by peer"
 	next.TransportResends = 1
@@ -292,13 +293,13 @@ func testHistory(t *testing.T, j idem.Journal) {
 	claimed := claim(t, j, idem.ClaimRequest{Owner: "worker-2", Limit: 1, Lease: longLease})
 	require.Len(t, claimed, 1)
 
-	next = idem.CloneRecord(claimed[0])
+	next = journal.CloneRecord(claimed[0])
 	next.State = idem.StateUnknown
 	next.LastError = "status check: HTTP 502"
 	checked, err := j.Update(ctx, next, idem.Buffered, idem.Event{Kind: idem.EventStatus, Detail: "HTTP 502: bad gateway"})
 	require.NoError(t, err)
 
-	next = idem.CloneRecord(checked)
+	next = journal.CloneRecord(checked)
 	next.State = idem.StateSucceeded
 	next.LastError = ""
 	next.Response = &idem.Response{StatusCode: http.StatusCreated, Body: []byte(`{"id":7}`), Replayed: true}
@@ -321,7 +322,7 @@ func testHistory(t *testing.T, j idem.Journal) {
 	assert.Equal(t, 1, get(t, j, rec.Key).TransportResends)
 
 	// A refused update adds no event.
-	next = idem.CloneRecord(done)
+	next = journal.CloneRecord(done)
 	next.State = idem.StateRejected
 	_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrIllegalTransition)
@@ -344,12 +345,12 @@ func testHistoryTakeover(t *testing.T, j idem.Journal) {
 
 func testHistoryNote(t *testing.T, j idem.Journal) {
 	rec := create(t, j, newRecord("tenant-a"))
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.State = idem.StateExpired
 	next.LastError = "key retention passed before the outcome was confirmed"
 	expired := update(t, j, next, idem.Durable)
 
-	next = idem.CloneRecord(expired)
+	next = journal.CloneRecord(expired)
 	next.State = idem.StateSucceeded
 	next.Note = "matched order 9812 in ERP"
 	settled := update(t, j, next, idem.Durable)
@@ -461,7 +462,7 @@ func testClose(t *testing.T, j idem.Journal) {
 	closed("Get", err)
 	_, err = j.Lookup(ctx, rec.Scope, rec.ID)
 	closed("Lookup", err)
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.State = idem.StateInFlight
 	_, err = j.Update(ctx, next, idem.Durable, idem.Event{})
 	closed("Update", err)
@@ -515,7 +516,7 @@ func testContextCanceled(t *testing.T, j idem.Journal) {
 	call("Create", func() error { _, _, err := j.Create(ctx, fresh); return err })
 	call("Get", func() error { _, err := j.Get(ctx, rec.Key); return err })
 	call("Lookup", func() error { _, err := j.Lookup(ctx, rec.Scope, rec.ID); return err })
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.State = idem.StateInFlight
 	call("Update", func() error { _, err := j.Update(ctx, next, idem.Durable, idem.Event{}); return err })
 	call("deferred Update", func() error { _, err := j.Update(ctx, next, idem.Deferred, idem.Event{}); return err })

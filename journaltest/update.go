@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
 )
 
 func testUpdateCAS(t *testing.T, j idem.Journal) {
@@ -18,7 +19,7 @@ func testUpdateCAS(t *testing.T, j idem.Journal) {
 	waitPast(t, rec.UpdatedAt)
 
 	now := time.Now()
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.State = idem.StateInFlight
 	next.Attempts = 1
 	next.NextAttemptAt = now.Add(time.Minute)
@@ -44,7 +45,7 @@ func testUpdateCAS(t *testing.T, j idem.Journal) {
 	requireStored(t, j, got)
 
 	// Fields can be cleared as well as set.
-	next = idem.CloneRecord(got)
+	next = journal.CloneRecord(got)
 	next.NextAttemptAt, next.ExpiresAt, next.LastError, next.Note = time.Time{}, time.Time{}, "", ""
 	got = update(t, j, next, idem.Durable)
 	assert.Equal(t, rec.Version+2, got.Version, "Version")
@@ -58,13 +59,13 @@ func testUpdateCAS(t *testing.T, j idem.Journal) {
 func testUpdateStaleVersion(t *testing.T, j idem.Journal) {
 	ctx := t.Context()
 	rec := create(t, j, newRecord("tenant-a"))
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.State = idem.StateInFlight
 	next.Attempts = 1
 	v2 := update(t, j, next, idem.Durable)
 
 	for _, version := range []int64{rec.Version, v2.Version + 1, 0} {
-		stale := idem.CloneRecord(v2)
+		stale := journal.CloneRecord(v2)
 		stale.Version = version
 		stale.State = idem.StateUnknown
 		stale.Attempts = 2
@@ -100,7 +101,7 @@ func testUpdateTransitions(t *testing.T, j idem.Journal) {
 		for _, to := range targets {
 			t.Run(fmt.Sprintf("%s_to_%s", from, to), func(t *testing.T) {
 				rec := createIn(t, j, "tenant-a", from)
-				next := idem.CloneRecord(rec)
+				next := journal.CloneRecord(rec)
 				next.State = to
 				got, err := j.Update(ctx, next, idem.Durable, idem.Event{})
 				if legalMove(from, to) {
@@ -124,7 +125,7 @@ func testUpdateImmutable(t *testing.T, j idem.Journal) {
 	rec = create(t, j, rec)
 	waitPast(t, rec.UpdatedAt)
 
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.Method = http.MethodDelete
 	next.URL = "https://elsewhere.example.test/"
 	next.Body = []byte("changed body")
@@ -176,7 +177,7 @@ func testUpdateResponse(t *testing.T, j idem.Journal) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := createIn(t, j, "tenant-a", idem.StateInFlight)
-			next := idem.CloneRecord(rec)
+			next := journal.CloneRecord(rec)
 			next.State = tc.state
 			resp := tc.resp
 			next.Response = &resp
@@ -199,7 +200,7 @@ func testUpdateClearsLease(t *testing.T, j idem.Journal) {
 
 			if to != idem.StateCanceled {
 				// Staying active keeps the lease.
-				next := idem.CloneRecord(held)
+				next := journal.CloneRecord(held)
 				next.State = idem.StateInFlight
 				next.Attempts = 1
 				held = update(t, j, next, idem.Durable)
@@ -207,7 +208,7 @@ func testUpdateClearsLease(t *testing.T, j idem.Journal) {
 				require.Equal(t, "worker-1", held.Lease.Owner, "an active record keeps its lease")
 			}
 
-			next := idem.CloneRecord(held)
+			next := journal.CloneRecord(held)
 			next.State = to
 			got := update(t, j, next, idem.Durable)
 			assert.Empty(t, got.Lease.Owner, "Lease.Owner of a %s record", to)
@@ -222,12 +223,12 @@ func testUpdateClearsLease(t *testing.T, j idem.Journal) {
 
 func testUpdateAttemptsDown(t *testing.T, j idem.Journal) {
 	rec := create(t, j, newRecord("tenant-a"))
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.State = idem.StateInFlight
 	next.Attempts = 2
 	two := update(t, j, next, idem.Durable)
 
-	next = idem.CloneRecord(two)
+	next = journal.CloneRecord(two)
 	next.Attempts = 1
 	_, err := j.Update(t.Context(), next, idem.Durable, idem.Event{})
 	require.ErrorIs(t, err, idem.ErrInvalidRecord)
@@ -249,14 +250,14 @@ func testUpdateDurability(t *testing.T, j idem.Journal) {
 		t.Run(fmt.Sprintf("%s_then_%s", order[0], order[1]), func(t *testing.T) {
 			rec := create(t, j, newRecord("tenant-a"))
 
-			next := idem.CloneRecord(rec)
+			next := journal.CloneRecord(rec)
 			next.State = idem.StateInFlight
 			next.Attempts = 1
 			first, err := j.Update(ctx, next, order[0], idem.Event{})
 			require.NoError(t, err)
 			requireStored(t, j, first)
 
-			next = idem.CloneRecord(first)
+			next = journal.CloneRecord(first)
 			next.State = idem.StateSucceeded
 			next.Response = &idem.Response{StatusCode: http.StatusOK, Body: []byte("ok")}
 			second, err := j.Update(ctx, next, order[1], idem.Event{})
@@ -275,7 +276,7 @@ func testUpdateDurability(t *testing.T, j idem.Journal) {
 func testUpdateBufferedIsReadAtOnce(t *testing.T, j idem.Journal) {
 	ctx := t.Context()
 	rec := create(t, j, newRecord("tenant-buffered"))
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.State = idem.StateSucceeded
 	next.Response = &idem.Response{StatusCode: http.StatusCreated, Body: []byte(`{"id":7}`)}
 	done, err := j.Update(ctx, next, idem.Buffered, idem.Event{})
@@ -315,7 +316,7 @@ func testUpdateBufferedIsReadAtOnce(t *testing.T, j idem.Journal) {
 
 func testUpdateInvalidDurability(t *testing.T, j idem.Journal) {
 	rec := create(t, j, newRecord("tenant-a"))
-	next := idem.CloneRecord(rec)
+	next := journal.CloneRecord(rec)
 	next.State = idem.StateInFlight
 	_, err := j.Update(t.Context(), next, idem.Durability(9), idem.Event{})
 	require.ErrorIs(t, err, idem.ErrInvalidRecord)
@@ -332,7 +333,7 @@ func testUpdateNotFound(t *testing.T, j idem.Journal) {
 	requireGone(t, j, rec)
 
 	stored := create(t, j, newRecord("tenant-a"))
-	other := idem.CloneRecord(stored)
+	other := journal.CloneRecord(stored)
 	other.Key = uuid.NewString()
 	other.State = idem.StateInFlight
 	_, err = j.Update(t.Context(), other, idem.Durable, idem.Event{})
@@ -347,11 +348,11 @@ func testUpdateSync(t *testing.T, j idem.Journal) {
 	ctx := t.Context()
 	a := create(t, j, newRecord("tenant-a"))
 	b := create(t, j, newRecord("tenant-a"))
-	next := idem.CloneRecord(a)
+	next := journal.CloneRecord(a)
 	next.State = idem.StateInFlight
 	next.Attempts = 1
 	wa := update(t, j, next, idem.Buffered)
-	next = idem.CloneRecord(b)
+	next = journal.CloneRecord(b)
 	next.State = idem.StateCanceled
 	wb := update(t, j, next, idem.Deferred)
 	require.NoError(t, j.Sync(ctx))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
 )
 
 var pruneCommand = &command{
@@ -65,7 +66,7 @@ func countPrunable(ctx context.Context, j idem.Journal, before time.Time) (int, 
 		if err != nil {
 			return 0, err
 		}
-		if idem.Prunable(rec, before) {
+		if journal.Prunable(rec, before) {
 			n++
 		}
 	}

@@ -1,6 +1,7 @@
-package idem
+package journal
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"net/http"
@@ -12,6 +13,26 @@ import (
 // Journal implementation reads the stored record inside its write
 // transaction, calls the rule, and stores what it returns, so that all
 // journals agree on what a legal write is.
+
+// CheckDurability refuses, with ErrInvalidRecord, a Durability that is none
+// of Durable, Deferred and Buffered. Journal.Update calls it first.
+func CheckDurability(d Durability) error {
+	if d > Buffered {
+		return fmt.Errorf("%w: durability %d is not Durable, Deferred or Buffered", ErrInvalidRecord, uint8(d))
+	}
+	return nil
+}
+
+// CheckClaimRequest refuses, with ErrInvalidRecord, a request without an
+// owner, a positive limit and a positive lease. Journal.Claim calls it
+// first.
+func CheckClaimRequest(req ClaimRequest) error {
+	if req.Owner == "" || req.Limit <= 0 || req.Lease <= 0 {
+		return fmt.Errorf("%w: a claim needs an owner, a positive limit and a positive lease (got %q, %d, %s)",
+			ErrInvalidRecord, req.Owner, req.Limit, req.Lease)
+	}
+	return nil
+}
 
 // NewRecord checks a record given to Journal.Create and returns it as it must
 // be stored: version 1, CreatedAt and UpdatedAt set to now, the lease epoch
@@ -43,17 +64,17 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 	if rec.Response != nil {
 		return Record{}, Event{}, fmt.Errorf("%w: a new record has no response", ErrInvalidRecord)
 	}
-	now = journalTime(now)
+	now = TruncateTime(now)
 	out := CloneRecord(rec)
 	out.Version = 1
 	out.CreatedAt, out.UpdatedAt = now, now
-	out.NextAttemptAt = journalTime(out.NextAttemptAt)
-	out.ExpiresAt = journalTime(out.ExpiresAt)
+	out.NextAttemptAt = TruncateTime(out.NextAttemptAt)
+	out.ExpiresAt = TruncateTime(out.ExpiresAt)
 	if out.Lease.Owner != "" {
-		if !journalTime(out.Lease.ExpiresAt).After(now) {
+		if !TruncateTime(out.Lease.ExpiresAt).After(now) {
 			return Record{}, Event{}, fmt.Errorf("%w: a leased record needs a lease expiry in the future", ErrInvalidRecord)
 		}
-		out.Lease = Lease{Owner: out.Lease.Owner, Epoch: 1, ExpiresAt: journalTime(out.Lease.ExpiresAt)}
+		out.Lease = Lease{Owner: out.Lease.Owner, Epoch: 1, ExpiresAt: TruncateTime(out.Lease.ExpiresAt)}
 	} else {
 		out.Lease = Lease{}
 	}
@@ -87,7 +108,7 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 // wire form never change. A record that leaves the active states loses its
 // lease. The event takes its Kind and Detail from why.
 func ApplyUpdate(stored, next Record, now time.Time, why Event, gone func(owner string) bool) (Record, Event, error) {
-	now = journalTime(now)
+	now = TruncateTime(now)
 	if next.Lease.Owner != "" {
 		if stored.Lease.Owner != next.Lease.Owner || stored.Lease.Epoch != next.Lease.Epoch {
 			return Record{}, Event{}, fmt.Errorf("%w: operation %s is now leased by %q at epoch %d, the write came from %q at epoch %d",
@@ -113,14 +134,14 @@ func ApplyUpdate(stored, next Record, now time.Time, why Event, gone func(owner 
 	out.State = next.State
 	out.Attempts = next.Attempts
 	out.TransportResends = next.TransportResends
-	out.NextAttemptAt = journalTime(next.NextAttemptAt)
+	out.NextAttemptAt = TruncateTime(next.NextAttemptAt)
 	out.Response = cloneResponse(next.Response)
 	out.LastError = next.LastError
 	out.Note = next.Note
-	out.ExpiresAt = journalTime(next.ExpiresAt)
+	out.ExpiresAt = TruncateTime(next.ExpiresAt)
 	// The holder may extend its lease but never shorten it: a stale copy
 	// of the lease must not undo a Renew.
-	if exp := journalTime(next.Lease.ExpiresAt); next.Lease.Owner != "" && exp.After(out.Lease.ExpiresAt) {
+	if exp := TruncateTime(next.Lease.ExpiresAt); next.Lease.Owner != "" && exp.After(out.Lease.ExpiresAt) {
 		out.Lease.ExpiresAt = exp
 	}
 	if !out.State.Active() {
@@ -159,7 +180,7 @@ func leaseFree(l Lease, now time.Time, gone func(string) bool) bool {
 // ErrInvalidRecord. It does not look at NextAttemptAt; Claim selects due
 // records with Claimable first.
 func ApplyClaim(stored Record, owner string, lease time.Duration, now time.Time, gone func(string) bool) (Record, Event, error) {
-	now = journalTime(now)
+	now = TruncateTime(now)
 	if owner == "" || lease <= 0 {
 		return Record{}, Event{}, fmt.Errorf("%w: a lease needs an owner and a positive duration", ErrInvalidRecord)
 	}
@@ -171,7 +192,7 @@ func ApplyClaim(stored Record, owner string, lease time.Duration, now time.Time,
 			ErrLeased, stored.Key, stored.Lease.Owner, stored.Lease.ExpiresAt.Format(time.RFC3339))
 	}
 	out := CloneRecord(stored)
-	out.Lease = Lease{Owner: owner, Epoch: stored.Lease.Epoch + 1, ExpiresAt: journalTime(now.Add(lease))}
+	out.Lease = Lease{Owner: owner, Epoch: stored.Lease.Epoch + 1, ExpiresAt: TruncateTime(now.Add(lease))}
 	out.Version = stored.Version + 1
 	out.UpdatedAt = now
 	ev := eventFor(stored, out)
@@ -194,7 +215,7 @@ func ApplyRenew(stored Record, l Lease, lease time.Duration, now time.Time) (Rec
 	if l.Owner == "" || stored.Lease.Owner != l.Owner || stored.Lease.Epoch != l.Epoch || !stored.State.Active() {
 		return stored, false
 	}
-	if exp := journalTime(now.Add(lease)); exp.After(stored.Lease.ExpiresAt) {
+	if exp := TruncateTime(now.Add(lease)); exp.After(stored.Lease.ExpiresAt) {
 		stored.Lease.ExpiresAt = exp
 	}
 	return stored, true
@@ -211,13 +232,21 @@ func ApplyRelease(stored Record, l Lease, now time.Time) (Record, error) {
 	}
 	out := CloneRecord(stored)
 	out.Lease = Lease{Epoch: stored.Lease.Epoch}
-	out.UpdatedAt = journalTime(now)
+	out.UpdatedAt = TruncateTime(now)
 	return out, nil
 }
 
 // Prunable reports whether Prune deletes rec for the cut-off before.
 func Prunable(rec Record, before time.Time) bool {
 	return rec.State.Terminal() && rec.UpdatedAt.Before(before)
+}
+
+// SortCounts orders counts by scope, then state, as Journal.Count returns
+// them.
+func SortCounts(c []Count) {
+	slices.SortFunc(c, func(a, b Count) int {
+		return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.State, b.State))
+	})
 }
 
 // CloneRecord returns a deep copy of rec: no slice or map is shared. Empty
@@ -276,9 +305,12 @@ func eventFor(before, after Record) Event {
 	return ev
 }
 
-// journalTime is t at the journal's millisecond precision; the zero time
-// stays zero.
-func journalTime(t time.Time) time.Time {
+// TruncateTime returns t at the journal's precision, as every journal
+// stores times: whole milliseconds since the Unix epoch, in the local time
+// zone. The zero time stays zero. The rules truncate the times they set;
+// a journal that stores a time it computes itself (a renewed lease's
+// expiry, say) truncates it with TruncateTime.
+func TruncateTime(t time.Time) time.Time {
 	if t.IsZero() {
 		return time.Time{}
 	}

@@ -1,0 +1,537 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+)
+
+// Journal is an idem.Journal in PostgreSQL, shared by every worker of a
+// fleet: each worker's idem.Client opens it on its own pool, and Resume
+// takes up the operations of workers that died. It is safe for concurrent
+// use.
+//
+// # Durability
+//
+// A write that records an intent (Create, Claim, Acquire, an Update with
+// idem.Durable) is committed with synchronous_commit on: it is in the
+// server's WAL on disk before the call returns, and so before anything is
+// sent. A Deferred or Buffered update (an outcome the server can tell
+// again) is committed with synchronous_commit off: it returns once
+// committed, before the WAL is flushed, which the server does within
+// wal_writer_delay (200 ms by default); a crash of the database server in
+// between may lose it, and the record then reads as before (in_flight),
+// which resumes as a status check that returns the same outcome. A
+// Buffered write is committed before Update returns, as a Deferred one.
+//
+// # Group commit
+//
+// Writes that arrive together from many goroutines share one transaction,
+// two round trips and one commit: the rows they touch are read and locked
+// in one statement, the journal's rules (package journal) are applied in
+// Go, and every change is sent with the commit in one pipeline. A write the
+// rules refuse fails only its caller. Should the batch's transaction fail
+// as a whole (a deadlock with another process, say), its writes are run
+// again one by one.
+//
+// # Liveness
+//
+// Register holds a session-level advisory lock, on a connection of its own,
+// for as long as the owner is registered: PostgreSQL drops it when that
+// session ends, whether the worker exited, crashed, or lost its network.
+// Claim and Acquire take the leases of an owner whose lock is gone at once;
+// WithoutLiveness leaves them to lapse.
+type Journal struct {
+	pool     *pgxpool.Pool
+	schema   string
+	maxBody  int
+	maxBatch int
+	liveness bool
+	now      func() time.Time
+
+	q queries // statements with the schema's name in them
+
+	mu       sync.Mutex
+	closed   bool
+	queue    []*writeReq
+	leading  bool
+	gone     map[string]bool // owners known gone: final, names are never reused
+	mine     map[string]*pgxpool.Conn
+	draining sync.WaitGroup
+}
+
+var _ idem.Journal = (*Journal)(nil)
+
+// A JournalOption configures OpenJournal.
+type JournalOption func(*journalConfig)
+
+type journalConfig struct {
+	schema   string
+	migrate  bool
+	maxBody  int
+	maxBatch int
+	liveness bool
+}
+
+// Schema names the schema that holds the journal's tables. Defaults to
+// "idem". It is created if need be.
+func Schema(name string) JournalOption { return func(c *journalConfig) { c.schema = name } }
+
+// WithoutMigration makes OpenJournal refuse a schema whose tables are not
+// at this build's version instead of migrating them: for teams that
+// migrate separately, with MigrateJournal.
+func WithoutMigration() JournalOption { return func(c *journalConfig) { c.migrate = false } }
+
+// MaxBodySize sets the largest request body the journal accepts. Defaults
+// to idem.DefaultMaxBodySize (1 MiB).
+func MaxBodySize(n int) JournalOption { return func(c *journalConfig) { c.maxBody = n } }
+
+// MaxBatch sets the most writes committed in one transaction. 1 commits
+// every write on its own, for comparison. Defaults to 128.
+func MaxBatch(n int) JournalOption { return func(c *journalConfig) { c.maxBatch = n } }
+
+// WithoutLiveness makes Register record nothing: leases of workers that
+// died are taken over only when they lapse. For a pool that cannot spare a
+// connection per client (a PgBouncer in transaction mode, which does not
+// keep session locks, say).
+func WithoutLiveness() JournalOption { return func(c *journalConfig) { c.liveness = false } }
+
+// MigrateJournal creates or migrates the journal's tables in schema, and
+// nothing else: for teams that run migrations apart from the application.
+// It refuses, changing nothing, a schema that holds another program's
+// tables (idem.ErrNotJournal) or newer ones (idem.ErrSchemaTooNew).
+func MigrateJournal(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	return pgschema.Migrate(ctx, pool, schema, journalKind)
+}
+
+// OpenJournal returns the journal in pool's database, migrating its tables
+// first unless WithoutMigration. The pool belongs to the application; the
+// journal never closes it.
+func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...JournalOption) (*Journal, error) {
+	cfg := journalConfig{schema: "idem", migrate: true, maxBody: idem.DefaultMaxBodySize, maxBatch: 128, liveness: true}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if pool == nil {
+		return nil, errors.New("postgres: OpenJournal needs a *pgxpool.Pool; open one with pgxpool.New")
+	}
+	if cfg.maxBatch < 1 {
+		return nil, fmt.Errorf("postgres: MaxBatch %d: at least 1", cfg.maxBatch)
+	}
+	if cfg.migrate {
+		if err := MigrateJournal(ctx, pool, cfg.schema); err != nil {
+			return nil, err
+		}
+	} else {
+		v, err := pgschema.Version(ctx, pool, cfg.schema, journalKind)
+		if err != nil {
+			return nil, err
+		}
+		if v != len(journalKind.Migrations) {
+			return nil, fmt.Errorf("postgres journal in schema %q: version %d, this build needs %d; run MigrateJournal",
+				cfg.schema, v, len(journalKind.Migrations))
+		}
+	}
+	j := &Journal{pool: pool, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
+		liveness: cfg.liveness, now: time.Now, q: newQueries(cfg.schema),
+		gone: map[string]bool{}, mine: map[string]*pgxpool.Conn{}}
+	return j, nil
+}
+
+// Schema returns the name of the schema that holds the journal.
+func (j *Journal) Schema() string { return j.schema }
+
+// Close waits for the writes in progress and refuses later calls with
+// idem.ErrJournalClosed. It ends the registrations still held, as if their
+// owners had exited, and does not close the pool.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return idem.ErrJournalClosed
+	}
+	j.closed = true
+	mine := j.mine
+	j.mine = map[string]*pgxpool.Conn{}
+	j.mu.Unlock()
+	j.draining.Wait()
+	for _, c := range mine {
+		c.Release()
+	}
+	return nil
+}
+
+func (j *Journal) enter(ctx context.Context) (func(), error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return nil, idem.ErrJournalClosed
+	}
+	j.draining.Add(1)
+	return j.draining.Done, nil
+}
+
+// classify maps the server's errors: a canceled context stays one.
+func classify(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)) {
+		return ctx.Err()
+	}
+	return err
+}
+
+// Create implements idem.Journal.
+func (j *Journal) Create(ctx context.Context, rec idem.Record) (idem.Record, bool, error) {
+	nr, ev, err := journal.NewRecord(rec, j.now(), j.maxBody)
+	if err != nil {
+		return idem.Record{}, false, err
+	}
+	w := &writeReq{op: opCreate, key: nr.Key, rec: nr, ev: ev, dur: idem.Durable}
+	if err := j.write(ctx, w); err != nil {
+		if errors.Is(err, idem.ErrFingerprintMismatch) {
+			return w.out, false, err
+		}
+		return idem.Record{}, false, err
+	}
+	return w.out, w.created, nil
+}
+
+// Update implements idem.Journal.
+func (j *Journal) Update(ctx context.Context, rec idem.Record, d idem.Durability, why idem.Event) (idem.Record, error) {
+	if err := journal.CheckDurability(d); err != nil {
+		return idem.Record{}, err
+	}
+	w := &writeReq{op: opUpdate, key: rec.Key, rec: journal.CloneRecord(rec), ev: why, dur: d}
+	if err := j.write(ctx, w); err != nil {
+		return idem.Record{}, err
+	}
+	return w.out, nil
+}
+
+// Acquire implements idem.Journal.
+func (j *Journal) Acquire(ctx context.Context, key, owner string, lease time.Duration) (idem.Record, error) {
+	w := &writeReq{op: opAcquire, key: key, owner: owner, lease: lease, dur: idem.Durable}
+	err := j.write(ctx, w)
+	return w.out, err
+}
+
+// Release implements idem.Journal. A lost release only delays the next
+// claim until the lease lapses, so it is deferred.
+func (j *Journal) Release(ctx context.Context, key string, l idem.Lease) error {
+	return j.write(ctx, &writeReq{op: opRelease, key: key, held: l, dur: idem.Deferred})
+}
+
+// Get implements idem.Journal.
+func (j *Journal) Get(ctx context.Context, key string) (idem.Record, error) {
+	return j.readOne(ctx, "key "+key, j.q.byKey, key)
+}
+
+// Lookup implements idem.Journal.
+func (j *Journal) Lookup(ctx context.Context, scope, id string) (idem.Record, error) {
+	return j.readOne(ctx, scope+"/"+id, j.q.byOp, scope, id)
+}
+
+func (j *Journal) readOne(ctx context.Context, what, query string, args ...any) (idem.Record, error) {
+	done, err := j.enter(ctx)
+	if err != nil {
+		return idem.Record{}, err
+	}
+	defer done()
+	_, rec, err := scanRecord(j.pool.QueryRow(ctx, query, args...))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return idem.Record{}, journal.NotFound(what)
+	}
+	return rec, classify(ctx, err)
+}
+
+// Claim implements idem.Journal. Workers claim with FOR UPDATE SKIP LOCKED:
+// two workers claiming at once take different operations, and neither
+// waits for the other.
+func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Record, error) {
+	if err := journal.CheckClaimRequest(req); err != nil {
+		return nil, err
+	}
+	done, err := j.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var out []idem.Record
+	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+		out = out[:0]
+		now := j.now()
+		due := now
+		if !req.DueBy.IsZero() && req.DueBy.Before(now) {
+			due = req.DueBy
+		}
+		gone, err := j.goneOwners(ctx, tx, due, now)
+		if err != nil {
+			return err
+		}
+		q := `SELECT ` + recordColumns + ` FROM ` + j.q.operations + `
+			WHERE state IN (1, 2, 3) AND next_attempt_at <= $1
+			AND (lease_owner IS NULL OR lease_expires_at <= $2 OR lease_owner = ANY($3))
+			AND ($4 = '' OR scope = $4) AND ($5 = '' OR starts_with(url, $5))
+			ORDER BY next_attempt_at, id LIMIT $6 FOR UPDATE SKIP LOCKED`
+		rows, err := tx.Query(ctx, q, millis(due), millis(now), gone, req.Scope, req.URLPrefix, req.Limit)
+		if err != nil {
+			return err
+		}
+		var ids []int64
+		var recs []idem.Record
+		for rows.Next() {
+			id, rec, err := scanRecord(rows)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			ids, recs = append(ids, id), append(recs, rec)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		for i, rec := range recs {
+			claimed, ev, err := journal.ApplyClaim(rec, req.Owner, req.Lease, now, j.isGone)
+			if err != nil {
+				return err
+			}
+			j.q.queueStore(b, ids[i], claimed)
+			j.q.queueEvent(b, ids[i], ev)
+			out = append(out, claimed)
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		return nil, classify(ctx, err)
+	}
+	return out, nil
+}
+
+// Renew implements idem.Journal: one statement for every lease, committed
+// without waiting for the WAL's flush (a lost renewal only lets a lease
+// lapse sooner).
+func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease time.Duration) (int, error) {
+	done, err := j.enter(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	if len(held) == 0 {
+		return 0, nil
+	}
+	keys, epochs, owners := make([]string, 0, len(held)), make([]int64, 0, len(held)), make([]string, 0, len(held))
+	for k, l := range held {
+		keys, epochs, owners = append(keys, k), append(epochs, l.Epoch), append(owners, l.Owner)
+	}
+	var n int64
+	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE `+j.q.operations+` o SET lease_expires_at = greatest(o.lease_expires_at, $4)
+			FROM unnest($1::text[], $2::bigint[], $3::text[]) AS h(key, epoch, owner)
+			WHERE o.key = h.key AND o.lease_epoch = h.epoch AND o.lease_owner = h.owner AND o.state IN (1, 2, 3)`,
+			keys, epochs, owners, millis(journal.TruncateTime(j.now().Add(lease))))
+		n = tag.RowsAffected()
+		return err
+	})
+	return int(n), classify(ctx, err)
+}
+
+// Sync implements idem.Journal: a commit with synchronous_commit on flushes
+// the WAL up to it, and with it every commit made before without waiting.
+func (j *Journal) Sync(ctx context.Context) error {
+	done, err := j.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	_, err = j.pool.Exec(ctx, `UPDATE `+j.q.table("sync")+` SET at = $1 WHERE id = 1`, millis(j.now()))
+	return classify(ctx, err)
+}
+
+// listPage is how many records List reads per query.
+const listPage = 256
+
+// List implements idem.Journal.
+func (j *Journal) List(ctx context.Context, f idem.Filter) iter.Seq2[idem.Record, error] {
+	return func(yield func(idem.Record, error) bool) {
+		states := make([]int16, 0, len(f.States))
+		for _, s := range f.States {
+			states = append(states, int16(s))
+		}
+		var after int64
+		for {
+			page, last, err := j.listPage(ctx, f, states, after)
+			if err != nil {
+				yield(idem.Record{}, err)
+				return
+			}
+			for _, rec := range page {
+				if !yield(rec, nil) {
+					return
+				}
+			}
+			if len(page) < listPage {
+				return
+			}
+			after = last
+		}
+	}
+}
+
+func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, after int64) ([]idem.Record, int64, error) {
+	done, err := j.enter(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer done()
+	created := int64(0)
+	if !f.CreatedBefore.IsZero() {
+		created = millis(f.CreatedBefore)
+	}
+	rows, err := j.pool.Query(ctx, `SELECT `+recordColumns+` FROM `+j.q.operations+`
+		WHERE id > $1 AND ($2 = '' OR scope = $2) AND (cardinality($3::smallint[]) = 0 OR state = ANY($3))
+		AND ($4::bigint = 0 OR created_at < $4) ORDER BY id LIMIT `+fmt.Sprint(listPage), after, f.Scope, states, created)
+	if err != nil {
+		return nil, 0, classify(ctx, err)
+	}
+	defer rows.Close()
+	var page []idem.Record
+	var id int64
+	for rows.Next() {
+		var rec idem.Record
+		if id, rec, err = scanRecord(rows); err != nil {
+			return nil, 0, err
+		}
+		page = append(page, rec)
+	}
+	return page, id, classify(ctx, rows.Err())
+}
+
+// Count implements idem.Journal.
+func (j *Journal) Count(ctx context.Context) ([]idem.Count, error) {
+	done, err := j.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	rows, err := j.pool.Query(ctx, `SELECT scope, state, count(*), min(created_at) FROM `+j.q.operations+`
+		GROUP BY scope, state ORDER BY scope, state`)
+	if err != nil {
+		return nil, classify(ctx, err)
+	}
+	defer rows.Close()
+	var out []idem.Count
+	for rows.Next() {
+		var c idem.Count
+		var state int16
+		var n, oldest int64
+		if err := rows.Scan(&c.Scope, &state, &n, &oldest); err != nil {
+			return nil, err
+		}
+		c.State, c.N, c.Oldest = idem.State(state), int(n), fromMillis(oldest)
+		out = append(out, c)
+	}
+	return out, classify(ctx, rows.Err())
+}
+
+// History implements idem.Journal.
+func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error) {
+	done, err := j.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var id int64
+	if err := j.pool.QueryRow(ctx, `SELECT id FROM `+j.q.operations+` WHERE key = $1`, key).Scan(&id); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, journal.NotFound("key " + key)
+		}
+		return nil, classify(ctx, err)
+	}
+	rows, err := j.pool.Query(ctx, `SELECT version, at, kind, detail, from_state, to_state, attempt, status, error, owner
+		FROM `+j.q.table("events")+` WHERE op = $1 ORDER BY version`, id)
+	if err != nil {
+		return nil, classify(ctx, err)
+	}
+	defer rows.Close()
+	var out []idem.Event
+	for rows.Next() {
+		var ev idem.Event
+		var at int64
+		var kind int16
+		var from *int16
+		var to int16
+		var attempt int32
+		var status *int32
+		var detail, msg, owner *string
+		if err := rows.Scan(&ev.Version, &at, &kind, &detail, &from, &to, &attempt, &status, &msg, &owner); err != nil {
+			return nil, err
+		}
+		ev.At, ev.Kind, ev.To, ev.Attempt = fromMillis(at), idem.EventKind(kind), idem.State(to), int(attempt)
+		if from != nil {
+			ev.From = idem.State(*from)
+		}
+		if status != nil {
+			ev.StatusCode = int(*status)
+		}
+		ev.Detail, ev.Error, ev.Owner = deref(detail), deref(msg), deref(owner)
+		out = append(out, ev)
+	}
+	return out, classify(ctx, rows.Err())
+}
+
+// pruneChunk is how many records Prune deletes per transaction.
+const pruneChunk = 500
+
+// Prune implements idem.Journal. Events go with their operation (ON DELETE
+// CASCADE).
+func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
+	done, err := j.enter(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	total := 0
+	for {
+		tag, err := j.pool.Exec(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
+			SELECT id FROM `+j.q.operations+` WHERE state IN (4, 5, 7) AND updated_at < $1 ORDER BY id LIMIT $2)`,
+			millis(before), pruneChunk)
+		if err != nil {
+			return total, classify(ctx, err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n < pruneChunk {
+			return total, nil
+		}
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// table is the schema-qualified name of one of the journal's tables.
+func (q queries) table(name string) string { return pgschema.Ident(q.schema) + "." + name }

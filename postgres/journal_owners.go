@@ -1,0 +1,132 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+)
+
+// livenessClass is the first key of the owners' advisory locks ("idow"):
+// the second is the owner's number in the owners table.
+const livenessClass int32 = 0x69646f77
+
+// Register implements idem.Journal. The owner's name goes into the owners
+// table (a name is registered once, ever), and a connection of the pool is
+// set aside for as long as the owner is registered, holding a
+// session-level advisory lock on the owner's number. PostgreSQL drops the
+// lock when that session ends, however the worker ended: that is how the
+// others see it gone. The connection goes back to the pool on unregister.
+func (j *Journal) Register(ctx context.Context, owner string) (func() error, error) {
+	if owner == "" {
+		return nil, fmt.Errorf("%w: Register needs an owner name", idem.ErrInvalidRecord)
+	}
+	done, err := j.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	var id int32
+	if err := j.pool.QueryRow(ctx, j.q.register, owner, millis(j.now())).Scan(&id); err != nil {
+		if _, ok := isUniqueViolation(err); ok {
+			return nil, fmt.Errorf("%w: owner %q registered before; each registration needs a new name", idem.ErrInvalidRecord, owner)
+		}
+		return nil, classify(ctx, err)
+	}
+	if !j.liveness {
+		return func() error { return nil }, nil
+	}
+	conn, err := j.pool.Acquire(ctx)
+	if err != nil {
+		return nil, classify(ctx, err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, $2)`, livenessClass, id); err != nil {
+		conn.Release()
+		return nil, classify(ctx, err)
+	}
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		conn.Release()
+		return nil, idem.ErrJournalClosed
+	}
+	j.mine[owner] = conn
+	j.mu.Unlock()
+	return func() error { return j.unregister(owner, id) }, nil
+}
+
+func (j *Journal) unregister(owner string, id int32) error {
+	j.mu.Lock()
+	conn := j.mine[owner]
+	delete(j.mine, owner)
+	j.gone[owner] = true
+	j.mu.Unlock()
+	if conn == nil {
+		return nil // unregistered before, or the journal was closed
+	}
+	defer conn.Release()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, livenessClass, id)
+	if err != nil {
+		// The session's lock may outlive the call: end the session.
+		_ = conn.Conn().Close(ctx)
+	}
+	return err
+}
+
+// isGone reports whether owner registered and its session no longer holds
+// its lock. An owner this journal does not know of is not known to be
+// gone: its leases lapse.
+func (j *Journal) isGone(owner string) bool {
+	if !j.liveness || owner == "" {
+		return false
+	}
+	j.mu.Lock()
+	gone, mine := j.gone[owner], j.mine[owner] != nil
+	j.mu.Unlock()
+	if gone || mine {
+		return gone
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := j.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND l.classid = $1::int::oid AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted)
+		FROM `+j.q.table("owners")+` o WHERE o.name = $2`, livenessClass, owner).Scan(&gone)
+	if err != nil {
+		return false // unknown (never registered here), or cannot tell
+	}
+	if gone {
+		j.mu.Lock()
+		j.gone[owner] = true
+		j.mu.Unlock()
+	}
+	return gone
+}
+
+// goneOwners returns the owners of live leases on due records whose owner
+// is gone, for Claim's query.
+func (j *Journal) goneOwners(ctx context.Context, tx pgx.Tx, due, now time.Time) ([]string, error) {
+	if !j.liveness {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, j.q.goneOwners, millis(due), millis(now))
+	if err != nil {
+		return nil, err
+	}
+	owners, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	var gone []string
+	for _, o := range owners {
+		if j.isGone(o) {
+			gone = append(gone, o)
+		}
+	}
+	return gone, nil
+}

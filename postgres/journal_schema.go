@@ -1,0 +1,72 @@
+package postgres
+
+import (
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+)
+
+// journalKind is the journal's tables, migrated in the application's
+// schema. Times are milliseconds since the Unix epoch, the precision every
+// journal keeps. An operation and its response share a row: PostgreSQL
+// rewrites a row on update anyway (MVCC), so a table of its own would only
+// add a write. Claim finds due operations through a partial index on the
+// active states, which PostgreSQL maintains without the cost SQLite has.
+var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migrations: []string{
+	`CREATE TABLE operations (
+		id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		key              text NOT NULL UNIQUE,
+		scope            text NOT NULL,
+		op_id            text NOT NULL,
+		method           text NOT NULL,
+		url              text NOT NULL,
+		header           bytea,
+		body             bytea NOT NULL,
+		fingerprint      text NOT NULL,
+		key_header       text,
+		key_quoted       boolean NOT NULL,
+		resends          integer NOT NULL,
+		state            smallint NOT NULL,
+		attempts         integer NOT NULL,
+		next_attempt_at  bigint NOT NULL,
+		lease_owner      text,
+		lease_epoch      bigint NOT NULL,
+		lease_expires_at bigint,
+		resp_status      integer,
+		resp_header      bytea,
+		resp_body        bytea,
+		resp_replayed    boolean,
+		last_error       text,
+		note             text,
+		created_at       bigint NOT NULL,
+		updated_at       bigint NOT NULL,
+		expires_at       bigint,
+		version          bigint NOT NULL,
+		UNIQUE (scope, op_id)
+	);
+	CREATE INDEX operations_due ON operations (next_attempt_at, id) WHERE state IN (1, 2, 3);
+	CREATE TABLE events (
+		op         bigint NOT NULL REFERENCES operations (id) ON DELETE CASCADE,
+		version    bigint NOT NULL,
+		at         bigint NOT NULL,
+		kind       smallint NOT NULL,
+		detail     text,
+		from_state smallint,
+		to_state   smallint NOT NULL,
+		attempt    integer NOT NULL,
+		status     integer,
+		error      text,
+		owner      text,
+		PRIMARY KEY (op, version)
+	);
+	CREATE TABLE owners (
+		id            integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		name          text NOT NULL UNIQUE,
+		registered_at bigint NOT NULL
+	);
+	CREATE TABLE sync (id integer PRIMARY KEY, at bigint NOT NULL);
+	INSERT INTO sync VALUES (1, 0);`,
+}}
+
+// recordColumns are the columns scanRecord reads, in its order.
+const recordColumns = `id, key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
+	resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at,
+	resp_status, resp_header, resp_body, resp_replayed, last_error, note, created_at, updated_at, expires_at, version`

@@ -1,0 +1,204 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+)
+
+// queries are the journal's statements, with its schema's name in them.
+type queries struct {
+	schema     string
+	operations string
+	events     string
+
+	byKey, byOp       string
+	lockByKeys        string
+	lockByOps         string
+	insert, store     string
+	insertEvent       string
+	storeLease        string
+	goneOwners        string
+	ownerID, register string
+}
+
+func newQueries(schema string) queries {
+	s := pgschema.Ident(schema)
+	q := queries{schema: schema, operations: s + ".operations", events: s + ".events"}
+	q.byKey = `SELECT ` + recordColumns + ` FROM ` + q.operations + ` WHERE key = $1`
+	q.byOp = `SELECT ` + recordColumns + ` FROM ` + q.operations + ` WHERE scope = $1 AND op_id = $2`
+	// Rows are locked in key order, in every batch of every process, so
+	// that two batches never wait for each other in a circle.
+	q.lockByKeys = `SELECT ` + recordColumns + ` FROM ` + q.operations + ` WHERE key = ANY($1) ORDER BY key FOR UPDATE`
+	q.lockByOps = `SELECT ` + recordColumns + ` FROM ` + q.operations + `
+		WHERE (scope, op_id) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY key FOR UPDATE`
+	// The operation and its creation event in one statement: the event
+	// needs the operation's id, which only the insert knows. When another
+	// process created the same (scope, op_id) meanwhile, neither is
+	// inserted, and the command tag says so.
+	q.insert = `WITH ins AS (
+		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
+			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
+			created_at, updated_at, expires_at, version)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)
+		ON CONFLICT (scope, op_id) DO NOTHING RETURNING id)
+		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
+		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins`
+	q.store = `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
+		lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
+		resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
+		version = $17 WHERE id = $1`
+	q.storeLease = `UPDATE ` + q.operations + ` SET lease_owner = $2, lease_epoch = $3, lease_expires_at = $4,
+		updated_at = $5 WHERE id = $1`
+	q.insertEvent = `INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+	q.goneOwners = `SELECT DISTINCT lease_owner FROM ` + q.operations + `
+		WHERE state IN (1, 2, 3) AND next_attempt_at <= $1 AND lease_expires_at > $2 AND lease_owner IS NOT NULL`
+	q.ownerID = `SELECT id FROM ` + s + `.owners WHERE name = $1`
+	q.register = `INSERT INTO ` + s + `.owners (name, registered_at) VALUES ($1, $2) RETURNING id`
+	return q
+}
+
+// queueInsert queues the insert of a new record with its creation event.
+func (q queries) queueInsert(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
+	return b.Queue(q.insert, r.Key, r.Scope, r.ID, r.Method, r.URL, wire.EncodeHeader(r.Header), nonNil(r.Body),
+		r.Fingerprint, nullString(r.KeyHeader), r.KeyQuoted, r.TransportResends, int16(r.State), r.Attempts,
+		millis(r.NextAttemptAt), nullString(r.Lease.Owner), r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt),
+		nullString(r.LastError), nullString(r.Note), millis(r.CreatedAt), millis(r.UpdatedAt), nullMillis(r.ExpiresAt),
+		r.Version, int16(ev.Kind), nullString(ev.Detail))
+}
+
+// queueStore queues the write of r's mutable fields over the row id.
+func (q queries) queueStore(b *pgx.Batch, id int64, r idem.Record) {
+	var status, replayed any
+	var header, body []byte
+	if resp := r.Response; resp != nil {
+		status, replayed, header, body = resp.StatusCode, resp.Replayed, wire.EncodeHeader(resp.Header), nonNil(resp.Body)
+	}
+	b.Queue(q.store, id, int16(r.State), r.Attempts, r.TransportResends, millis(r.NextAttemptAt),
+		nullString(r.Lease.Owner), r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt), status, header, body, replayed,
+		nullString(r.LastError), nullString(r.Note), millis(r.UpdatedAt), nullMillis(r.ExpiresAt), r.Version)
+}
+
+// queueLease queues the write of r's lease alone (Release: no event).
+func (q queries) queueLease(b *pgx.Batch, id int64, r idem.Record) {
+	b.Queue(q.storeLease, id, nullString(r.Lease.Owner), r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt), millis(r.UpdatedAt))
+}
+
+// queueEvent queues the insert of an event of the row id.
+func (q queries) queueEvent(b *pgx.Batch, id int64, ev idem.Event) {
+	var from, status any
+	if ev.From != 0 {
+		from = int16(ev.From)
+	}
+	if ev.StatusCode != 0 {
+		status = ev.StatusCode
+	}
+	b.Queue(q.insertEvent, id, ev.Version, millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, int16(ev.To),
+		ev.Attempt, status, nullString(ev.Error), nullString(ev.Owner))
+}
+
+// scanRecord reads a row of recordColumns.
+func scanRecord(row pgx.Row) (int64, idem.Record, error) {
+	var (
+		r                               idem.Record
+		id                              int64
+		header, body                    []byte
+		keyHeader, owner, lastErr, note *string
+		keyQuoted                       bool
+		resends, attempts               int32
+		state                           int16
+		next, epoch                     int64
+		leaseExp, expires               *int64
+		respStatus                      *int32
+		respHeader, respBody            []byte
+		respReplayed                    *bool
+		created, updated, version       int64
+	)
+	err := row.Scan(&id, &r.Key, &r.Scope, &r.ID, &r.Method, &r.URL, &header, &body, &r.Fingerprint, &keyHeader,
+		&keyQuoted, &resends, &state, &attempts, &next, &owner, &epoch, &leaseExp, &respStatus, &respHeader,
+		&respBody, &respReplayed, &lastErr, &note, &created, &updated, &expires, &version)
+	if err != nil {
+		return 0, idem.Record{}, err
+	}
+	if r.Header, err = wire.DecodeHeader(header); err != nil {
+		return 0, idem.Record{}, fmt.Errorf("header of %s: %w", r.Key, err)
+	}
+	if len(body) > 0 {
+		r.Body = body
+	}
+	r.KeyHeader, r.KeyQuoted, r.TransportResends = deref(keyHeader), keyQuoted, int(resends)
+	r.State, r.Attempts, r.NextAttemptAt = idem.State(state), int(attempts), fromMillis(next)
+	r.Lease = idem.Lease{Owner: deref(owner), Epoch: epoch}
+	if leaseExp != nil {
+		r.Lease.ExpiresAt = fromMillis(*leaseExp)
+	}
+	if respStatus != nil {
+		h, err := wire.DecodeHeader(respHeader)
+		if err != nil {
+			return 0, idem.Record{}, fmt.Errorf("response header of %s: %w", r.Key, err)
+		}
+		r.Response = &idem.Response{StatusCode: int(*respStatus), Header: h, Replayed: respReplayed != nil && *respReplayed}
+		if len(respBody) > 0 {
+			r.Response.Body = respBody
+		}
+	}
+	r.LastError, r.Note = deref(lastErr), deref(note)
+	r.CreatedAt, r.UpdatedAt, r.Version = fromMillis(created), fromMillis(updated), version
+	if expires != nil {
+		r.ExpiresAt = fromMillis(*expires)
+	}
+	return id, r, nil
+}
+
+// isUniqueViolation reports a unique constraint error, and its constraint.
+func isUniqueViolation(err error) (string, bool) {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" {
+		return pe.ConstraintName, true
+	}
+	return "", false
+}
+
+func millis(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func nullMillis(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixMilli()
+}
+
+func fromMillis(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// nonNil keeps an empty body distinct from NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}

@@ -1,0 +1,299 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/journal"
+)
+
+// A write is Create, Update, Acquire or Release: what the group commit
+// batches. Claim and Renew run on their own.
+type writeOp uint8
+
+const (
+	opCreate writeOp = iota + 1
+	opUpdate
+	opAcquire
+	opRelease
+)
+
+type writeReq struct {
+	ctx context.Context
+	op  writeOp
+	key string
+	// rec is the new record of a Create, the next record of an Update; ev
+	// the creation event, or the Event that says why.
+	rec   idem.Record
+	ev    idem.Event
+	owner string        // Acquire
+	lease time.Duration // Acquire
+	held  idem.Lease    // Release
+	dur   idem.Durability
+
+	out     idem.Record
+	created bool
+	err     error
+	// again: another process created the same operation between this
+	// batch's read and its write; the write runs again, alone.
+	again bool
+
+	done chan struct{}
+	lead chan struct{}
+}
+
+// batchTimeout bounds one batch's transaction. The batch runs on a context
+// of its own: one caller giving up must not fail the others' writes.
+const batchTimeout = 30 * time.Second
+
+// write runs w through the group commit and returns its error. The first
+// writer to find no batch in progress leads: it commits every write queued
+// by then (its own first) and hands the lead to the oldest write still
+// queued. A writer that arrives during a batch waits for that batch only.
+func (j *Journal) write(ctx context.Context, w *writeReq) error {
+	done, err := j.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	w.ctx, w.done, w.lead = ctx, make(chan struct{}), make(chan struct{}, 1)
+	j.mu.Lock()
+	j.queue = append(j.queue, w)
+	leader := !j.leading
+	j.leading = true
+	j.mu.Unlock()
+	if !leader {
+		select {
+		case <-w.done:
+			return w.err
+		case <-w.lead:
+		}
+	}
+	j.lead()
+	<-w.done
+	return w.err
+}
+
+func (j *Journal) lead() {
+	j.mu.Lock()
+	n := min(len(j.queue), j.maxBatch)
+	batch := slices.Clone(j.queue[:n])
+	j.queue = j.queue[n:]
+	j.mu.Unlock()
+
+	j.runBatch(batch)
+
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.queue) == 0 {
+		j.leading = false
+		j.queue = nil
+		return
+	}
+	j.queue[0].lead <- struct{}{}
+}
+
+// runBatch commits reqs in one transaction, or, when that transaction
+// fails as a whole, each on its own, and answers every caller.
+func (j *Journal) runBatch(reqs []*writeReq) {
+	live := reqs[:0:0]
+	for _, r := range reqs {
+		if err := r.ctx.Err(); err != nil {
+			r.err = err
+			close(r.done)
+			continue
+		}
+		live = append(live, r)
+	}
+	if len(live) == 0 {
+		return
+	}
+	if err := j.tryBatch(live); err != nil {
+		if len(live) == 1 {
+			live[0].err = mapWriteError(live[0], err)
+		} else {
+			for _, r := range live {
+				resetResult(r)
+				if err := j.tryBatch([]*writeReq{r}); err != nil {
+					r.err = mapWriteError(r, err)
+				}
+			}
+		}
+	}
+	for _, r := range live {
+		for try := 0; r.again && try < 3; try++ {
+			resetResult(r)
+			if err := j.tryBatch([]*writeReq{r}); err != nil {
+				r.err = mapWriteError(r, err)
+			}
+		}
+		close(r.done)
+	}
+}
+
+func resetResult(r *writeReq) { r.out, r.created, r.err, r.again = idem.Record{}, false, nil, false }
+
+// mapWriteError turns a failed transaction into the caller's error: a key
+// already used by another operation is idem.ErrDuplicateKey.
+func mapWriteError(r *writeReq, err error) error {
+	if c, ok := isUniqueViolation(err); ok && r.op == opCreate && c == "operations_key_key" {
+		return fmt.Errorf("%w: %s", idem.ErrDuplicateKey, r.key)
+	}
+	return err
+}
+
+type row struct {
+	id  int64 // 0: created in this batch, not known yet
+	rec idem.Record
+}
+
+// tryBatch runs reqs in one transaction, in two round trips: the first
+// begins it and reads and locks every row the writes touch, the second
+// sends every change and the commit. It sets each request's outcome
+// (including the rules' refusals, which fail only their caller) and
+// returns an error only when the transaction failed as a whole.
+func (j *Journal) tryBatch(reqs []*writeReq) (err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	conn, err := j.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+
+	durable := false
+	var keys, scopes, ids []string
+	for _, r := range reqs {
+		durable = durable || r.dur == idem.Durable
+		keys = append(keys, r.key)
+		if r.op == opCreate {
+			scopes, ids = append(scopes, r.rec.Scope), append(ids, r.rec.ID)
+		}
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+
+	// Round trip 1: begin, and read and lock what the writes touch.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	if !durable {
+		// Outcomes only: committed before Update returns, flushed within
+		// wal_writer_delay (see Journal).
+		b.Queue("SET LOCAL synchronous_commit = off")
+	}
+	byKey := map[string]*row{}
+	byOp := map[[2]string]*row{}
+	read := func(rows pgx.Rows) error {
+		for rows.Next() {
+			id, rec, err := scanRecord(rows)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			rw := &row{id: id, rec: rec}
+			byKey[rec.Key], byOp[[2]string{rec.Scope, rec.ID}] = rw, rw
+		}
+		return rows.Err()
+	}
+	b.Queue(j.q.lockByKeys, keys).Query(read)
+	if len(scopes) > 0 {
+		b.Queue(j.q.lockByOps, scopes, ids).Query(read)
+	}
+	open := false
+	defer func() {
+		if err != nil && open {
+			_, _ = conn.Exec(context.Background(), "ROLLBACK")
+		}
+	}()
+	open = true
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return err
+	}
+
+	// The rules, in Go, in arrival order: a later write of the batch sees
+	// what an earlier one did.
+	now := j.now()
+	b = &pgx.Batch{}
+	for _, r := range reqs {
+		switch r.op {
+		case opCreate:
+			if ex := byOp[[2]string{r.rec.Scope, r.rec.ID}]; ex != nil {
+				r.out = journal.CloneRecord(ex.rec)
+				if ex.rec.Fingerprint != r.rec.Fingerprint {
+					r.err = journal.FingerprintMismatch(ex.rec)
+				}
+				continue
+			}
+			if byKey[r.key] != nil {
+				r.err = fmt.Errorf("%w: %s", idem.ErrDuplicateKey, r.key)
+				continue
+			}
+			rw := &row{rec: r.rec}
+			byKey[r.key], byOp[[2]string{r.rec.Scope, r.rec.ID}] = rw, rw
+			r.out, r.created = journal.CloneRecord(r.rec), true
+			j.q.queueInsert(b, r.rec, r.ev).Exec(func(tag pgconn.CommandTag) error {
+				if tag.RowsAffected() == 0 {
+					r.again = true // created meanwhile by another process
+				}
+				return nil
+			})
+		case opUpdate, opAcquire, opRelease:
+			rw := byKey[r.key]
+			if rw == nil {
+				r.err = journal.NotFound("key " + r.key)
+				continue
+			}
+			if rw.id == 0 {
+				// Created by this very batch: nothing can know it yet.
+				r.again = true
+				continue
+			}
+			j.apply(b, r, rw, now)
+		}
+	}
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return err
+	}
+	open = false
+	return nil
+}
+
+// apply runs the rule of an Update, Acquire or Release against the row and
+// queues its writes.
+func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
+	switch r.op {
+	case opUpdate:
+		next, ev, err := journal.ApplyUpdate(rw.rec, r.rec, now, r.ev, j.isGone)
+		if err != nil {
+			r.err = err
+			return
+		}
+		j.q.queueStore(b, rw.id, next)
+		j.q.queueEvent(b, rw.id, ev)
+		rw.rec, r.out = next, journal.CloneRecord(next)
+	case opAcquire:
+		claimed, ev, err := journal.ApplyClaim(rw.rec, r.owner, r.lease, now, j.isGone)
+		if err != nil {
+			r.out, r.err = journal.CloneRecord(rw.rec), err
+			return
+		}
+		j.q.queueStore(b, rw.id, claimed)
+		j.q.queueEvent(b, rw.id, ev)
+		rw.rec, r.out = claimed, journal.CloneRecord(claimed)
+	case opRelease:
+		released, err := journal.ApplyRelease(rw.rec, r.held, now)
+		if err != nil {
+			r.err = err
+			return
+		}
+		j.q.queueLease(b, rw.id, released)
+		rw.rec, r.out = released, journal.CloneRecord(released)
+	}
+}

@@ -262,4 +262,3 @@ func ownerName(owner string) string {
 	name, _, _ := strings.Cut(owner, "#")
 	return name
 }
-

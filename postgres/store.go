@@ -27,9 +27,19 @@ var ErrStoreNotMigrated = errors.New("idem key store tables are not migrated")
 // survive restarts of the replicas and of the database. It is safe for
 // concurrent use.
 //
-// Each operation is one statement, atomic on its (scope, key) across
-// every session of the database; see the package documentation for the
-// tables, the claim and the tokens.
+// Each operation is atomic on its (scope, key) across every session of the
+// database; see the package documentation for the tables, the claim and
+// the tokens.
+//
+// # Group commit
+//
+// Claims of new keys that arrive together, from any number of goroutines,
+// share one INSERT statement, one transaction and one commit; so do
+// completions. The first caller to find no batch running sends its own
+// write at once, so a lone request waits for nothing; callers that arrive
+// while a batch runs go together in the next one. A batch that the server
+// refuses as a whole is run again write by write, so that a write it
+// refuses fails only its own caller.
 //
 // # Durability
 //
@@ -61,11 +71,12 @@ var ErrStoreNotMigrated = errors.New("idem key store tables are not migrated")
 // the key held until its lock goes stale, which only delays a retry, and
 // an expired entry reads as absent whether or not it was swept.
 type Store struct {
-	pool           *pgxpool.Pool
-	schema         string
-	deferCompletes bool
-	q              storeQueries
-	closed         atomic.Bool
+	pool      *pgxpool.Pool
+	schema    string
+	q         storeQueries
+	closed    atomic.Bool
+	claims    storeGroup[claimWrite]
+	completes storeGroup[completeWrite]
 }
 
 var _ server.Store = (*Store)(nil)
@@ -142,7 +153,16 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...StoreOption) (*S
 				cfg.schema, ErrStoreNotMigrated, have, want, cfg.schema)
 		}
 	}
-	return &Store{pool: pool, schema: cfg.schema, deferCompletes: cfg.deferCompletes, q: newStoreQueries(cfg.schema)}, nil
+	s := &Store{pool: pool, schema: cfg.schema, q: newStoreQueries(cfg.schema)}
+	s.claims = storeGroup[claimWrite]{max: storeMaxBatch, run: s.insertClaims}
+	complete := s.q.complete
+	if cfg.deferCompletes {
+		complete = s.q.completeDeferred
+	}
+	s.completes = storeGroup[completeWrite]{max: storeMaxBatch, run: func(ctx context.Context, batch []*completeWrite) {
+		s.completeAll(ctx, complete, batch)
+	}}
+	return s, nil
 }
 
 // Schema returns the name of the schema that holds the store.
@@ -164,43 +184,47 @@ const claimRounds = 16
 
 // Claim implements server.Store.
 //
-// A claim is one statement in the common cases: a new key is inserted, or
-// the entry in the way is returned. Taking an expired entry or a stale lock
-// is a second statement that locks the row and checks the condition again
-// on its newest version, so that of any number of concurrent claims,
-// across replicas, exactly one wins; a loser reads the entry again.
+// A new key costs one statement, shared with the claims that arrive at the
+// same time (see Store). A key that is taken costs a second one, which
+// reads the entry in the way; taking an expired entry or a stale lock is a
+// third, which locks the row and checks the condition again on its newest
+// version, so that of any number of concurrent claims, across replicas,
+// exactly one wins.
 func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.ClaimResult, error) {
 	if err := s.enter(ctx); err != nil {
 		return server.ClaimResult{}, err
 	}
 	now, expires, stale := storeNanos(req.Now), storeNanos(req.ExpiresAt), storeNanos(req.StaleBefore)
 	for range claimRounds {
-		var claimed bool
-		e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.claim,
-			req.Scope, req.Key, req.Fingerprint, req.Method, req.Path, now, expires), &claimed)
-		if errors.Is(err, pgx.ErrNoRows) {
-			// The key was inserted after this statement's snapshot was
-			// taken (or deleted since): look again.
-			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, req.Scope, req.Key), nil)
-			if errors.Is(err, pgx.ErrNoRows) {
-				continue
-			}
-		}
-		if err != nil {
+		w := claimWrite{req: &req}
+		if err := s.claims.do(ctx, &w); err != nil {
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		}
+		if w.err != nil {
+			return server.ClaimResult{}, s.fail(ctx, "claim", w.err)
+		}
+		if w.inserted {
+			return server.ClaimResult{Claimed: true, Token: w.token, Entry: server.Entry{
+				Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Method: req.Method, Path: req.Path,
+				State: server.InProgress, Token: w.token, CreatedAt: req.Now, LockedAt: req.Now, ExpiresAt: req.ExpiresAt,
+			}}, nil
+		}
+		e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, req.Scope, req.Key))
 		switch {
-		case claimed:
-			return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
+		case errors.Is(err, pgx.ErrNoRows):
+			// Deleted since the insert ran into it: insert again.
+			continue
+		case err != nil:
+			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		case !e.ExpiresAt.After(req.Now):
 			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.replace,
-				req.Scope, req.Key, req.Fingerprint, req.Method, req.Path, now, expires), nil)
+				req.Scope, req.Key, req.Fingerprint, req.Method, req.Path, now, expires))
 			if err == nil {
 				return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
 			}
 		case e.State == server.InProgress && e.Fingerprint == req.Fingerprint && e.LockedAt.Before(req.StaleBefore):
 			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.takeOver,
-				req.Scope, req.Key, req.Fingerprint, now, expires, stale), nil)
+				req.Scope, req.Key, req.Fingerprint, now, expires, stale))
 			if err == nil {
 				return server.ClaimResult{Claimed: true, TookOver: true, Token: e.Token, Entry: e}, nil
 			}
@@ -222,16 +246,23 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 	if req.Response == nil {
 		return errors.New("postgres store: Complete without a response")
 	}
-	body := req.Response.Body
-	if body == nil {
-		body = []byte{}
+	if err := s.enter(ctx); err != nil {
+		return err
 	}
-	q := s.q.complete
-	if s.deferCompletes {
-		q = s.q.completeDeferred
+	w := completeWrite{req: &req, body: req.Response.Body, header: wire.EncodeHeader(req.Response.Header)}
+	if w.body == nil {
+		w.body = []byte{}
 	}
-	return s.fenced(ctx, "complete", q, req.Scope, req.Key, req.Token, int16(server.InProgress),
-		storeNanos(req.ExpiresAt), req.Response.Status, wire.EncodeHeader(req.Response.Header), body)
+	if err := s.completes.do(ctx, &w); err != nil {
+		return s.fail(ctx, "complete", err)
+	}
+	switch {
+	case w.err != nil:
+		return s.fail(ctx, "complete", w.err)
+	case !w.done:
+		return server.ErrLockLost
+	}
+	return nil
 }
 
 // Release implements server.Store.
@@ -265,7 +296,7 @@ func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (serv
 	if err := s.enter(ctx); err != nil {
 		return server.Entry{}, err
 	}
-	e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, scope, key, storeNanos(now)), nil)
+	e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, scope, key, storeNanos(now)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return server.Entry{}, server.ErrNotFound
 	}
@@ -320,9 +351,8 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("postgres store in schema %q: %s: %w", s.schema, op, err)
 }
 
-// scanStoreEntry reads storeColumns, preceded by the claim's flag when
-// claimed is not nil.
-func scanStoreEntry(row pgx.Row, claimed *bool) (server.Entry, error) {
+// scanStoreEntry reads storeColumns.
+func scanStoreEntry(row pgx.Row) (server.Entry, error) {
 	var (
 		e                        server.Entry
 		state                    int16
@@ -330,12 +360,8 @@ func scanStoreEntry(row pgx.Row, claimed *bool) (server.Entry, error) {
 		status                   *int32
 		header, body             []byte
 	)
-	dest := []any{&e.Scope, &e.Key, &e.Fingerprint, &e.Method, &e.Path, &state, &e.Token,
-		&created, &locked, &expires, &status, &header, &body}
-	if claimed != nil {
-		dest = append([]any{claimed}, dest...)
-	}
-	if err := row.Scan(dest...); err != nil {
+	if err := row.Scan(&e.Scope, &e.Key, &e.Fingerprint, &e.Method, &e.Path, &state, &e.Token,
+		&created, &locked, &expires, &status, &header, &body); err != nil {
 		return server.Entry{}, err
 	}
 	e.State = server.EntryState(state)

@@ -22,7 +22,7 @@ func TestStoreWritesCommitAsDocumented(t *testing.T) {
 	t.Parallel()
 	q := newStoreQueries("idem")
 	durable := map[string]string{
-		"claim": q.claim, "replace": q.replace, "takeOver": q.takeOver, "renew": q.renew, "complete": q.complete,
+		"insert": q.insert, "replace": q.replace, "takeOver": q.takeOver, "renew": q.renew, "complete": q.complete,
 	}
 	deferred := map[string]string{"completeDeferred": q.completeDeferred, "release": q.release, "sweep": q.sweep}
 	for name, sql := range durable {

@@ -62,9 +62,9 @@ const (
 
 // storeQueries are the store's statements, with the schema's name in them.
 type storeQueries struct {
-	claim, replace, takeOver, reread string
-	complete, completeDeferred       string
-	release, renew, get, sweep       string
+	insert, replace, takeOver, reread string
+	complete, completeDeferred        string
+	release, renew, get, sweep        string
 }
 
 func newStoreQueries(schema string) storeQueries {
@@ -73,27 +73,28 @@ func newStoreQueries(schema string) storeQueries {
 	// then as a string literal.
 	tokens := storeLiteral(pgschema.Ident(schema) + ".store_tokens")
 	complete := func(mode string) string {
-		return `UPDATE ` + table + ` AS e SET state = 2, expires_at = $5, resp_status = $6, resp_header = $7, resp_body = $8
-			FROM (` + mode + `) AS d
-			WHERE e.scope = $1 AND e.key = $2 AND e.token = $3 AND e.state = $4`
+		return `UPDATE ` + table + ` AS e SET state = 2, expires_at = v.expires_at,
+				resp_status = v.status, resp_header = v.header, resp_body = v.body
+			FROM (` + mode + `) AS d,
+				unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::integer[], $6::bytea[], $7::bytea[])
+				AS v(scope, key, token, expires_at, status, header, body)
+			WHERE e.scope = v.scope AND e.key = v.key AND e.token = v.token AND e.state = 1
+			RETURNING e.scope, e.key`
 	}
 	return storeQueries{
-		// A new key: inserted, or else the entry in the way, as this
-		// statement's snapshot shows it (which may be older than the row
-		// the insert ran into, or miss it: Claim then looks again). DO
-		// NOTHING neither locks nor writes the row in the way, so that a
-		// request that finds its key taken (a replay, a 409) costs no WAL
-		// flush.
-		claim: `WITH d AS (` + storeDurable + `),
-			ins AS (
-				INSERT INTO ` + table + ` (scope, key, fingerprint, method, path, state, token, created_at, locked_at, expires_at)
-				SELECT $1, $2, $3, $4, $5, 1, nextval(` + tokens + `), $6, $6, $7 FROM d
-				ON CONFLICT (scope, key) DO NOTHING
-				RETURNING ` + storeColumns + `)
-			SELECT true, ` + storeColumns + ` FROM ins
-			UNION ALL
-			SELECT false, ` + storeColumns + ` FROM ` + table + `
-			WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT FROM ins)`,
+		// New keys, one row per claim of a batch, inserted in the batch's
+		// order (sorted by scope and key, so that two batches that share
+		// keys lock them in the same order and never deadlock). DO
+		// NOTHING neither locks nor writes a row in the way, so a claim
+		// that finds its key taken (a replay, a 409) writes nothing.
+		insert: `INSERT INTO ` + table + ` (scope, key, fingerprint, method, path, state, token, created_at, locked_at, expires_at)
+			SELECT v.scope, v.key, v.fingerprint, v.method, v.path, 1, nextval(` + tokens + `), v.now, v.now, v.expires_at
+			FROM (` + storeDurable + `) AS d,
+				unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
+				WITH ORDINALITY AS v(scope, key, fingerprint, method, path, now, expires_at, i)
+			ORDER BY v.i
+			ON CONFLICT (scope, key) DO NOTHING
+			RETURNING scope, key, token`,
 		// An expired entry: replaced by a new one, if it is still expired
 		// once its row is locked.
 		replace: `UPDATE ` + table + ` AS e SET fingerprint = $3, method = $4, path = $5, state = 1,

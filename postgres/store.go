@@ -168,9 +168,11 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...StoreOption) (*S
 // Schema returns the name of the schema that holds the store.
 func (s *Store) Schema() string { return s.schema }
 
-// Close makes later calls fail with server.ErrStoreClosed. It owns nothing
-// to release: every call has returned its connection to the pool, which
-// stays open for the application.
+// Close makes later calls fail with server.ErrStoreClosed; calls in
+// progress finish. The store owns nothing to release: it runs no goroutine,
+// holds a connection only during a call, and leaves nothing unwritten
+// behind a call that returned (a deferred completion is committed; only
+// its WAL flush is the server's). The pool stays open for the application.
 func (s *Store) Close() error {
 	s.closed.Store(true)
 	return nil

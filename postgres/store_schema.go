@@ -15,6 +15,10 @@ import (
 // those comparisons must be exact at the precision the callers pass;
 // timestamptz would round to microseconds.
 //
+// Scope and key are compared byte for byte (COLLATE "C"): they are opaque
+// identifiers, equal only when their bytes are, so no locale may weigh in,
+// and the index then orders them as Go does, the order batches insert in.
+//
 // Tokens come from one sequence, store_tokens, with no cache, so that a
 // token is never handed out twice in the schema, whatever rows are deleted
 // (a released key claimed again never gives an old holder its token back),
@@ -23,8 +27,8 @@ import (
 var storeKind = pgschema.Kind{Name: "store", Marker: "store_entries", Migrations: []string{
 	`CREATE SEQUENCE store_tokens AS bigint CACHE 1;
 	CREATE TABLE store_entries (
-		scope       text NOT NULL,
-		key         text NOT NULL,
+		scope       text COLLATE "C" NOT NULL,
+		key         text COLLATE "C" NOT NULL,
 		fingerprint text NOT NULL,
 		method      text NOT NULL,
 		path        text NOT NULL,

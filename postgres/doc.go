@@ -63,8 +63,8 @@
 // trip, nothing left on the application's sessions, and it works through a
 // pooler in transaction mode). Claims, replacements, take-overs, lock
 // renewals and completions wait for the WAL flush (a session whose
-// setting is off is raised to on; a stronger one, such as remote_apply,
-// is kept). Releases and sweeps do not, and completions do not either with
+// setting is off is raised to on; any other, such as remote_apply, is
+// kept). Releases and sweeps do not, and completions do not either with
 // StoreDeferCompletes: Store says what each choice costs when the database
 // server crashes.
 //

@@ -55,9 +55,10 @@ const storeColumns = `scope, key, fingerprint, method, path, state, token, creat
 // sessions, and works through a pooler in transaction mode.
 const (
 	// storeDurable waits for the WAL flush: it raises a session whose
-	// synchronous_commit is off to on, and leaves any stronger setting
-	// (remote_write, remote_apply, a synchronous standby) as the
-	// application configured it.
+	// synchronous_commit is off to on, and leaves every other setting as
+	// the application configured it, since each of them (local,
+	// remote_write, on, remote_apply) waits for the local flush, and some
+	// for a synchronous standby too.
 	storeDurable = `SELECT set_config('synchronous_commit',
 		CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
 	// storeDeferred returns once committed, before the WAL flush.

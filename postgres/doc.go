@@ -53,7 +53,10 @@
 // sequence store_tokens, which caches nothing: no token is handed out twice
 // in the schema, so the holder of a released or expired entry never
 // matches a later one, and a take-over, which draws its token under the
-// row's lock, always gets a greater one than the holder it fences off.
+// row's lock, always gets a greater one than the holder it fences off
+// (fencing needs only that tokens are never reused; a claim that inserts a
+// new row may, in a race with a release, get an older one than a previous
+// holder's, never the same).
 // Complete, Release and Renew change the row only WHERE token = the
 // caller's AND state = in progress, and report server.ErrLockLost when no
 // row matched.

@@ -22,8 +22,12 @@ import (
 // Tokens come from one sequence, store_tokens, with no cache, so that a
 // token is never handed out twice in the schema, whatever rows are deleted
 // (a released key claimed again never gives an old holder its token back),
-// and the token a take-over draws under the row's lock is greater than the
-// one it replaces: per entry, tokens only grow.
+// and the token a take-over or a replacement draws, under the row's lock,
+// is greater than the one it replaces. (A claim that inserts a new row
+// draws its token before it inserts: should the key be released and
+// claimed again in between, by a quicker request, the token it then
+// inserts is older than that one's, and unique all the same. Fencing needs
+// uniqueness only.)
 var storeKind = pgschema.Kind{Name: "store", Marker: "store_entries", Migrations: []string{
 	`CREATE SEQUENCE store_tokens AS bigint CACHE 1;
 	CREATE TABLE store_entries (

@@ -205,10 +205,10 @@ func TestCanceledContextIsReportedAsSuch(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 }
 
-// TestTokensOnlyGrowPerEntry: every token an entry has had is greater than
-// the one before, through take-overs, a release and a claim again, and an
-// expiry and a claim again, across two replicas.
-func TestTokensOnlyGrowPerEntry(t *testing.T) {
+// TestSuccessiveTokensOfAnEntryGrow: claims made one after the other, on
+// two replicas, through take-overs, a release and a claim again, and an
+// expiry and a replacement, each get a greater token than the one before.
+func TestSuccessiveTokensOfAnEntryGrow(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	replicas := []*postgres.Store{openStoreIn(t, pgtest.Pool(t), schema), openStoreIn(t, newPool(t), schema)}

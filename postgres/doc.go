@@ -7,4 +7,72 @@
 // journal never downloads a PostgreSQL driver. It is built on
 // github.com/jackc/pgx/v5: the application opens a *pgxpool.Pool and
 // passes it in.
+//
+// # The server store
+//
+// Store keeps the keys of package server's middleware for every replica of
+// an API at once: a request retried on another replica finds its key, and
+// concurrent requests with one key run its handler once across the fleet.
+//
+//	pool, err := pgxpool.New(ctx, dsn)          // the application's pool
+//	store, err := postgres.OpenStore(ctx, pool) // schema "idem", migrated on open
+//	mw, err := server.New(server.Config{Store: store, Scope: tenantOf})
+//
+// It passes server/storetest, the suite the SQLite store passes, and keeps
+// the same promises.
+//
+// Tables. In the schema that StoreSchema names ("idem" by default; the
+// journal's may be the same): store_entries, one row per (scope, key),
+// its primary key, holding the request's fingerprint, method and path, the
+// state, the lock's token, the times, and once completed the response
+// (status, header as JSON, body); an index on expires_at for the sweeper;
+// the sequence store_tokens; and idem_schema, the version of each kind of
+// idem's tables. Times are nanoseconds since the Unix epoch, as in the
+// SQLite store, because the middleware fences on them (a lock is stale
+// when locked_at is before StaleBefore) and timestamptz would round them
+// to microseconds. OpenStore migrates under an advisory lock, so replicas
+// that start at once migrate once; MigrateStore does it alone, for teams
+// that migrate apart, and StoreWithoutMigration then refuses tables that
+// are missing or older (ErrStoreNotMigrated). Another program's table of
+// the same name is refused (server.ErrNotStore), and so is a store written
+// by a newer idem (server.ErrSchemaTooNew), changing nothing.
+//
+// Claims. A claim of a new key is INSERT ... ON CONFLICT (scope, key) DO
+// NOTHING: of any number of concurrent claims, in any number of replicas,
+// the unique index lets one insert the row, and the others read the entry
+// in their way. Neither reading nor finding the key taken writes anything.
+// An expired entry is replaced by UPDATE ... WHERE expires_at <= now, and
+// a stale lock (in progress, same fingerprint, locked before StaleBefore)
+// is taken over by UPDATE ... WHERE state = in progress AND fingerprint =
+// ... AND locked_at < StaleBefore. PostgreSQL evaluates those conditions
+// again on the newest version of the row once it holds the row's lock, so
+// of many concurrent take-overs exactly one matches; the others read the
+// entry again.
+//
+// Tokens. Every claim, replacement and take-over draws its token from the
+// sequence store_tokens, which caches nothing: no token is handed out twice
+// in the schema, so the holder of a released or expired entry never
+// matches a later one, and a take-over, which draws its token under the
+// row's lock, always gets a greater one than the holder it fences off
+// (fencing needs only that tokens are never reused; a claim that inserts a
+// new row may, in a race with a release, get an older one than a previous
+// holder's, never the same).
+// Complete, Release and Renew change the row only WHERE token = the
+// caller's AND state = in progress, and report server.ErrLockLost when no
+// row matched.
+//
+// Durability. Each write sets synchronous_commit for its own transaction
+// only (set_config with is_local, inside the statement: no extra round
+// trip, nothing left on the application's sessions, and it works through a
+// pooler in transaction mode). Claims, replacements, take-overs, lock
+// renewals and completions wait for the WAL flush (a session whose
+// setting is off is raised to on; any other, such as remote_apply, is
+// kept). Releases and sweeps do not, and completions do not either with
+// StoreDeferCompletes: Store says what each choice costs when the database
+// server crashes.
+//
+// Group commit. Claims of new keys that arrive together share one INSERT
+// and one commit, and so do completions; a lone request sends its write at
+// once. A Store therefore needs few connections: one per batch in flight
+// and one per lookup.
 package postgres

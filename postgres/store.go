@@ -1,0 +1,386 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+	"github.com/idemkit/idem/server"
+)
+
+// ErrStoreNotMigrated: OpenStore was told not to migrate (StoreWithoutMigration)
+// and the schema's store tables are missing or older than this build. Run
+// MigrateStore, or open without StoreWithoutMigration.
+var ErrStoreNotMigrated = errors.New("idem key store tables are not migrated")
+
+// Store is a server.Store in PostgreSQL: every replica of an API opens it
+// on the same database and schema, and they share one set of keys, so
+// that a request retried on another replica finds its key there. Entries
+// survive restarts of the replicas and of the database. It is safe for
+// concurrent use.
+//
+// Each operation is atomic on its (scope, key) across every session of the
+// database; see the package documentation for the tables, the claim and
+// the tokens.
+//
+// # Group commit
+//
+// Claims of new keys that arrive together, from any number of goroutines,
+// share one INSERT statement, one transaction and one commit; so do
+// completions. The first caller to find no batch running sends its own
+// write at once, so a lone request waits for nothing; callers that arrive
+// while a batch runs go together in the next one. A batch that the server
+// refuses as a whole is run again write by write, so that a write it
+// refuses fails only its own caller.
+//
+// # Durability
+//
+// A claim returns only once it is committed with synchronous_commit on: a
+// request is never executed under a claim that a crash of the database
+// server could erase. A lock renewal is durable too, because here, unlike
+// with an SQLite file, the database can crash while the handler that
+// renewed its lock runs on: a lost renewal would make the lock look older
+// than the middleware believes, and it could be taken over while its
+// handler still runs. Renewals are rare (one per LockTimeout/3 per running
+// handler), so this costs nothing that shows.
+//
+// A completion is durable as well by default, so that a response is in the
+// WAL on disk before its first byte is sent: any answer a client could
+// have seen is replayable even after the database server crashed. With
+// StoreDeferCompletes a completion returns once committed, before its WAL
+// flush (synchronous_commit off), which PostgreSQL does within three
+// wal_writer_delay (600 ms by default), or sooner with the next durable
+// commit of any session. The response is visible to every replica at once;
+// a crash of the database server in that window loses it and leaves the
+// entry in progress, so once its lock goes stale a retry runs the handler
+// again, and only the application's own guard (see server.KeyFromContext)
+// keeps that from acting twice: the argument and the price of
+// server.SQLiteDeferCompletes. With a synchronous standby, the same holds
+// for a fail-over in that window. A crash of a replica loses nothing
+// either way.
+//
+// Releases and sweeps never wait for the flush: losing a release leaves
+// the key held until its lock goes stale, which only delays a retry, and
+// an expired entry reads as absent whether or not it was swept.
+type Store struct {
+	pool      *pgxpool.Pool
+	schema    string
+	q         storeQueries
+	closed    atomic.Bool
+	claims    storeGroup[claimWrite]
+	completes storeGroup[completeWrite]
+}
+
+var _ server.Store = (*Store)(nil)
+
+// A StoreOption configures OpenStore.
+type StoreOption func(*storeConfig)
+
+type storeConfig struct {
+	schema         string
+	migrate        bool
+	deferCompletes bool
+}
+
+// StoreSchema names the schema that holds the store's tables; it may be
+// the journal's. Defaults to "idem". It is created if need be.
+func StoreSchema(name string) StoreOption { return func(c *storeConfig) { c.schema = name } }
+
+// StoreWithoutMigration makes OpenStore refuse a schema whose store tables
+// are missing or older than this build (ErrStoreNotMigrated) instead of
+// migrating them: for teams that migrate separately, with MigrateStore.
+func StoreWithoutMigration() StoreOption { return func(c *storeConfig) { c.migrate = false } }
+
+// StoreDeferCompletes commits completions without waiting for the WAL
+// flush; see Store for what a crash of the database server then costs.
+func StoreDeferCompletes() StoreOption { return func(c *storeConfig) { c.deferCompletes = true } }
+
+// MigrateStore creates or migrates the store's tables in schema, and
+// nothing else: for teams that run migrations apart from the application.
+// Replicas that migrate at once migrate once. It refuses, changing
+// nothing, a schema that holds another program's tables of the same names
+// (server.ErrNotStore) or a store written by a newer idem
+// (server.ErrSchemaTooNew).
+func MigrateStore(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if pool == nil {
+		return errors.New("postgres: MigrateStore needs a *pgxpool.Pool; open one with pgxpool.New")
+	}
+	return pgschema.Migrate(ctx, pool, schema, storeKind)
+}
+
+// OpenStore returns the key store in pool's database, migrating its tables
+// first unless StoreWithoutMigration. It refuses, changing nothing, a
+// schema that holds another program's tables (server.ErrNotStore), a
+// store written by a newer idem (server.ErrSchemaTooNew), and, without
+// migration, tables that are missing or older (ErrStoreNotMigrated). The
+// pool belongs to the application: the store never closes it, and needs
+// no connection of its own between calls.
+func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...StoreOption) (*Store, error) {
+	cfg := storeConfig{schema: "idem", migrate: true}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if pool == nil {
+		return nil, errors.New("postgres: OpenStore needs a *pgxpool.Pool; open one with pgxpool.New")
+	}
+	if cfg.schema == "" {
+		return nil, errors.New(`postgres: StoreSchema is empty; name a schema, such as "idem"`)
+	}
+	if cfg.migrate {
+		if err := MigrateStore(ctx, pool, cfg.schema); err != nil {
+			return nil, err
+		}
+	} else {
+		v, err := pgschema.Version(ctx, pool, cfg.schema, storeKind)
+		if err != nil {
+			return nil, err
+		}
+		if want := len(storeKind.Migrations); v != want {
+			have := fmt.Sprintf("are at version %d", v)
+			if v == 0 {
+				have = "do not exist"
+			}
+			return nil, fmt.Errorf("postgres store in schema %q: %w: its tables %s, this build needs version %d; "+
+				"run postgres.MigrateStore(ctx, pool, %q), or open the store without StoreWithoutMigration",
+				cfg.schema, ErrStoreNotMigrated, have, want, cfg.schema)
+		}
+	}
+	s := &Store{pool: pool, schema: cfg.schema, q: newStoreQueries(cfg.schema)}
+	s.claims = storeGroup[claimWrite]{max: storeMaxBatch, run: s.insertClaims}
+	complete := s.q.complete
+	if cfg.deferCompletes {
+		complete = s.q.completeDeferred
+	}
+	s.completes = storeGroup[completeWrite]{max: storeMaxBatch, run: func(ctx context.Context, batch []*completeWrite) {
+		s.completeAll(ctx, complete, batch)
+	}}
+	return s, nil
+}
+
+// Schema returns the name of the schema that holds the store.
+func (s *Store) Schema() string { return s.schema }
+
+// Close makes later calls fail with server.ErrStoreClosed; calls in
+// progress finish. The store owns nothing to release: it runs no goroutine,
+// holds a connection only during a call, and leaves nothing unwritten
+// behind a call that returned (a deferred completion is committed; only
+// its WAL flush is the server's). The pool stays open for the application.
+func (s *Store) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+// claimRounds bounds how often a claim looks again after the entry in its
+// way changed under it (released, replaced, taken over by another
+// request). Each round means another session changed the key meanwhile;
+// running out takes a storm of them.
+const claimRounds = 16
+
+// Claim implements server.Store.
+//
+// A new key costs one statement, shared with the claims that arrive at the
+// same time (see Store). A key that is taken costs a second one, which
+// reads the entry in the way; taking an expired entry or a stale lock is a
+// third, which locks the row and checks the condition again on its newest
+// version, so that of any number of concurrent claims, across replicas,
+// exactly one wins.
+func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.ClaimResult, error) {
+	if err := s.enter(ctx); err != nil {
+		return server.ClaimResult{}, err
+	}
+	now, expires, stale := storeNanos(req.Now), storeNanos(req.ExpiresAt), storeNanos(req.StaleBefore)
+	for range claimRounds {
+		w := claimWrite{req: &req}
+		if err := s.claims.do(ctx, &w); err != nil {
+			return server.ClaimResult{}, s.fail(ctx, "claim", err)
+		}
+		if w.err != nil {
+			return server.ClaimResult{}, s.fail(ctx, "claim", w.err)
+		}
+		if w.inserted {
+			return server.ClaimResult{Claimed: true, Token: w.token, Entry: server.Entry{
+				Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint, Method: req.Method, Path: req.Path,
+				State: server.InProgress, Token: w.token, CreatedAt: req.Now, LockedAt: req.Now, ExpiresAt: req.ExpiresAt,
+			}}, nil
+		}
+		e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, req.Scope, req.Key))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			// Deleted since the insert ran into it: insert again.
+			continue
+		case err != nil:
+			return server.ClaimResult{}, s.fail(ctx, "claim", err)
+		case !e.ExpiresAt.After(req.Now):
+			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.replace,
+				req.Scope, req.Key, req.Fingerprint, req.Method, req.Path, now, expires))
+			if err == nil {
+				return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
+			}
+		case e.State == server.InProgress && e.Fingerprint == req.Fingerprint && e.LockedAt.Before(req.StaleBefore):
+			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.takeOver,
+				req.Scope, req.Key, req.Fingerprint, now, expires, stale))
+			if err == nil {
+				return server.ClaimResult{Claimed: true, TookOver: true, Token: e.Token, Entry: e}, nil
+			}
+		default:
+			return server.ClaimResult{Entry: e}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return server.ClaimResult{}, s.fail(ctx, "claim", err)
+		}
+		// Another request replaced, took over, renewed or deleted the
+		// entry between the two statements: look again.
+	}
+	return server.ClaimResult{}, fmt.Errorf("postgres store in schema %q: claim of a key that changed under it %d times in a row; retry the request",
+		s.schema, claimRounds)
+}
+
+// Complete implements server.Store.
+func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error {
+	if req.Response == nil {
+		return errors.New("postgres store: Complete without a response")
+	}
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	w := completeWrite{req: &req, body: req.Response.Body, header: wire.EncodeHeader(req.Response.Header)}
+	if w.body == nil {
+		w.body = []byte{}
+	}
+	if err := s.completes.do(ctx, &w); err != nil {
+		return s.fail(ctx, "complete", err)
+	}
+	switch {
+	case w.err != nil:
+		return s.fail(ctx, "complete", w.err)
+	case !w.done:
+		return server.ErrLockLost
+	}
+	return nil
+}
+
+// Release implements server.Store.
+func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
+	return s.fenced(ctx, "release", s.q.release, scope, key, token, int16(server.InProgress))
+}
+
+// Renew implements server.Store.
+func (s *Store) Renew(ctx context.Context, scope, key string, token int64, now time.Time) error {
+	return s.fenced(ctx, "renew", s.q.renew, scope, key, token, int16(server.InProgress), storeNanos(now))
+}
+
+// fenced runs a write that applies only while a token holds an entry's
+// lock, and reports server.ErrLockLost when it changed no row.
+func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	tag, err := s.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return s.fail(ctx, op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return server.ErrLockLost
+	}
+	return nil
+}
+
+// Get implements server.Store.
+func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (server.Entry, error) {
+	if err := s.enter(ctx); err != nil {
+		return server.Entry{}, err
+	}
+	e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, scope, key, storeNanos(now)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return server.Entry{}, server.ErrNotFound
+	}
+	if err != nil {
+		return server.Entry{}, s.fail(ctx, "get", err)
+	}
+	return e, nil
+}
+
+// storeSweepBatch bounds the rows one sweep statement deletes, so that a
+// sweep of a large backlog never holds many row locks, nor a long
+// transaction, at once.
+const storeSweepBatch = 500
+
+// Sweep implements server.Store.
+func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
+	if err := s.enter(ctx); err != nil {
+		return 0, err
+	}
+	total := 0
+	for {
+		tag, err := s.pool.Exec(ctx, s.q.sweep, storeNanos(now), storeSweepBatch)
+		if err != nil {
+			return total, s.fail(ctx, "sweep", err)
+		}
+		n := int(tag.RowsAffected())
+		total += n
+		if n < storeSweepBatch {
+			return total, nil
+		}
+	}
+}
+
+func (s *Store) enter(ctx context.Context) error {
+	if s.closed.Load() {
+		return server.ErrStoreClosed
+	}
+	return ctx.Err()
+}
+
+// fail wraps a failure of op with the schema, and says what to do when
+// the store's tables are gone.
+func (s *Store) fail(ctx context.Context, op string, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)) {
+		return fmt.Errorf("postgres store in schema %q: %s: %w", s.schema, op, ctxErr)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "3F000") { // undefined_table, invalid_schema_name
+		return fmt.Errorf("postgres store in schema %q: %s: %w; the store's tables are gone: run postgres.MigrateStore, or open the store again",
+			s.schema, op, err)
+	}
+	return fmt.Errorf("postgres store in schema %q: %s: %w", s.schema, op, err)
+}
+
+// scanStoreEntry reads storeColumns.
+func scanStoreEntry(row pgx.Row) (server.Entry, error) {
+	var (
+		e                        server.Entry
+		state                    int16
+		created, locked, expires int64
+		status                   *int32
+		header, body             []byte
+	)
+	if err := row.Scan(&e.Scope, &e.Key, &e.Fingerprint, &e.Method, &e.Path, &state, &e.Token,
+		&created, &locked, &expires, &status, &header, &body); err != nil {
+		return server.Entry{}, err
+	}
+	e.State = server.EntryState(state)
+	e.CreatedAt, e.LockedAt, e.ExpiresAt = storeTime(created), storeTime(locked), storeTime(expires)
+	if status != nil {
+		r := &server.StoredResponse{Status: int(*status), Body: body}
+		if r.Body == nil {
+			r.Body = []byte{}
+		}
+		var err error
+		if r.Header, err = wire.DecodeHeader(header); err != nil {
+			return server.Entry{}, fmt.Errorf("stored response header of key %q does not parse: %w", e.Key, err)
+		}
+		e.Response = r
+	}
+	return e, nil
+}
+
+func storeNanos(t time.Time) int64 { return t.UnixNano() }
+func storeTime(n int64) time.Time  { return time.Unix(0, n) }

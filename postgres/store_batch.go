@@ -1,0 +1,149 @@
+package postgres
+
+import (
+	"cmp"
+	"context"
+	"slices"
+
+	"github.com/idemkit/idem/server"
+)
+
+// storeMaxBatch bounds the writes one statement carries.
+const storeMaxBatch = 128
+
+// claimWrite is one claim's insert in a batch.
+type claimWrite struct {
+	req      *server.ClaimRequest
+	inserted bool
+	token    int64
+	err      error
+}
+
+// completeWrite is one completion in a batch.
+type completeWrite struct {
+	req    *server.CompleteRequest
+	body   []byte
+	header []byte
+	done   bool // the token held the lock, and the response is stored
+	err    error
+}
+
+type scopedKey struct{ scope, key string }
+
+// insertClaims inserts the new keys of a batch of claims in one statement,
+// in the order of their scope and key. A claim of a key that another claim
+// of the batch also asks for is left out: it would find that one's row.
+func (s *Store) insertClaims(ctx context.Context, batch []*claimWrite) {
+	slices.SortStableFunc(batch, func(a, b *claimWrite) int {
+		return cmp.Or(cmp.Compare(a.req.Scope, b.req.Scope), cmp.Compare(a.req.Key, b.req.Key))
+	})
+	var (
+		scopes, keys, fps, methods, paths []string
+		nows, expires                     []int64
+		sent                              = make(map[scopedKey]*claimWrite, len(batch))
+	)
+	for _, w := range batch {
+		k := scopedKey{w.req.Scope, w.req.Key}
+		if sent[k] != nil {
+			continue
+		}
+		sent[k] = w
+		scopes, keys, fps = append(scopes, w.req.Scope), append(keys, w.req.Key), append(fps, w.req.Fingerprint)
+		methods, paths = append(methods, w.req.Method), append(paths, w.req.Path)
+		nows, expires = append(nows, storeNanos(w.req.Now)), append(expires, storeNanos(w.req.ExpiresAt))
+	}
+	rows, err := s.pool.Query(ctx, s.q.insert, scopes, keys, fps, methods, paths, nows, expires)
+	if err == nil {
+		for rows.Next() {
+			var (
+				k     scopedKey
+				token int64
+			)
+			if err = rows.Scan(&k.scope, &k.key, &token); err != nil {
+				break
+			}
+			if w := sent[k]; w != nil {
+				w.inserted, w.token = true, token
+			}
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil {
+		storeRetryAlone(ctx, batch, err, func(w *claimWrite) { w.inserted, w.token = false, 0 },
+			s.insertClaims, func(w *claimWrite, err error) { w.err = err })
+	}
+}
+
+// completeAll stores the responses of a batch of completions in one
+// statement. A second completion of the same key in the batch runs on its
+// own afterwards, so that each one learns whether its own token held.
+func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrite) {
+	// In a steady order too, although two batches never update one row
+	// unless a key is completed twice at once.
+	slices.SortStableFunc(batch, func(a, b *completeWrite) int {
+		return cmp.Or(cmp.Compare(a.req.Scope, b.req.Scope), cmp.Compare(a.req.Key, b.req.Key))
+	})
+	var (
+		scopes, keys    []string
+		tokens, expires []int64
+		statuses        []int32
+		headers, bodies [][]byte
+		sent            = make(map[scopedKey]*completeWrite, len(batch))
+		again           []*completeWrite
+	)
+	for _, w := range batch {
+		k := scopedKey{w.req.Scope, w.req.Key}
+		if sent[k] != nil {
+			again = append(again, w)
+			continue
+		}
+		sent[k] = w
+		scopes, keys = append(scopes, w.req.Scope), append(keys, w.req.Key)
+		tokens, expires = append(tokens, w.req.Token), append(expires, storeNanos(w.req.ExpiresAt))
+		statuses = append(statuses, int32(w.req.Response.Status))
+		headers, bodies = append(headers, w.header), append(bodies, w.body)
+	}
+	rows, err := s.pool.Query(ctx, q, scopes, keys, tokens, expires, statuses, headers, bodies)
+	if err == nil {
+		for rows.Next() {
+			var k scopedKey
+			if err = rows.Scan(&k.scope, &k.key); err != nil {
+				break
+			}
+			if w := sent[k]; w != nil {
+				w.done = true
+			}
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	if err != nil {
+		storeRetryAlone(ctx, batch, err, func(w *completeWrite) { w.done = false },
+			func(ctx context.Context, b []*completeWrite) { s.completeAll(ctx, q, b) },
+			func(w *completeWrite, err error) { w.err = err })
+		return
+	}
+	for _, w := range again {
+		s.completeAll(ctx, q, []*completeWrite{w})
+	}
+}
+
+// storeRetryAlone handles a batch whose statement failed, which committed
+// none of it: a batch of one gets the error; a larger one runs each write
+// on its own, so that a write the server refuses (or a deadlock with
+// another program's transaction) fails only its own caller.
+func storeRetryAlone[W any](ctx context.Context, batch []*W, err error, reset func(*W), run func(context.Context, []*W), fail func(*W, error)) {
+	if len(batch) == 1 {
+		fail(batch[0], err)
+		return
+	}
+	for _, w := range batch {
+		reset(w)
+		run(ctx, []*W{w})
+	}
+}

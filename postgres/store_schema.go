@@ -1,0 +1,150 @@
+package postgres
+
+import (
+	"strings"
+
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+)
+
+// storeKind is the store's tables, migrated in the application's schema
+// beside the journal's (each kind keeps its own version).
+//
+// Times are nanoseconds since the Unix epoch, as the SQLite store keeps
+// them: the middleware fences on them (a lock is stale when LockedAt is
+// before StaleBefore, an entry gone when ExpiresAt is not after now), and
+// those comparisons must be exact at the precision the callers pass;
+// timestamptz would round to microseconds.
+//
+// Scope and key are compared byte for byte (COLLATE "C"): they are opaque
+// identifiers, equal only when their bytes are, so no locale may weigh in,
+// and the index then orders them as Go does, the order batches insert in.
+//
+// Tokens come from one sequence, store_tokens, with no cache, so that a
+// token is never handed out twice in the schema, whatever rows are deleted
+// (a released key claimed again never gives an old holder its token back),
+// and the token a take-over or a replacement draws, under the row's lock,
+// is greater than the one it replaces. (A claim that inserts a new row
+// draws its token before it inserts: should the key be released and
+// claimed again in between, by a quicker request, the token it then
+// inserts is older than that one's, and unique all the same. Fencing needs
+// uniqueness only.)
+var storeKind = pgschema.Kind{Name: "store", Marker: "store_entries", Migrations: []string{
+	`CREATE SEQUENCE store_tokens AS bigint CACHE 1;
+	CREATE TABLE store_entries (
+		scope       text COLLATE "C" NOT NULL,
+		key         text COLLATE "C" NOT NULL,
+		fingerprint text NOT NULL,
+		method      text NOT NULL,
+		path        text NOT NULL,
+		state       smallint NOT NULL,
+		token       bigint NOT NULL,
+		created_at  bigint NOT NULL,
+		locked_at   bigint NOT NULL,
+		expires_at  bigint NOT NULL,
+		resp_status integer,
+		resp_header bytea,
+		resp_body   bytea,
+		PRIMARY KEY (scope, key)
+	);
+	CREATE INDEX store_entries_expiry ON store_entries (expires_at);`,
+}}
+
+// storeColumns are the columns scanStoreEntry reads, in its order.
+const storeColumns = `scope, key, fingerprint, method, path, state, token, created_at, locked_at,
+	expires_at, resp_status, resp_header, resp_body`
+
+// How a write is committed. Each write sets synchronous_commit for its own
+// transaction only (set_config with is_local), inside the statement, so
+// that it costs no round trip, changes nothing of the application's
+// sessions, and works through a pooler in transaction mode.
+const (
+	// storeDurable waits for the WAL flush: it raises a session whose
+	// synchronous_commit is off to on, and leaves every other setting as
+	// the application configured it, since each of them (local,
+	// remote_write, on, remote_apply) waits for the local flush, and some
+	// for a synchronous standby too.
+	storeDurable = `SELECT set_config('synchronous_commit',
+		CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
+	// storeDeferred returns once committed, before the WAL flush.
+	storeDeferred = `SELECT set_config('synchronous_commit', 'off', true)`
+)
+
+// storeQueries are the store's statements, with the schema's name in them.
+type storeQueries struct {
+	insert, replace, takeOver, reread string
+	complete, completeDeferred        string
+	release, renew, get, sweep        string
+}
+
+func newStoreQueries(schema string) storeQueries {
+	table := pgschema.Ident(schema) + ".store_entries"
+	// nextval takes the sequence's name as text: quote it as an identifier,
+	// then as a string literal.
+	tokens := storeLiteral(pgschema.Ident(schema) + ".store_tokens")
+	complete := func(mode string) string {
+		return `UPDATE ` + table + ` AS e SET state = 2, expires_at = v.expires_at,
+				resp_status = v.status, resp_header = v.header, resp_body = v.body
+			FROM (` + mode + `) AS d,
+				unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::integer[], $6::bytea[], $7::bytea[])
+				AS v(scope, key, token, expires_at, status, header, body)
+			WHERE e.scope = v.scope AND e.key = v.key AND e.token = v.token AND e.state = 1
+			RETURNING e.scope, e.key`
+	}
+	return storeQueries{
+		// New keys, one row per claim of a batch, inserted in the batch's
+		// order (sorted by scope and key, so that two batches that share
+		// keys lock them in the same order and never deadlock). DO
+		// NOTHING neither locks nor writes a row in the way, so a claim
+		// that finds its key taken (a replay, a 409) writes nothing.
+		insert: `INSERT INTO ` + table + ` (scope, key, fingerprint, method, path, state, token, created_at, locked_at, expires_at)
+			SELECT v.scope, v.key, v.fingerprint, v.method, v.path, 1, nextval(` + tokens + `), v.now, v.now, v.expires_at
+			FROM (` + storeDurable + `) AS d,
+				unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
+				WITH ORDINALITY AS v(scope, key, fingerprint, method, path, now, expires_at, i)
+			ORDER BY v.i
+			ON CONFLICT (scope, key) DO NOTHING
+			RETURNING scope, key, token`,
+		// An expired entry: replaced by a new one, if it is still expired
+		// once its row is locked.
+		replace: `UPDATE ` + table + ` AS e SET fingerprint = $3, method = $4, path = $5, state = 1,
+				token = nextval(` + tokens + `), created_at = $6, locked_at = $6, expires_at = $7,
+				resp_status = NULL, resp_header = NULL, resp_body = NULL
+			FROM (` + storeDurable + `) AS d
+			WHERE e.scope = $1 AND e.key = $2 AND e.expires_at <= $6
+			RETURNING ` + storeColumns,
+		// A stale lock: taken over with a new token, if it is still stale
+		// once its row is locked (PostgreSQL evaluates the condition again
+		// on the newest version of a row it waited for, so of many
+		// concurrent take-overs one wins).
+		takeOver: `UPDATE ` + table + ` AS e SET token = nextval(` + tokens + `), locked_at = $4,
+				expires_at = GREATEST(e.expires_at, $5)
+			FROM (` + storeDurable + `) AS d
+			WHERE e.scope = $1 AND e.key = $2 AND e.state = 1 AND e.fingerprint = $3
+				AND e.locked_at < $6 AND e.expires_at > $4
+			RETURNING ` + storeColumns,
+		reread:           `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE scope = $1 AND key = $2`,
+		complete:         complete(storeDurable),
+		completeDeferred: complete(storeDeferred),
+		release: `DELETE FROM ` + table + ` AS e USING (` + storeDeferred + `) AS d
+			WHERE e.scope = $1 AND e.key = $2 AND e.token = $3 AND e.state = $4`,
+		renew: `UPDATE ` + table + ` AS e SET locked_at = $5 FROM (` + storeDurable + `) AS d
+			WHERE e.scope = $1 AND e.key = $2 AND e.token = $3 AND e.state = $4`,
+		get: `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE scope = $1 AND key = $2 AND expires_at > $3`,
+		// One batch of expired entries. SKIP LOCKED passes over the rows a
+		// claim is replacing, and lets replicas that sweep at once share
+		// the work instead of queueing on each other.
+		sweep: `DELETE FROM ` + table + ` AS e USING (` + storeDeferred + `) AS d
+			WHERE (e.scope, e.key) IN (
+				SELECT scope, key FROM ` + table + ` WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
+			AND e.expires_at <= $1`,
+	}
+}
+
+// storeLiteral quotes s as an SQL string literal, whatever the server's
+// standard_conforming_strings.
+func storeLiteral(s string) string {
+	if strings.Contains(s, `\`) {
+		return `E'` + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), `'`, `''`) + `'`
+	}
+	return `'` + strings.ReplaceAll(s, `'`, `''`) + `'`
+}

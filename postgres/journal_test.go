@@ -5,18 +5,12 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/journaltest"
 	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-		goleak.IgnoreAnyFunction("github.com/jackc/puddle/v2.(*Pool).createIdleResources"))
-}
 
 // openJournal opens a journal in a schema of its own.
 func openJournal(t *testing.T, opts ...postgres.JournalOption) *postgres.Journal {

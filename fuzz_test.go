@@ -166,7 +166,8 @@ func FuzzClassify(f *testing.F) {
 		if d.Verdict == idem.Retry && !refused {
 			t.Fatalf("HTTP %d was answered, and is not one that refuses before processing, yet it is %v", code, d.Verdict)
 		}
-		// A key conflict is recognised by a problem type at any status, or
+		// A key conflict is recognised by a problem type at any status that is
+		// not a success, or
 		// by a documented body at 400, 409 and 422: never by a status
 		// alone.
 		replayed := wire.Replayed(h)

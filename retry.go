@@ -160,8 +160,8 @@ type Classifier func(Attempt) Decision
 //
 //	not written (dial failure, refused)       → Retry (with or without an error)
 //	written, then a timeout, reset or EOF     → Unknown
-//	a key conflict the server names           → KeyConflict (any status; see below)
-//	2xx (303 too)                             → Succeeded
+//	2xx (303 too)                             → Succeeded, whatever the body
+//	a key conflict the server names           → KeyConflict (any other status; see below)
 //	any other status marked as replayed       → Rejected (the server's stored answer)
 //	409                                       → InProgress (wait, then check status)
 //	429, 401, 407                             → Retry (refused before processing)
@@ -176,7 +176,7 @@ type Classifier func(Attempt) Decision
 // from a status code alone, because a 422 or a 409 is more often a plain
 // validation error or a request still in progress:
 //
-//	idem's server package   any status, problem type urn:idem:problem:key-reused
+//	idem's server package   any status but a success, problem type urn:idem:problem:key-reused
 //	hono-idempotency        problem type https://hono-idempotency.dev/errors/fingerprint-mismatch
 //	Stripe                  400 with {"error":{"type":"idempotency_error"}}
 //	gopotency               422 "request with same idempotency key has different content"
@@ -204,12 +204,16 @@ func Classify(a Attempt) Decision {
 	if a.Err != nil {
 		return Decision{Verdict: Unknown, Reason: reason + " with its body cut off: " + a.Err.Error()}
 	}
+	// A success status is the server saying it applied the request: no body
+	// overrides it, or a write that took effect would be reported as not
+	// applied and sent again under a new key.
+	if code >= 200 && code < 300 || code == http.StatusSeeOther {
+		return Decision{Verdict: Succeeded, Reason: reason}
+	}
 	if form, ok := keyConflict(code, h, a.Body); ok {
 		return Decision{Verdict: KeyConflict, Reason: reason + ": the key was used with another request (" + form + ")"}
 	}
 	switch {
-	case code >= 200 && code < 300, code == http.StatusSeeOther:
-		return Decision{Verdict: Succeeded, Reason: reason}
 	case wire.Replayed(h):
 		return Decision{Verdict: Rejected, Reason: reason + " replayed from the server's store: its answer for the key"}
 	case code == http.StatusConflict:

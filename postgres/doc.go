@@ -21,7 +21,7 @@
 // It passes server/storetest, the suite the SQLite store passes, and keeps
 // the same promises.
 //
-// Tables. In the schema that StoreSchema names ("idem" by default; the
+// Tables. In the schema that Schema names ("idem" by default; the
 // journal's may be the same): store_entries, one row per (scope, key),
 // its primary key, holding the request's fingerprint, method and path, the
 // state, the lock's token, the times, and once completed the response
@@ -32,8 +32,8 @@
 // when locked_at is before StaleBefore) and timestamptz would round them
 // to microseconds. OpenStore migrates under an advisory lock, so replicas
 // that start at once migrate once; MigrateStore does it alone, for teams
-// that migrate apart, and StoreWithoutMigration then refuses tables that
-// are missing or older (ErrStoreNotMigrated). Another program's table of
+// that migrate apart, and WithoutMigration then refuses tables that
+// are missing or older (ErrNotMigrated). Another program's table of
 // the same name is refused (server.ErrNotStore), and so is a store written
 // by a newer idem (server.ErrSchemaTooNew), changing nothing.
 //
@@ -68,7 +68,7 @@
 // renewals and completions wait for the WAL flush (a session whose
 // setting is off is raised to on; any other, such as remote_apply, is
 // kept). Releases and sweeps do not, and completions do not either with
-// StoreDeferCompletes: Store says what each choice costs when the database
+// DeferCompletes: Store says what each choice costs when the database
 // server crashes.
 //
 // Group commit. Claims of new keys that arrive together share one INSERT

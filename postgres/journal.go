@@ -73,61 +73,36 @@ type Journal struct {
 
 var _ idem.Journal = (*Journal)(nil)
 
-// A JournalOption configures OpenJournal.
-type JournalOption func(*journalConfig)
-
-type journalConfig struct {
-	schema   string
-	migrate  bool
-	maxBody  int
-	maxBatch int
-	liveness bool
-}
-
-// Schema names the schema that holds the journal's tables. Defaults to
-// "idem". It is created if need be.
-func Schema(name string) JournalOption { return func(c *journalConfig) { c.schema = name } }
-
-// WithoutMigration makes OpenJournal refuse a schema whose tables are not
-// at this build's version instead of migrating them: for teams that
-// migrate separately, with MigrateJournal.
-func WithoutMigration() JournalOption { return func(c *journalConfig) { c.migrate = false } }
-
-// MaxBodySize sets the largest request body the journal accepts. Defaults
-// to idem.DefaultMaxBodySize (1 MiB).
-func MaxBodySize(n int) JournalOption { return func(c *journalConfig) { c.maxBody = n } }
-
-// MaxBatch sets the most writes committed in one transaction. 1 commits
-// every write on its own, for comparison. Defaults to 128.
-func MaxBatch(n int) JournalOption { return func(c *journalConfig) { c.maxBatch = n } }
-
-// WithoutLiveness makes Register record nothing: leases of workers that
-// died are taken over only when they lapse. For a pool that cannot spare a
-// connection per client (a PgBouncer in transaction mode, which does not
-// keep session locks, say).
-func WithoutLiveness() JournalOption { return func(c *journalConfig) { c.liveness = false } }
-
 // MigrateJournal creates or migrates the journal's tables in schema, and
 // nothing else: for teams that run migrations apart from the application.
 // It refuses, changing nothing, a schema that holds another program's
 // tables (idem.ErrNotJournal) or newer ones (idem.ErrSchemaTooNew).
 func MigrateJournal(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if pool == nil {
+		return errors.New("postgres: MigrateJournal needs a *pgxpool.Pool; open one with pgxpool.New")
+	}
 	return pgschema.Migrate(ctx, pool, schema, journalKind)
 }
 
 // OpenJournal returns the journal in pool's database, migrating its tables
-// first unless WithoutMigration. The pool belongs to the application; the
-// journal never closes it.
-func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...JournalOption) (*Journal, error) {
-	cfg := journalConfig{schema: "idem", migrate: true, maxBody: idem.DefaultMaxBodySize, maxBatch: 128, liveness: true}
-	for _, o := range opts {
-		o(&cfg)
-	}
+// first unless WithoutMigration. It refuses, changing nothing, a schema
+// that holds another program's tables (idem.ErrNotJournal), a journal
+// written by a newer idem (idem.ErrSchemaTooNew), and, without migration,
+// tables that are missing or older (ErrNotMigrated). The pool belongs to
+// the application; the journal never closes it.
+func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Journal, error) {
+	cfg := newOptions(opts)
 	if pool == nil {
 		return nil, errors.New("postgres: OpenJournal needs a *pgxpool.Pool; open one with pgxpool.New")
 	}
+	if err := cfg.check("OpenJournal", cfg.storeOnly, "OpenStore"); err != nil {
+		return nil, err
+	}
 	if cfg.maxBatch < 1 {
 		return nil, fmt.Errorf("postgres: MaxBatch %d: at least 1", cfg.maxBatch)
+	}
+	if cfg.maxBody < 1 {
+		return nil, fmt.Errorf("postgres: MaxBodySize %d: at least 1", cfg.maxBody)
 	}
 	if cfg.migrate {
 		if err := MigrateJournal(ctx, pool, cfg.schema); err != nil {
@@ -138,9 +113,8 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...JournalOption)
 		if err != nil {
 			return nil, err
 		}
-		if v != len(journalKind.Migrations) {
-			return nil, fmt.Errorf("postgres journal in schema %q: version %d, this build needs %d; run MigrateJournal",
-				cfg.schema, v, len(journalKind.Migrations))
+		if want := len(journalKind.Migrations); v != want {
+			return nil, notMigrated("journal", cfg.schema, v, want, "MigrateJournal")
 		}
 	}
 	j := &Journal{pool: pool, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,

@@ -16,11 +16,6 @@ import (
 	"github.com/idemkit/idem/server"
 )
 
-// ErrStoreNotMigrated: OpenStore was told not to migrate (StoreWithoutMigration)
-// and the schema's store tables are missing or older than this build. Run
-// MigrateStore, or open without StoreWithoutMigration.
-var ErrStoreNotMigrated = errors.New("idem key store tables are not migrated")
-
 // Store is a server.Store in PostgreSQL: every replica of an API opens it
 // on the same database and schema, and they share one set of keys, so
 // that a request retried on another replica finds its key there. Entries
@@ -55,7 +50,7 @@ var ErrStoreNotMigrated = errors.New("idem key store tables are not migrated")
 // A completion is durable as well by default, so that a response is in the
 // WAL on disk before its first byte is sent: any answer a client could
 // have seen is replayable even after the database server crashed. With
-// StoreDeferCompletes a completion returns once committed, before its WAL
+// DeferCompletes a completion returns once committed, before its WAL
 // flush (synchronous_commit off), which PostgreSQL does within three
 // wal_writer_delay (600 ms by default), or sooner with the next durable
 // commit of any session. The response is visible to every replica at once;
@@ -81,28 +76,6 @@ type Store struct {
 
 var _ server.Store = (*Store)(nil)
 
-// A StoreOption configures OpenStore.
-type StoreOption func(*storeConfig)
-
-type storeConfig struct {
-	schema         string
-	migrate        bool
-	deferCompletes bool
-}
-
-// StoreSchema names the schema that holds the store's tables; it may be
-// the journal's. Defaults to "idem". It is created if need be.
-func StoreSchema(name string) StoreOption { return func(c *storeConfig) { c.schema = name } }
-
-// StoreWithoutMigration makes OpenStore refuse a schema whose store tables
-// are missing or older than this build (ErrStoreNotMigrated) instead of
-// migrating them: for teams that migrate separately, with MigrateStore.
-func StoreWithoutMigration() StoreOption { return func(c *storeConfig) { c.migrate = false } }
-
-// StoreDeferCompletes commits completions without waiting for the WAL
-// flush; see Store for what a crash of the database server then costs.
-func StoreDeferCompletes() StoreOption { return func(c *storeConfig) { c.deferCompletes = true } }
-
 // MigrateStore creates or migrates the store's tables in schema, and
 // nothing else: for teams that run migrations apart from the application.
 // Replicas that migrate at once migrate once. It refuses, changing
@@ -117,22 +90,19 @@ func MigrateStore(ctx context.Context, pool *pgxpool.Pool, schema string) error 
 }
 
 // OpenStore returns the key store in pool's database, migrating its tables
-// first unless StoreWithoutMigration. It refuses, changing nothing, a
+// first unless WithoutMigration. It refuses, changing nothing, a
 // schema that holds another program's tables (server.ErrNotStore), a
 // store written by a newer idem (server.ErrSchemaTooNew), and, without
-// migration, tables that are missing or older (ErrStoreNotMigrated). The
+// migration, tables that are missing or older (ErrNotMigrated). The
 // pool belongs to the application: the store never closes it, and needs
 // no connection of its own between calls.
-func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...StoreOption) (*Store, error) {
-	cfg := storeConfig{schema: "idem", migrate: true}
-	for _, o := range opts {
-		o(&cfg)
-	}
+func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	cfg := newOptions(opts)
 	if pool == nil {
 		return nil, errors.New("postgres: OpenStore needs a *pgxpool.Pool; open one with pgxpool.New")
 	}
-	if cfg.schema == "" {
-		return nil, errors.New(`postgres: StoreSchema is empty; name a schema, such as "idem"`)
+	if err := cfg.check("OpenStore", cfg.journalOnly, "OpenJournal"); err != nil {
+		return nil, err
 	}
 	if cfg.migrate {
 		if err := MigrateStore(ctx, pool, cfg.schema); err != nil {
@@ -144,13 +114,7 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...StoreOption) (*S
 			return nil, err
 		}
 		if want := len(storeKind.Migrations); v != want {
-			have := fmt.Sprintf("are at version %d", v)
-			if v == 0 {
-				have = "do not exist"
-			}
-			return nil, fmt.Errorf("postgres store in schema %q: %w: its tables %s, this build needs version %d; "+
-				"run postgres.MigrateStore(ctx, pool, %q), or open the store without StoreWithoutMigration",
-				cfg.schema, ErrStoreNotMigrated, have, want, cfg.schema)
+			return nil, notMigrated("store", cfg.schema, v, want, "MigrateStore")
 		}
 	}
 	s := &Store{pool: pool, schema: cfg.schema, q: newStoreQueries(cfg.schema)}

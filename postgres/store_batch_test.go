@@ -16,7 +16,7 @@ var batchT0 = time.Date(2031, 3, 14, 15, 9, 26, 0, time.UTC)
 
 func batchStore(t *testing.T) *Store {
 	t.Helper()
-	s, err := OpenStore(context.Background(), pgtest.Pool(t), StoreSchema(pgtest.Schema(t)))
+	s, err := OpenStore(context.Background(), pgtest.Pool(t), Schema(pgtest.Schema(t)))
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, s.Close()) })
 	return s

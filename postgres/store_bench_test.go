@@ -33,7 +33,7 @@ func BenchmarkMiddlewareStore(b *testing.B) {
 		{"sqlite", func(b *testing.B) server.Store { return benchSQLite(b) }},
 		{"sqlite-deferred-completes", func(b *testing.B) server.Store { return benchSQLite(b, server.SQLiteDeferCompletes()) }},
 		{"postgres", func(b *testing.B) server.Store { return openStore(b) }},
-		{"postgres-deferred-completes", func(b *testing.B) server.Store { return openStore(b, postgres.StoreDeferCompletes()) }},
+		{"postgres-deferred-completes", func(b *testing.B) server.Store { return openStore(b, postgres.DeferCompletes()) }},
 	}
 	for _, clients := range []int{1, 32} {
 		for _, s := range stores {

@@ -21,14 +21,14 @@ import (
 var ctx = context.Background()
 
 // openStore opens a store in a schema of its own on the shared pool.
-func openStore(t testing.TB, opts ...postgres.StoreOption) *postgres.Store {
+func openStore(t testing.TB, opts ...postgres.Option) *postgres.Store {
 	t.Helper()
 	return openStoreIn(t, pgtest.Pool(t), pgtest.Schema(t), opts...)
 }
 
-func openStoreIn(t testing.TB, pool *pgxpool.Pool, schema string, opts ...postgres.StoreOption) *postgres.Store {
+func openStoreIn(t testing.TB, pool *pgxpool.Pool, schema string, opts ...postgres.Option) *postgres.Store {
 	t.Helper()
-	s, err := postgres.OpenStore(ctx, pool, append([]postgres.StoreOption{postgres.StoreSchema(schema)}, opts...)...)
+	s, err := postgres.OpenStore(ctx, pool, append([]postgres.Option{postgres.Schema(schema)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, s.Close()) })
 	return s
@@ -51,7 +51,7 @@ func TestStore(t *testing.T) {
 
 func TestStoreDeferredCompletes(t *testing.T) {
 	t.Parallel()
-	storetest.Run(t, func(t *testing.T) server.Store { return openStore(t, postgres.StoreDeferCompletes()) })
+	storetest.Run(t, func(t *testing.T) server.Store { return openStore(t, postgres.DeferCompletes()) })
 }
 
 var t0 = time.Date(2031, 3, 14, 15, 9, 26, 535897001, time.UTC)
@@ -67,12 +67,12 @@ func TestOpenStoreRefusesAnotherProgramsTables(t *testing.T) {
 	_, err := pool.Exec(ctx, `CREATE SCHEMA `+pgschema.Ident(schema)+`;
 		CREATE TABLE `+pgschema.Ident(schema)+`.store_entries (id int PRIMARY KEY, note text)`)
 	require.NoError(t, err)
-	for name, opts := range map[string][]postgres.StoreOption{
+	for name, opts := range map[string][]postgres.Option{
 		"migrating":         nil,
-		"without migration": {postgres.StoreWithoutMigration()},
+		"without migration": {postgres.WithoutMigration()},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := postgres.OpenStore(ctx, pool, append(opts, postgres.StoreSchema(schema))...)
+			_, err := postgres.OpenStore(ctx, pool, append(opts, postgres.Schema(schema))...)
 			require.ErrorIs(t, err, server.ErrNotStore)
 			assert.Contains(t, err.Error(), schema)
 			assert.Contains(t, err.Error(), "name another schema", "the error says what to do")
@@ -91,12 +91,12 @@ func TestOpenStoreRefusesANewerStore(t *testing.T) {
 	require.NoError(t, postgres.MigrateStore(ctx, pool, schema))
 	_, err := pool.Exec(ctx, `UPDATE `+pgschema.Ident(schema)+`.idem_schema SET version = 99 WHERE kind = 'store'`)
 	require.NoError(t, err)
-	for name, opts := range map[string][]postgres.StoreOption{
+	for name, opts := range map[string][]postgres.Option{
 		"migrating":         nil,
-		"without migration": {postgres.StoreWithoutMigration()},
+		"without migration": {postgres.WithoutMigration()},
 	} {
 		t.Run(name, func(t *testing.T) {
-			_, err := postgres.OpenStore(ctx, pool, append(opts, postgres.StoreSchema(schema))...)
+			_, err := postgres.OpenStore(ctx, pool, append(opts, postgres.Schema(schema))...)
 			require.ErrorIs(t, err, server.ErrSchemaTooNew)
 			assert.Contains(t, err.Error(), schema)
 			assert.Contains(t, err.Error(), "99")
@@ -108,8 +108,8 @@ func TestOpenStoreRefusesANewerStore(t *testing.T) {
 func TestOpenStoreWithoutMigrationNeedsMigratedTables(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Pool(t), pgtest.Schema(t)
-	_, err := postgres.OpenStore(ctx, pool, postgres.StoreSchema(schema), postgres.StoreWithoutMigration())
-	require.ErrorIs(t, err, postgres.ErrStoreNotMigrated)
+	_, err := postgres.OpenStore(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
+	require.ErrorIs(t, err, postgres.ErrNotMigrated)
 	assert.Contains(t, err.Error(), "do not exist")
 	assert.Contains(t, err.Error(), "MigrateStore", "the error says what to do")
 	var exists bool
@@ -117,7 +117,7 @@ func TestOpenStoreWithoutMigrationNeedsMigratedTables(t *testing.T) {
 	assert.False(t, exists, "opening without migration creates nothing")
 
 	require.NoError(t, postgres.MigrateStore(ctx, pool, schema))
-	s := openStoreIn(t, pool, schema, postgres.StoreWithoutMigration())
+	s := openStoreIn(t, pool, schema, postgres.WithoutMigration())
 	res, err := s.Claim(ctx, claimAt("k", "fp", t0))
 	require.NoError(t, err)
 	assert.True(t, res.Claimed, "a store opened on tables migrated apart works")
@@ -127,7 +127,7 @@ func TestOpenStoreRefusesBadArguments(t *testing.T) {
 	t.Parallel()
 	_, err := postgres.OpenStore(ctx, nil)
 	require.ErrorContains(t, err, "pgxpool.New")
-	_, err = postgres.OpenStore(ctx, pgtest.Pool(t), postgres.StoreSchema(""))
+	_, err = postgres.OpenStore(ctx, pgtest.Pool(t), postgres.Schema(""))
 	require.ErrorContains(t, err, "name a schema")
 	require.Error(t, postgres.MigrateStore(ctx, nil, "idem"))
 }
@@ -150,9 +150,9 @@ func TestDefaultSchemaIsIdem(t *testing.T) {
 	// Without migration, so that the test leaves the shared database's
 	// default schema as it found it: either its store is there already, or
 	// the refusal names the schema the store would have used.
-	s, err := postgres.OpenStore(ctx, pgtest.Pool(t), postgres.StoreWithoutMigration())
+	s, err := postgres.OpenStore(ctx, pgtest.Pool(t), postgres.WithoutMigration())
 	if err != nil {
-		require.ErrorIs(t, err, postgres.ErrStoreNotMigrated)
+		require.ErrorIs(t, err, postgres.ErrNotMigrated)
 		assert.Contains(t, err.Error(), `schema "idem"`)
 		return
 	}
@@ -163,7 +163,7 @@ func TestDefaultSchemaIsIdem(t *testing.T) {
 func TestClosedStoreRefusesCallsAndLeavesThePoolOpen(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
-	s, err := postgres.OpenStore(ctx, pool, postgres.StoreSchema(pgtest.Schema(t)))
+	s, err := postgres.OpenStore(ctx, pool, postgres.Schema(pgtest.Schema(t)))
 	require.NoError(t, err)
 	c, err := s.Claim(ctx, claimAt("k", "fp", t0))
 	require.NoError(t, err)

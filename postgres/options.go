@@ -1,0 +1,109 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/idemkit/idem"
+)
+
+// ErrNotMigrated reports tables that are missing or older than this build,
+// found by OpenJournal or OpenStore told not to migrate them
+// (WithoutMigration). Run MigrateJournal or MigrateStore, or open without
+// WithoutMigration.
+var ErrNotMigrated = errors.New("idem tables are not migrated")
+
+// An Option configures OpenJournal or OpenStore. Schema and
+// WithoutMigration configure both; every other option names the one it
+// configures, and the other refuses it.
+type Option func(*options)
+
+type options struct {
+	schema  string
+	migrate bool
+
+	// The journal's.
+	maxBody  int
+	maxBatch int
+	liveness bool
+
+	// The store's.
+	deferCompletes bool
+
+	journalOnly, storeOnly []string // the options given that only one of them takes
+}
+
+func newOptions(opts []Option) options {
+	o := options{schema: "idem", migrate: true, maxBody: idem.DefaultMaxBodySize, maxBatch: 128, liveness: true}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// check refuses an empty schema and the options that configure the other
+// kind of table set.
+func (o options) check(open string, others []string, other string) error {
+	if len(others) > 0 {
+		verb := "configures"
+		if len(others) > 1 {
+			verb = "configure"
+		}
+		return fmt.Errorf("postgres: %s %s %s, not %s", strings.Join(others, " and "), verb, other, open)
+	}
+	if o.schema == "" {
+		return fmt.Errorf(`postgres: %s: Schema is empty; name a schema, such as "idem"`, open)
+	}
+	return nil
+}
+
+// Schema names the schema that holds the tables, created if need be.
+// Defaults to "idem". The journal and the store may share one.
+func Schema(name string) Option { return func(o *options) { o.schema = name } }
+
+// WithoutMigration makes OpenJournal and OpenStore refuse tables that are
+// missing or older than this build (ErrNotMigrated) instead of migrating
+// them: for teams that migrate separately, with MigrateJournal and
+// MigrateStore.
+func WithoutMigration() Option { return func(o *options) { o.migrate = false } }
+
+// MaxBodySize sets the largest request body the journal accepts. Defaults
+// to idem.DefaultMaxBodySize (1 MiB). Journal only.
+func MaxBodySize(n int) Option {
+	return func(o *options) { o.maxBody = n; o.journalOnly = append(o.journalOnly, "MaxBodySize") }
+}
+
+// MaxBatch sets the most journal writes committed in one transaction. 1
+// commits every write on its own, for comparison. Defaults to 128.
+// Journal only.
+func MaxBatch(n int) Option {
+	return func(o *options) { o.maxBatch = n; o.journalOnly = append(o.journalOnly, "MaxBatch") }
+}
+
+// WithoutLiveness makes the journal's Register record nothing: leases of
+// workers that died are taken over only when they lapse. For a pool that
+// cannot spare a connection per client (a PgBouncer in transaction mode,
+// which does not keep session locks, say). Journal only.
+func WithoutLiveness() Option {
+	return func(o *options) { o.liveness = false; o.journalOnly = append(o.journalOnly, "WithoutLiveness") }
+}
+
+// DeferCompletes makes the store commit completions without waiting for
+// the WAL flush; see Store for what a crash of the database server then
+// costs. Store only.
+func DeferCompletes() Option {
+	return func(o *options) { o.deferCompletes = true; o.storeOnly = append(o.storeOnly, "DeferCompletes") }
+}
+
+// notMigrated is the error of an open without migration that found the
+// tables at version have instead of want.
+func notMigrated(what, schema string, have, want int, migrate string) error {
+	state := fmt.Sprintf("are at version %d", have)
+	if have == 0 {
+		state = "do not exist"
+	}
+	return fmt.Errorf("postgres %s in schema %q: %w: its tables %s, this build needs version %d; "+
+		"run postgres.%s(ctx, pool, %q), or open without WithoutMigration",
+		what, schema, ErrNotMigrated, state, want, migrate, schema)
+}

@@ -71,6 +71,7 @@ func dsn() string {
 
 // run is the demo: the shop, the queue of orders, the workers, the tally.
 func run(ctx context.Context, out io.Writer) error {
+	out = &syncWriter{out: out} // the workers' output is relayed to it concurrently
 	pool, err := pgxpool.New(ctx, dsn())
 	if err != nil {
 		return err

@@ -87,6 +87,19 @@ func (w *worker) Kill() string {
 	return w.killed
 }
 
+// syncWriter serializes the writes of the demo and its workers' relays,
+// which all go to one writer.
+type syncWriter struct {
+	mu  sync.Mutex
+	out io.Writer
+}
+
+func (s *syncWriter) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.out.Write(b)
+}
+
 // prefixWriter writes each complete line to out after prefix.
 type prefixWriter struct {
 	mu     sync.Mutex

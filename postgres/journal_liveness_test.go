@@ -1,0 +1,284 @@
+package postgres_test
+
+import (
+		"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+	"github.com/idemkit/idem/postgres/internal/pgtest"
+)
+
+// The holder child: a worker that registers, leases the operations it is
+// given, says "held", and then does nothing until it is killed.
+const (
+	holderSchema   = "IDEM_HOLDER_SCHEMA"
+	holderOwner    = "IDEM_HOLDER_OWNER"
+	holderKeys     = "IDEM_HOLDER_KEYS" // comma-separated
+	holderLease    = "IDEM_HOLDER_LEASE"
+	holderLiveness = "IDEM_HOLDER_LIVENESS" // "off": WithoutLiveness
+)
+
+func init() { children["holder"] = holderMain }
+
+func holderMain() error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := pgxpool.New(ctx, pgtest.DSN())
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	opts := []postgres.Option{postgres.Schema(os.Getenv(holderSchema))}
+	if os.Getenv(holderLiveness) == "off" {
+		opts = append(opts, postgres.WithoutLiveness())
+	}
+	j, err := postgres.OpenJournal(ctx, pool, opts...)
+	if err != nil {
+		return err
+	}
+	defer j.Close()
+	owner := os.Getenv(holderOwner)
+	unregister, err := j.Register(ctx, owner)
+	if err != nil {
+		return err
+	}
+	defer unregister()
+	lease, err := time.ParseDuration(os.Getenv(holderLease))
+	if err != nil {
+		return err
+	}
+	for _, key := range strings.Split(os.Getenv(holderKeys), ",") {
+		if _, err := j.Acquire(ctx, key, owner, lease); err != nil {
+			return err
+		}
+	}
+	fmt.Println("held")
+	<-ctx.Done()
+	return nil
+}
+
+// startHolder runs a holder of keys and waits until it holds them.
+func startHolder(t *testing.T, schema, owner string, lease time.Duration, liveness bool, keys ...string) func() {
+	t.Helper()
+	env := []string{holderSchema + "=" + schema, holderOwner + "=" + owner,
+		holderKeys + "=" + strings.Join(keys, ","), holderLease + "=" + lease.String()}
+	if !liveness {
+		env = append(env, holderLiveness+"=off")
+	}
+	cmd := childCommand(t, "holder", env...)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		_, _ = io.Copy(io.Discard, out)
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	// Held once its leases are in the journal.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var held int
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgschema.Ident(schema)+
+			`.operations WHERE lease_owner = $1`, owner).Scan(&held))
+		if held == len(keys) {
+			break
+		}
+		select {
+		case <-exited:
+			t.Fatalf("the holder exited before it held its operations: %v\n%s", waitErr, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Fatalf("the holder holds %d of %d operations after a minute\n%s", held, len(keys), stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return func() {
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		<-exited
+	}
+}
+
+// createRecords creates n pending operations, due now.
+func createRecords(t *testing.T, j idem.Journal, n int) []string {
+	t.Helper()
+	var keys []string
+	for range n {
+		rec, created, err := j.Create(ctx, newRecord("tenant"))
+		require.NoError(t, err)
+		require.True(t, created)
+		keys = append(keys, rec.Key)
+	}
+	return keys
+}
+
+// claimUntil claims for owner until it has want operations or a minute
+// has passed (a bound for a failing run, not a measure), and returns them
+// with when each claim returned.
+func claimUntil(t *testing.T, j idem.Journal, owner string, want int) ([]idem.Record, time.Time) {
+	t.Helper()
+	var got []idem.Record
+	deadline := time.Now().Add(time.Minute)
+	for len(got) < want {
+		recs, err := j.Claim(ctx, idem.ClaimRequest{Owner: owner, Limit: want - len(got), Lease: time.Hour})
+		require.NoError(t, err)
+		got = append(got, recs...)
+		if len(got) < want {
+			require.True(t, time.Now().Before(deadline), "%s claimed %d of %d operations in a minute", owner, len(got), want)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return got, time.Now()
+}
+
+// TestKilledWorkersOperationsAreTakenAtOnce: a worker process holding
+// leases for an hour is SIGKILLed; another worker takes its operations as
+// soon as PostgreSQL has ended its session, not an hour later, and the
+// history says why. While it lives, they are never taken.
+func TestKilledWorkersOperationsAreTakenAtOnce(t *testing.T) {
+	t.Parallel()
+	j := openJournal(t)
+	keys := createRecords(t, j, 3)
+	kill := startHolder(t, j.Schema(), "worker-killed", time.Hour, true, keys...)
+
+	unregister, err := j.Register(ctx, "worker-taker")
+	require.NoError(t, err)
+	defer unregister()
+	recs, err := j.Claim(ctx, idem.ClaimRequest{Owner: "worker-taker", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	assert.Empty(t, recs, "a live worker's operations are never taken")
+	_, err = j.Acquire(ctx, keys[0], "worker-taker", time.Hour)
+	require.ErrorIs(t, err, idem.ErrLeased)
+
+	killed := time.Now()
+	kill()
+	got, at := claimUntil(t, j, "worker-taker", len(keys))
+	t.Logf("the killed worker's %d operations were taken %v after SIGKILL, their leases had an hour to run", len(got), at.Sub(killed).Round(time.Millisecond))
+	for _, rec := range got {
+		assert.Contains(t, keys, rec.Key)
+		assert.Equal(t, "worker-taker", rec.Lease.Owner)
+		assert.Equal(t, int64(2), rec.Lease.Epoch, "the epoch after the killed worker's")
+		evs, err := j.History(ctx, rec.Key)
+		require.NoError(t, err)
+		last := evs[len(evs)-1]
+		assert.Equal(t, idem.EventClaim, last.Kind)
+		assert.Equal(t, "taken over from worker-killed: its owner is gone", last.Detail)
+	}
+}
+
+// TestWorkerWhoseSessionEndsIsFencedOff: a worker whose liveness session
+// ends while its process lives on (a network partition, a database
+// restart, an administrator's pg_terminate_backend) has its operations
+// taken at once, and every late write it makes is refused, however long
+// its lease had to run.
+func TestWorkerWhoseSessionEndsIsFencedOff(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	// The first worker has a pool of its own, as a process would.
+	poolA, err := pgxpool.New(ctx, pgtest.DSN())
+	require.NoError(t, err)
+	defer poolA.Close()
+	a, err := postgres.OpenJournal(ctx, poolA, postgres.Schema(schema))
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))
+	require.NoError(t, err)
+	defer b.Close()
+
+	keys := createRecords(t, a, 2)
+	unregisterA, err := a.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer unregisterA()
+	held := make([]idem.Record, len(keys))
+	for i, k := range keys {
+		held[i], err = a.Acquire(ctx, k, "worker-a", time.Hour)
+		require.NoError(t, err)
+	}
+	unregisterB, err := b.Register(ctx, "worker-b")
+	require.NoError(t, err)
+	defer unregisterB()
+	recs, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, recs, "worker-a lives")
+
+	// End worker-a's liveness session, and that session only.
+	var ended int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
+		JOIN `+pgschema.Ident(schema)+`.owners o ON l.objid = o.id::oid
+		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND o.name = 'worker-a'
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&ended))
+	require.Equal(t, 1, ended, "one session holds worker-a's liveness lock")
+
+	got, _ := claimUntil(t, b, "worker-b", len(keys))
+	assert.Len(t, got, len(keys), "worker-b takes worker-a's operations at once")
+
+	// worker-a's late writes are refused: an update, a renewal, a release.
+	next := held[0]
+	next.State = idem.StateInFlight
+	next.Attempts = 1
+	_, err = a.Update(ctx, next, idem.Durable, idem.Event{Kind: idem.EventSend})
+	require.ErrorIs(t, err, idem.ErrLeaseLost, "a write under the lost lease")
+	n, err := a.Renew(ctx, map[string]idem.Lease{held[1].Key: held[1].Lease}, time.Hour)
+	require.NoError(t, err)
+	assert.Zero(t, n, "a renewal of the lost lease renews nothing")
+	err = a.Release(ctx, held[1].Key, held[1].Lease)
+	require.True(t, errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrLeased), "a release of the lost lease: %v", err)
+	for _, k := range keys {
+		rec, err := b.Get(ctx, k)
+		require.NoError(t, err)
+		assert.Equal(t, "worker-b", rec.Lease.Owner, "worker-b still holds %s", k)
+		assert.Equal(t, idem.StatePending, rec.State)
+	}
+}
+
+// TestWithoutLivenessLeasesLapse: with liveness off, a killed worker's
+// operations are taken only once their leases have lapsed, and the history
+// says so.
+func TestWithoutLivenessLeasesLapse(t *testing.T) {
+	t.Parallel()
+	j := openJournal(t, postgres.WithoutLiveness())
+	keys := createRecords(t, j, 2)
+	const lease = 2 * time.Second
+	kill := startHolder(t, j.Schema(), "worker-killed", lease, false, keys...)
+	kill()
+	recs, err := j.Claim(ctx, idem.ClaimRequest{Owner: "worker-taker", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	before, err := j.Get(ctx, keys[0])
+	require.NoError(t, err)
+	if time.Now().Before(before.Lease.ExpiresAt) {
+		assert.Empty(t, recs, "without liveness, a lease that has not lapsed is not taken")
+	}
+	got, at := claimUntil(t, j, "worker-taker", len(keys))
+	t.Logf("taken %v after the leases lapsed", at.Sub(before.Lease.ExpiresAt).Round(time.Millisecond))
+	for _, rec := range got {
+		evs, err := j.History(ctx, rec.Key)
+		require.NoError(t, err)
+		last := evs[len(evs)-1]
+		assert.Contains(t, last.Detail, "taken over from worker-killed: its lease lapsed at")
+		assert.False(t, last.At.Before(before.Lease.ExpiresAt), "taken at %v, before the lease lapsed at %v", last.At, before.Lease.ExpiresAt)
+	}
+}

@@ -48,7 +48,8 @@ import (
 // # Liveness
 //
 // Register holds a session-level advisory lock, on a connection of its own,
-// for as long as the owner is registered: PostgreSQL drops it when that
+// keyed by the schema's owners table and the owner's number in it, for as
+// long as the owner is registered: PostgreSQL drops it when that
 // session ends, whether the worker exited, crashed, or lost its network.
 // Claim and Acquire take the leases of an owner whose lock is gone at once;
 // WithoutLiveness leaves them to lapse.
@@ -59,6 +60,8 @@ type Journal struct {
 	maxBatch int
 	liveness bool
 	now      func() time.Time
+
+	ownersOID uint32 // the owners table's: the first key of its liveness locks
 
 	q queries // statements with the schema's name in them
 
@@ -117,7 +120,11 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 			return nil, notMigrated("journal", cfg.schema, v, want, "MigrateJournal")
 		}
 	}
-	j := &Journal{pool: pool, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
+	var ownersOID uint32
+	if err := pool.QueryRow(ctx, `SELECT $1::regclass::oid`, pgschema.Ident(cfg.schema)+".owners").Scan(&ownersOID); err != nil {
+		return nil, classify(ctx, err)
+	}
+	j := &Journal{ownersOID: ownersOID, pool: pool, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
 		liveness: cfg.liveness, now: time.Now, q: newQueries(cfg.schema),
 		gone: map[string]bool{}, mine: map[string]*pgxpool.Conn{}}
 	return j, nil

@@ -1,10 +1,9 @@
 package postgres_test
 
 import (
-		"context"
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -79,23 +78,7 @@ func startHolder(t *testing.T, schema, owner string, lease time.Duration, livene
 	if !liveness {
 		env = append(env, holderLiveness+"=off")
 	}
-	cmd := childCommand(t, "holder", env...)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		_, _ = io.Copy(io.Discard, out)
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	p := startChild(t, "holder", owner, nil, env...)
 	// Held once its leases are in the journal.
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -106,21 +89,16 @@ func startHolder(t *testing.T, schema, owner string, lease time.Duration, livene
 			break
 		}
 		select {
-		case <-exited:
-			t.Fatalf("the holder exited before it held its operations: %v\n%s", waitErr, stderr.String())
+		case <-p.waited:
+			t.Fatalf("the holder exited before it held its operations: %v\n%s", p.err, p.stderr)
 		default:
 		}
 		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Fatalf("the holder holds %d of %d operations after a minute\n%s", held, len(keys), stderr.String())
+			t.Fatalf("the holder holds %d of %d operations after a minute", held, len(keys))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return func() {
-		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		<-exited
-	}
+	return p.kill
 }
 
 // createRecords creates n pending operations, due now.
@@ -229,8 +207,9 @@ func TestWorkerWhoseSessionEndsIsFencedOff(t *testing.T) {
 	var ended int
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
 		JOIN `+pgschema.Ident(schema)+`.owners o ON l.objid = o.id::oid
-		WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND o.name = 'worker-a'
-		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&ended))
+		WHERE l.locktype = 'advisory' AND l.classid = $1::regclass::oid AND l.objsubid = 2 AND l.granted
+		AND o.name = 'worker-a' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+		pgschema.Ident(schema)+".owners").Scan(&ended))
 	require.Equal(t, 1, ended, "one session holds worker-a's liveness lock")
 
 	got, _ := claimUntil(t, b, "worker-b", len(keys))
@@ -281,4 +260,32 @@ func TestWithoutLivenessLeasesLapse(t *testing.T) {
 		assert.Contains(t, last.Detail, "taken over from worker-killed: its lease lapsed at")
 		assert.False(t, last.At.Before(before.Lease.ExpiresAt), "taken at %v, before the lease lapsed at %v", last.At, before.Lease.ExpiresAt)
 	}
+}
+
+// TestLivenessIsPerSchema: journals in two schemas of one database number
+// their owners alike (each from 1); a worker registered in one schema
+// neither keeps a worker of the other alive nor keeps it from registering.
+func TestLivenessIsPerSchema(t *testing.T) {
+	t.Parallel()
+	a, b := openJournal(t), openJournal(t)
+	keepA, err := a.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer keepA()
+
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	unregisterB, err := b.Register(rctx, "worker-b")
+	require.NoError(t, err, "a worker of another schema, numbered alike, does not hold up Register")
+	keys := createRecords(t, b, 1)
+	_, err = b.Acquire(ctx, keys[0], "worker-b", time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, unregisterB())
+
+	// Another process's view of schema b: a journal of its own.
+	other, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(b.Schema()))
+	require.NoError(t, err)
+	defer other.Close()
+	got, err := other.Claim(ctx, idem.ClaimRequest{Owner: "worker-c", Limit: 1, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Len(t, got, 1, "worker-b is gone, whatever lives in another schema")
 }

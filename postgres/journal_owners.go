@@ -10,9 +10,16 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// livenessClass is the first key of the owners' advisory locks ("idow"):
-// the second is the owner's number in the owners table.
-const livenessClass int32 = 0x69646f77
+// An owner's liveness lock is the advisory lock (owners, id): the first key
+// is the OID of the schema's owners table, the second the owner's number
+// in it. Owners are numbered from 1 in every schema; the table's OID, unique
+// in the database, keeps the journals of two schemas from taking each
+// other's locks (and so from seeing a dead owner alive, or waiting on a
+// live one of the other schema to register).
+
+// livenessClass is the first key of the schema's liveness locks: the
+// owners table's OID, as the signed int4 that pg_advisory_lock takes.
+func (j *Journal) livenessClass() int32 { return int32(j.ownersOID) }
 
 // Register implements idem.Journal. The owner's name goes into the owners
 // table (a name is registered once, ever), and a connection of the pool is
@@ -43,9 +50,17 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	if err != nil {
 		return nil, classify(ctx, err)
 	}
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, $2)`, livenessClass, id); err != nil {
+	var locked bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, j.livenessClass(), id).Scan(&locked); err != nil {
 		conn.Release()
 		return nil, classify(ctx, err)
+	}
+	if !locked {
+		// Only this registration takes this lock; another session holds it
+		// when something else uses advisory locks with the same two keys.
+		conn.Release()
+		return nil, fmt.Errorf("postgres journal in schema %q: owner %q's liveness lock (advisory lock %d, %d) is held by another session",
+			j.schema, owner, j.livenessClass(), id)
 	}
 	j.mu.Lock()
 	if j.closed {
@@ -70,7 +85,7 @@ func (j *Journal) unregister(owner string, id int32) error {
 	defer conn.Release()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, livenessClass, id)
+	_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, j.livenessClass(), id)
 	if err != nil {
 		// The session's lock may outlive the call: end the session.
 		_ = conn.Conn().Close(ctx)
@@ -95,8 +110,8 @@ func (j *Journal) isGone(owner string) bool {
 	defer cancel()
 	err := j.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'
 		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		AND l.classid = $1::int::oid AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted)
-		FROM `+j.q.table("owners")+` o WHERE o.name = $2`, livenessClass, owner).Scan(&gone)
+		AND l.classid = $1::bigint::oid AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted)
+		FROM `+j.q.table("owners")+` o WHERE o.name = $2`, int64(j.ownersOID), owner).Scan(&gone)
 	if err != nil {
 		return false // unknown (never registered here), or cannot tell
 	}

@@ -1,10 +1,15 @@
 package postgres_test
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
@@ -31,6 +36,91 @@ func childCommand(t testing.TB, name string, env ...string) *exec.Cmd {
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), childEnv+"="+name), env...)
 	return cmd
+}
+
+// childProc is a running child process.
+type childProc struct {
+	name   string
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	waited chan struct{} // closed once cmd.Wait returned
+	err    error         // cmd.Wait's, once waited is closed
+}
+
+// startChild starts child, named name in the test's messages, with its
+// stdout going to stdout (nil: discarded). The test's cleanup stops it, if
+// the test did not, and shows its stderr when the test failed.
+func startChild(t *testing.T, child, name string, stdout io.Writer, env ...string) *childProc {
+	t.Helper()
+	cmd := childCommand(t, child, env...)
+	p := &childProc{name: name, cmd: cmd, stderr: &syncBuffer{}, waited: make(chan struct{})}
+	cmd.Stdout = stdout
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.waited)
+	}()
+	t.Cleanup(func() {
+		_ = p.stop()
+		if t.Failed() && p.stderr.Len() > 0 {
+			t.Logf("%s (pid %d) stderr:\n%s", p.name, p.pid(), p.stderr)
+		}
+	})
+	return p
+}
+
+func (p *childProc) pid() int { return p.cmd.Process.Pid }
+
+// kill SIGKILLs the child and waits for it to die.
+func (p *childProc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.waited
+}
+
+// stop asks the child to end (SIGTERM) and waits for it; one that has not
+// exited within a bound is SIGKILLed. It returns how it exited.
+func (p *childProc) stop() error {
+	select {
+	case <-p.waited:
+		return p.err
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.waited:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.waited
+	}
+	return p.err
+}
+
+// syncBuffer is a bytes.Buffer that a child's output goroutine and the
+// test may use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Len()
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // Every test must leave no goroutine behind: stores hold none, middlewares

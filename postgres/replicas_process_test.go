@@ -103,7 +103,7 @@ func replicaMain() error {
 			return err
 		}
 		defer pool.Close()
-		s, err := postgres.OpenStore(context.Background(), pool, postgres.StoreSchema(os.Getenv(replicaSchemaEnv)))
+		s, err := postgres.OpenStore(context.Background(), pool, postgres.Schema(os.Getenv(replicaSchemaEnv)))
 		if err != nil {
 			return err
 		}
@@ -195,60 +195,16 @@ func orDash(s string) string {
 
 // replicaProc is a running replica child.
 type replicaProc struct {
-	name   string
-	url    string
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	waited chan struct{} // closed once cmd.Wait returned
-	err    error         // cmd.Wait's, once waited is closed
-}
-
-func (p *replicaProc) pid() int { return p.cmd.Process.Pid }
-
-// kill SIGKILLs the replica and waits for it to die.
-func (p *replicaProc) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.waited
-}
-
-// stop asks the replica to shut down (SIGTERM) and waits for it; one that
-// has not exited within a bound is SIGKILLed. It returns how it exited.
-func (p *replicaProc) stop() error {
-	select {
-	case <-p.waited:
-		return p.err
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.waited:
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.waited
-	}
-	return p.err
+	*childProc
+	url string
 }
 
 // startReplicaProc starts a replica child with env and waits until it
 // listens. The test's cleanup stops it, if the test did not.
 func startReplicaProc(t *testing.T, name string, env ...string) *replicaProc {
 	t.Helper()
-	cmd := childCommand(t, "replica", env...)
 	listening := &listenWatcher{addr: make(chan string, 1)}
-	p := &replicaProc{name: name, cmd: cmd, stderr: &syncBuffer{}, waited: make(chan struct{})}
-	cmd.Stdout = listening
-	cmd.Stderr = p.stderr
-	require.NoError(t, cmd.Start())
-	go func() {
-		p.err = cmd.Wait()
-		close(p.waited)
-	}()
-	t.Cleanup(func() {
-		_ = p.stop()
-		if t.Failed() && p.stderr.Len() > 0 {
-			t.Logf("%s (pid %d) stderr:\n%s", p.name, p.pid(), p.stderr)
-		}
-	})
+	p := &replicaProc{childProc: startChild(t, "replica", name, listening, env...)}
 	select {
 	case addr := <-listening.addr:
 		p.url = "http://" + addr
@@ -286,29 +242,6 @@ func (w *listenWatcher) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) Len() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Len()
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // tenantKey names one key of one tenant.

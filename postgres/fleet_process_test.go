@@ -167,8 +167,8 @@ func testFleet(t *testing.T, liveness bool, lease time.Duration) {
 		require.True(t, time.Now().Before(deadline), "worker-1 sent nothing in a minute")
 		time.Sleep(5 * time.Millisecond)
 	}
-	workers[0].kill()
 	killed := time.Now()
+	workers[0].kill()
 	rows, err := pgtest.Pool(t).Query(ctx, `SELECT key, lease_expires_at FROM `+ops+
 		` WHERE lease_owner LIKE 'worker-1#%' AND state IN (1, 2, 3)`)
 	require.NoError(t, err)

@@ -8,6 +8,50 @@
 // github.com/jackc/pgx/v5: the application opens a *pgxpool.Pool and
 // passes it in.
 //
+// # The journal
+//
+// Journal is an idem.Journal that every worker of a fleet opens on its own
+// pool: operations begun by one worker may be finished by any, and Resume
+// takes up the operations of workers that died.
+//
+//	pool, err := pgxpool.New(ctx, dsn)               // each worker's own pool
+//	journal, err := postgres.OpenJournal(ctx, pool)  // schema "idem", migrated on open
+//	client, err := idem.New(idem.Config{Journal: journal, Owner: "worker-1", ...})
+//	report, err := client.Resume(ctx)                // its own work and that of dead workers
+//
+// It passes journaltest, the suite the SQLite journal passes, with the
+// same records, the same rules (package journal) and the same errors.
+//
+// Tables. In the schema that Schema names: operations, one row per
+// operation with its request, key, state, lease and response, and a
+// partial index on the due active operations; events, its history; owners,
+// the workers ever registered; sync, one row that Sync commits; and
+// idem_schema, the version of each kind of idem's tables. OpenJournal
+// migrates them; MigrateJournal does it alone, for teams that migrate
+// apart, and WithoutMigration then refuses tables that are missing or
+// older (ErrNotMigrated). Another program's operations table is refused
+// (idem.ErrNotJournal), and so is a newer journal (idem.ErrSchemaTooNew),
+// changing nothing.
+//
+// Claims. Claim selects due operations FOR UPDATE SKIP LOCKED: workers
+// claiming at once take different operations and never wait for each
+// other. Every lease carries its owner and an epoch that each claim
+// increments; every renewal and every write of a leased operation is
+// fenced on both, so a worker that lost its lease has its late writes
+// refused (idem.ErrLeaseLost) and stops driving the operation.
+//
+// Liveness. Register holds a session-level advisory lock for the owner on
+// a connection set aside for it: PostgreSQL releases the lock when the
+// session ends, however the worker ended (exit, crash, SIGKILL, a network
+// partition), and Claim and Acquire then take its leases at once. The
+// lease's lapse remains the fallback, and the only rule with
+// WithoutLiveness.
+//
+// Durability and group commit: see Journal. An intent is committed with
+// synchronous_commit on before anything is sent; an outcome the server can
+// tell again may be committed with it off; writes from many goroutines
+// share one transaction and one commit.
+//
 // # The server store
 //
 // Store keeps the keys of package server's middleware for every replica of

@@ -1,0 +1,70 @@
+package postgres_test
+
+import (
+	"context"
+	"log"
+	"net/http"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/server/orders"
+	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/server"
+)
+
+// A worker of a fleet: its own pool, the shared journal, and Resume at
+// start-up to finish what workers that died left behind.
+func ExampleOpenJournal() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@db.internal:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	journal, err := postgres.OpenJournal(ctx, pool, postgres.Schema("idem"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer journal.Close()
+	client, err := idem.New(idem.Config{
+		Journal: journal,
+		BaseURL: "https://api.example.com",
+		Status:  idem.StatusEndpoint("https://api.example.com/idempotency"),
+		Owner:   "worker-1",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	report, err := client.Resume(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("resumed %d operations, %d left", report.Claimed, report.Remaining())
+}
+
+// One replica of an API whose replicas share their keys in PostgreSQL.
+func ExampleOpenStore() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://api@db.internal:5432/api")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := postgres.OpenStore(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mw, err := server.New(server.Config{Store: store, Scope: orders.Tenant})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mw.Close()
+	app, err := orders.New("orders.db")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer app.Close()
+	log.Fatal(http.ListenAndServe(":8080", orders.Mux(app, mw)))
+}

@@ -56,6 +56,7 @@ func ExampleOpenStore() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer store.Close()
 	mw, err := server.New(server.Config{Store: store, Scope: orders.Tenant})
 	if err != nil {
 		log.Fatal(err)

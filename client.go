@@ -684,15 +684,21 @@ func (c *Client) settle(ctx context.Context, key string, change func(*Record) er
 	}
 }
 
+// debugging reports whether the logger takes debug records: the hot path
+// builds their attributes (a dozen allocations) only when it does.
+func (c *Client) debugging() bool { return c.log.Enabled(context.Background(), slog.LevelDebug) }
+
 // transition reports a journaled change to the hook and the log.
 func (c *Client) transition(from, to Record, why Event) {
 	code := 0
 	if to.Response != nil {
 		code = to.Response.StatusCode
 	}
-	c.log.Debug("idem: transition", "key", to.Key, "scope", to.Scope, "id", to.ID,
-		"from", from.State.String(), "to", to.State.String(), "attempt", to.Attempts, "status", code,
-		"event", why.Kind.String(), "detail", why.Detail)
+	if c.debugging() {
+		c.log.Debug("idem: transition", "key", to.Key, "scope", to.Scope, "id", to.ID,
+			"from", from.State.String(), "to", to.State.String(), "attempt", to.Attempts, "status", code,
+			"event", why.Kind.String(), "detail", why.Detail)
+	}
 	if c.cfg.OnTransition != nil && from.State != to.State {
 		c.cfg.OnTransition(Transition{Key: to.Key, Scope: to.Scope, ID: to.ID, From: from.State, To: to.State,
 			Attempt: to.Attempts, StatusCode: code, Reason: to.LastError, Kind: why.Kind, Detail: why.Detail, At: to.UpdatedAt})

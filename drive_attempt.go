@@ -156,8 +156,10 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	if written && v != Retry {
 		d.maybeApplied = true
 	}
-	d.c.log.Debug("idem: attempt", "key", d.rec.Key, "scope", d.rec.Scope, "id", d.rec.ID,
-		"attempt", d.rec.Attempts, "written", written, "verdict", v.String(), "reason", a.decision.Reason)
+	if d.c.debugging() {
+		d.c.log.Debug("idem: attempt", "key", d.rec.Key, "scope", d.rec.Scope, "id", d.rec.ID,
+			"attempt", d.rec.Attempts, "written", written, "verdict", v.String(), "reason", a.decision.Reason)
+	}
 	if !v.retryable() || ctx.Err() != nil {
 		return false, nil
 	}

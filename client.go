@@ -117,16 +117,6 @@ type Config struct {
 	// ResumeConcurrency is how many operations Resume drives at once.
 	// Defaults to 8.
 	ResumeConcurrency int
-	// CommitOutcomes makes Do commit a success before it returns. By
-	// default a success is buffered: Do returns before its commit, which
-	// the next journal write makes (usually the next operation's intent,
-	// so that both share one fsync), and a crash of the process in between
-	// leaves the record in_flight, for Resume to settle with a status check
-	// while the server still keeps the key (Retention); after that it
-	// expires, for an operator. Set it where a crash must not depend on
-	// that: each operation then costs a second commit, without fsync. A
-	// rejection is always on disk before Do returns.
-	CommitOutcomes bool
 	// ResumeInterval, when positive, makes the client run Resume in the
 	// background every ResumeInterval, from New until Close or Shutdown,
 	// so that
@@ -426,11 +416,11 @@ func (c *Client) Close() error {
 // owners, every write it made is made durable (Journal.Sync), and idle
 // connections are closed.
 //
-// What a crash (as opposed to Close or Shutdown) can cost: a success
-// recorded buffered and not yet committed (at most about a millisecond of
-// them, by default) reads again as in_flight, so Resume asks the server,
-// which answers with the same result, as long as it keeps the key
-// (Config.Retention; set Config.CommitOutcomes not to depend on it). An
+// What a crash (as opposed to Close or Shutdown) can cost: nothing that
+// Do or Send reported. A success is committed before it is returned; what
+// a power cut may lose of it (it is fsynced with the next durable write)
+// reads again as in_flight, so Resume asks the server, which answers with
+// the same result as long as it keeps the key (Config.Retention). An
 // intent is never lost: it is on disk before anything is sent.
 func (c *Client) Shutdown(ctx context.Context) error {
 	c.mu.Lock()

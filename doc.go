@@ -101,20 +101,19 @@
 // can choose them per tenant).
 //
 // An intent is durable before anything is sent: Do creates the record
-// directly as in_flight, fsynced. A success is recorded Buffered: Do returns
-// before it is committed, and the next journal write (usually the next
-// operation's intent) commits it in the same transaction and fsync. A
-// rejection is fsynced before Do returns, since a server need not keep
+// directly as in_flight, fsynced. A success is committed before Do
+// returns, without waiting for an fsync of its own (Deferred): the next
+// durable write (usually the next operation's intent) carries it to disk.
+// A rejection is fsynced before Do returns, since a server need not keep
 // what it refused. So the happy path costs one fsync, shared with
 // concurrent callers by the SQLite journal's group commit.
 //
-// Close and Shutdown commit whatever is buffered (Journal.Sync): a clean
-// exit loses nothing. A crash can lose only the buffered successes of about
-// the last millisecond: such a record reads in_flight again, and Resume
-// asks the server, which answers with the same result as long as it keeps
-// the key (Config.Retention); Config.CommitOutcomes removes even that
-// dependency, at the cost of a second commit per operation. An intent is
-// never lost.
+// A crash of the process loses nothing Do returned. A power cut can lose
+// only successes committed since the last fsync: such a record reads
+// in_flight again, and Resume asks the server, which answers with the
+// same result as long as it keeps the key (Config.Retention). Close and
+// Shutdown make every write durable (Journal.Sync). An intent is never
+// lost.
 //
 // # Retries and unknown outcomes
 //

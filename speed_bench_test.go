@@ -60,9 +60,8 @@ func speedRetryClient() *retryablehttp.Client {
 //   - plain: a go-retryablehttp POST, no journal;
 //   - naive: the same POST behind naiveJournal, the journal a user would
 //     write by hand (two fsynced transactions per operation);
-//   - idem: Client.Do on OpenSQLite (synchronous=FULL, group commit,
-//     outcomes buffered: the default);
-//   - idem-commit-outcomes: the same with Config.CommitOutcomes;
+//   - idem: Client.Do on OpenSQLite (synchronous=FULL, group commit, a
+//     success committed before Do returns);
 //   - memory: Client.Do on a MemoryJournal, the client's own cost.
 //
 // fsync is one 200-byte append and fsync of the same disk, the unit of the
@@ -84,13 +83,10 @@ func BenchmarkSpeed(b *testing.B) {
 			speedNaive(b, callers)
 		})
 		b.Run(fmt.Sprintf("idem/callers=%d", callers), func(b *testing.B) {
-			speedIdem(b, callers, false)
-		})
-		b.Run(fmt.Sprintf("idem-commit-outcomes/callers=%d", callers), func(b *testing.B) {
-			speedIdem(b, callers, true)
+			speedIdem(b, callers)
 		})
 		b.Run(fmt.Sprintf("memory/callers=%d", callers), func(b *testing.B) {
-			speedDo(b, idem.NewMemoryJournal(), callers, false)
+			speedDo(b, idem.NewMemoryJournal(), callers)
 			b.ReportMetric(0, "fsyncs/op")
 		})
 	}
@@ -150,14 +146,14 @@ func speedNaive(b *testing.B, callers int) {
 	b.ReportMetric(float64(nj.commits.Load()-before)/float64(b.N), "fsyncs/op")
 }
 
-func speedIdem(b *testing.B, callers int, commitOutcomes bool) {
+func speedIdem(b *testing.B, callers int) {
 	j, err := idem.OpenSQLite(filepath.Join(b.TempDir(), "ops.db"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer j.Close()
 	before := j.Stats()
-	speedDo(b, j, callers, commitOutcomes)
+	speedDo(b, j, callers)
 	after := j.Stats()
 	n := float64(b.N)
 	b.ReportMetric(float64(speedFsyncs(after)-speedFsyncs(before))/n, "fsyncs/op")
@@ -175,9 +171,9 @@ func speedFsyncs(s idem.SQLiteStats) int64 { return s.DurableCommits + s.Flushes
 // from callers goroutines. The operations' IDs are made before the timer
 // starts, so that allocs/op counts Do's allocations (and the loopback
 // server's) only.
-func speedDo(b *testing.B, j idem.Journal, callers int, commitOutcomes bool) {
+func speedDo(b *testing.B, j idem.Journal, callers int) {
 	srv := benchServer(b)
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, CommitOutcomes: commitOutcomes,
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL,
 		HTTPClient: &http.Client{Transport: speedTransport()}})
 	if err != nil {
 		b.Fatal(err)

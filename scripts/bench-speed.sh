@@ -31,7 +31,7 @@ if [[ ${1:-} == strace ]]; then
 		awk '$NF == "fsync" || $NF == "fdatasync" { n += $4 } END { print n + 0 }' "$OUT/strace.txt"
 	}
 	printf '%-28s %8s %12s\n' configuration callers fsyncs/op
-	for cfg in naive idem idem-commit-outcomes; do
+	for cfg in naive idem; do
 		for callers in 1 16 64; do
 			re="^BenchmarkSpeed\$/^$cfg\$/^callers=$callers\$"
 			lo=$(count "$re" "$LO")
@@ -48,8 +48,7 @@ for i in $(seq 1 "$RUNS"); do
 done
 go run ./internal/cmd/benchratio \
 	-ratio idem:naive -ratio idem:plain -ratio memory:plain -ratio naive:plain \
-	-ratio idem-commit-outcomes:idem -ratio callers=64:callers=16 \
+	-ratio callers=64:callers=16 \
 	-added idem/callers=1:plain/callers=1:fsync \
-	-added idem-commit-outcomes/callers=1:plain/callers=1:fsync \
 	-added naive/callers=1:plain/callers=1:fsync \
 	"$OUT"/run*.txt

@@ -16,7 +16,7 @@ func TestOtherBodyChangesTheFirstLeafAndStaysValid(t *testing.T) {
 		{`{"price":1e3}`, `{"price":1001}`},
 		{`{"quantity":-1}`, `{"quantity":0}`},
 		{`[ 7 ]`, `[ 8 ]`},
-		{`{"1":"x"}`, `{"1":"x-2"}`},                    // a numeric-looking key is a key
+		{`{"1":"x"}`, `{"1":"x-2"}`},                                 // a numeric-looking key is a key
 		{`{"name":"a\"b","ok":true}`, `{"name":"a\"b-2","ok":true}`}, // escapes kept valid
 		{`{"k":{"inner":"v"},"z":"w"}`, `{"k":{"inner":"v-2"},"z":"w"}`},
 		{`"just a string"`, `"just a string-2"`},

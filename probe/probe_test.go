@@ -182,8 +182,8 @@ func TestAServerThatReplaysWithoutAPayloadCheck(t *testing.T) {
 		probe.StepReplay:        "replayed/ok",
 		probe.StepMismatch:      "replayed-first/warn",
 		probe.StepConcurrent:    "one-execution/ok",
-		probe.StepOtherEndpoint: "skipped/skipped",
-		probe.StepStatus:        "skipped/skipped",
+		probe.StepOtherEndpoint: "not-requested/skipped",
+		probe.StepStatus:        "not-requested/skipped",
 		probe.StepKeyForm:       "both/ok",
 	}, outcomes(rep))
 	replay := finding(t, rep, probe.StepReplay)
@@ -193,7 +193,7 @@ func TestAServerThatReplaysWithoutAPayloadCheck(t *testing.T) {
 	mismatch := finding(t, rep, probe.StepMismatch)
 	require.Equal(t, mismatch.Exchanges[0].BodySHA256, mismatch.Exchanges[1].BodySHA256, "the first answer came back for the other body")
 	require.Equal(t, probe.Safe, rep.Verdict, "a warning is not a change: idem never sends another body under a key")
-	require.False(t, rep.Complete, "two steps were not run")
+	require.True(t, rep.Complete, "the steps not run were not asked for")
 	require.Equal(t, "idem.ReplayStatus()", rep.Advice.Status)
 }
 

@@ -77,6 +77,11 @@ const (
 	StepKeyForm       = "key-form"       // the key bare and as an sf-string
 )
 
+// NotRequested is the outcome of an optional step whose input was not
+// given (Config.OtherURL and OtherMethod, Config.StatusURL); it does not
+// make a report incomplete. Any other skipped step has outcome "skipped".
+const NotRequested = "not-requested"
+
 // Step is announced to Config.OnStep before it sends anything.
 type Step struct {
 	// N numbers the steps from 1; the tries of other key forms in the
@@ -172,8 +177,10 @@ type Report struct {
 	Method string `json:"method"`
 	URL    string `json:"url"`
 	// Verdict is NotSafe if any finding is unsafe, else Usable if any
-	// needs a change, else Safe. Skipped steps do not count: Complete says
-	// whether every step ran.
+	// needs a change, else Safe. Skipped steps do not count: Complete is
+	// false when a step was skipped for want of budget or of a usable
+	// body, or because the key is not honoured (not for a step whose
+	// optional input was not given).
 	Verdict  Verdict   `json:"verdict"`
 	Complete bool      `json:"complete"`
 	Findings []Finding `json:"findings"`

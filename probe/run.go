@@ -43,7 +43,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		case GradeChange:
 			rep.Verdict = max(rep.Verdict, Usable)
 		case GradeSkipped:
-			rep.Complete = false
+			rep.Complete = rep.Complete && f.Outcome == NotRequested
 		}
 	}
 	rep.Advice = r.advice()
@@ -454,7 +454,8 @@ func (r *run) otherEndpoint(ctx context.Context) error {
 	c := r.p.cfg
 	if c.OtherURL == "" && c.OtherMethod == "" {
 		r.n++
-		r.skip(StepOtherEndpoint, "Not run: no other endpoint given (Config.OtherURL, OtherMethod; idem probe --other-url, --other-method).")
+		r.add(Finding{Step: StepOtherEndpoint, Outcome: NotRequested, Grade: GradeSkipped,
+			Summary: "Not run: no other endpoint given (Config.OtherURL, OtherMethod; idem probe --other-url, --other-method)."})
 		return nil
 	}
 	other := target{c.Method, c.URL}
@@ -513,7 +514,8 @@ func (r *run) statusEndpoint(ctx context.Context) error {
 	c := r.p.cfg
 	if c.StatusURL == "" {
 		r.n++
-		r.skip(StepStatus, "Not run: no status endpoint given (Config.StatusURL; idem probe --status-url).")
+		r.add(Finding{Step: StepStatus, Outcome: NotRequested, Grade: GradeSkipped,
+			Summary: "Not run: no status endpoint given (Config.StatusURL; idem probe --status-url)."})
 		return nil
 	}
 	if r.usedKey == "" {

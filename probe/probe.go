@@ -20,16 +20,17 @@ import (
 	"github.com/idemkit/idem/internal/wire"
 )
 
-// Config says which endpoint to probe and how. Only URL and Body are
-// required; every other field's zero value means its default.
+// Config says which endpoint to probe and how. Only URL is required;
+// every other field's zero value means its default.
 type Config struct {
 	// URL is the endpoint: an absolute http or https URL without
 	// credentials. Required.
 	URL string
 	// Method defaults to POST.
 	Method string
-	// Body is a valid request for the endpoint: every request of the probe
-	// but the mismatch step's sends it. A JSON body is sent with
+	// Body is a valid request for the endpoint (empty when the endpoint
+	// takes none): every request of the probe but the mismatch step's
+	// sends it. A JSON body is sent with
 	// Content-Type: application/json unless Header sets another.
 	Body []byte
 	// OtherBody is the body of the mismatch step (the same key with

@@ -172,7 +172,7 @@ func (l *headerEnvList) Set(v string) error {
 	}
 	canon := http.CanonicalHeaderKey(name)
 	if canon == "Idempotency-Key" {
-		return fmt.Errorf("%s is the idempotency key, which comes from the journal, never from the environment", canon)
+		return fmt.Errorf("%s is the idempotency key, which idem sets itself (from the journal, or a fresh one when probing), never from the environment", canon)
 	}
 	for _, h := range *l {
 		if h.header == canon {

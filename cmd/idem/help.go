@@ -39,7 +39,8 @@ func printUsage(w io.Writer) {
 idem inspects and operates an idem journal, the SQLite file in which the
 idem SDK records every operation before sending it. The journal is
 --journal PATH (before or after the command), else $IDEM_JOURNAL, else
-./idem.db; it is never created.
+./idem.db; it is never created. "idem probe" uses none: it checks what an
+API does with idempotency keys.
 
 Commands:
 `)
@@ -52,8 +53,9 @@ Run 'idem help COMMAND' for one command's flags.
 
 Exit status: 0 success; 1 error (missing or foreign journal, unknown
 operation, illegal state change, ...); 2 usage error (unknown command or
-flag, missing argument, bad state name or duration); 3 resume left
-operations unsettled. Errors are one line on stderr, prefixed "idem: ".
+flag, missing argument, bad state name or duration, probe without
+--yes); 3 resume left operations unsettled; 4 probe: usable with changes;
+5 probe: not safe. Errors are one line on stderr, prefixed "idem: ".
 `)
 }
 

@@ -3,7 +3,9 @@
 // (its idempotency key, the exact request, its state and history) before
 // sending it. It lists and inspects operations, resumes the unfinished ones,
 // records an operator's decision about those whose outcome could not be
-// confirmed, withdraws pending ones, and prunes settled ones.
+// confirmed, withdraws pending ones, and prunes settled ones. It also
+// probes an API, before idem is trusted with it, for what it does with
+// idempotency keys.
 //
 // Install it with
 //
@@ -120,6 +122,32 @@
 // operations wait for an operator and are kept. With --dry-run it only
 // counts them.
 //
+//	idem probe --url URL [--method M] [--body JSON | --body-file F] [--other-body B]
+//	           [--header-env NAME=ENV ...] [--key-header NAME] [--status-url TEMPLATE]
+//	           [--other-url URL] [--other-method M] [--max-requests N] [--json] --yes
+//
+// Finds out what the endpoint --url names does with idempotency keys,
+// with real requests (it needs no journal): the same key twice (replayed,
+// with which replay header, or executed twice, in which case the other
+// header names, Idempotency-Key and X-Idempotency-Key, are tried; a first
+// request refused with 400, 422 or 428 is tried again with the key as an
+// sf-string and in the other header); the same key with another body
+// (--other-body, else the JSON body with its first number incremented);
+// two requests with one key at once (409, a wait, or two executions); with
+// --other-url or --other-method, a used key on that endpoint; with
+// --status-url, a template such as https://api.example.com/idempotency/{key},
+// the status of a used key and of a never-used one (404 expected), read in
+// idem's status format; and the key as a bare token and as an sf-string.
+// The requests may have real effects, so nothing is sent without --yes,
+// at most --max-requests are sent (default 20; a step that does not fit is
+// skipped, and the report says so), and each step prints how many it
+// sends before it runs. Credentials come from --header-env, as for
+// resume, and are never printed: the report names headers, never their
+// values. The report is a table (each finding with its evidence: status
+// codes, header names, timings; a verdict; the idem.Config fields to set)
+// or, with --json, one JSON object, the steps then announced on stderr.
+// Package github.com/idemkit/idem/probe runs the same checks from Go.
+//
 //	idem help [COMMAND]
 //
 // Prints the usage of every command, or of one; so does -h.
@@ -131,9 +159,17 @@
 //	   unknown operation, an illegal state change, an unset environment
 //	   variable, a journal or network failure
 //	2  usage error: an unknown command or flag, a missing argument or
-//	   required flag, a bad state name, duration or URL
+//	   required flag (probe's --yes included), a bad state name, duration
+//	   or URL
 //	3  resume finished, but operations remain unsettled (pending, unknown,
 //	   expired or failed), or it was stopped by --timeout or a signal
+//	4  probe: the API is usable with idem configured as the report says
+//	   (another KeyHeader, QuoteKey, a status adapter)
+//	5  probe: the API is not safe: a key ran twice, or keys are ignored
+//
+// probe exits 0 when the API is safe to use with idem, 1 when its first
+// request was refused (the message says what to fix: the body, the
+// credentials, the URL), and 2 without --yes.
 //
 // Every error is one line on stderr, prefixed "idem: ", and changes nothing
 // in the journal.
@@ -164,6 +200,8 @@ const (
 	exitError     = 1
 	exitUsage     = 2
 	exitUnsettled = 3
+	exitUsable    = 4
+	exitNotSafe   = 5
 )
 
 // env is what a command runs with.
@@ -188,7 +226,7 @@ type command struct {
 
 // commands lists the subcommands in the order help shows them.
 var commands = []*command{lsCommand, showCommand, statsCommand, reconcileCommand, cancelCommand,
-	resumeCommand, pruneCommand}
+	resumeCommand, pruneCommand, probeCommand}
 
 func lookupCommand(name string) *command {
 	for _, c := range commands {

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -168,16 +169,24 @@ func (j *Journal) tryBatch(reqs []*writeReq) (err error) {
 	defer conn.Release()
 
 	durable := false
-	var keys, scopes, ids []string
+	var keys []string
+	var ops [][2]string // (scope, op_id) of the creates
 	for _, r := range reqs {
 		durable = durable || r.dur == idem.Durable
 		keys = append(keys, r.key)
 		if r.op == opCreate {
-			scopes, ids = append(scopes, r.rec.Scope), append(ids, r.rec.ID)
+			ops = append(ops, [2]string{r.rec.Scope, r.rec.ID})
 		}
 	}
+	// In the order every batch locks rows in (see newQueries).
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
+	slices.SortFunc(ops, func(a, b [2]string) int { return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1])) })
+	ops = slices.Compact(ops)
+	scopes, ids := make([]string, len(ops)), make([]string, len(ops))
+	for i, o := range ops {
+		scopes[i], ids[i] = o[0], o[1]
+	}
 
 	// Round trip 1: begin, and read and lock what the writes touch.
 	b := &pgx.Batch{}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -305,9 +307,10 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 	return out, nil
 }
 
-// Renew implements idem.Journal: one statement for every lease, committed
-// without waiting for the WAL's flush (a lost renewal only lets a lease
-// lapse sooner).
+// Renew implements idem.Journal: one statement per lease, each finding its
+// row through the key's index, all sent at once in one transaction,
+// committed without waiting for the WAL's flush (a lost renewal only lets
+// a lease lapse sooner).
 func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease time.Duration) (int, error) {
 	done, err := j.enter(ctx)
 	if err != nil {
@@ -317,21 +320,19 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 	if len(held) == 0 {
 		return 0, nil
 	}
-	keys, epochs, owners := make([]string, 0, len(held)), make([]int64, 0, len(held)), make([]string, 0, len(held))
-	for k, l := range held {
-		keys, epochs, owners = append(keys, k), append(epochs, l.Epoch), append(owners, l.Owner)
-	}
+	keys := slices.Sorted(maps.Keys(held)) // rows are locked in key order, as every batch does
+	until := millis(journal.TruncateTime(j.now().Add(lease)))
 	var n int64
 	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
-			return err
+		b := &pgx.Batch{}
+		b.Queue(`SET LOCAL synchronous_commit = off`)
+		for _, k := range keys {
+			b.Queue(j.q.renew, k, held[k].Epoch, held[k].Owner, until).Exec(func(tag pgconn.CommandTag) error {
+				n += tag.RowsAffected()
+				return nil
+			})
 		}
-		tag, err := tx.Exec(ctx, `UPDATE `+j.q.operations+` o SET lease_expires_at = greatest(o.lease_expires_at, $4)
-			FROM unnest($1::text[], $2::bigint[], $3::text[]) AS h(key, epoch, owner)
-			WHERE o.key = h.key AND o.lease_epoch = h.epoch AND o.lease_owner = h.owner AND o.state IN (1, 2, 3)`,
-			keys, epochs, owners, millis(journal.TruncateTime(j.now().Add(lease))))
-		n = tag.RowsAffected()
-		return err
+		return tx.SendBatch(ctx, b).Close()
 	})
 	return int(n), classify(ctx, err)
 }

@@ -27,11 +27,16 @@ type queries struct {
 	storeLease        string
 	goneOwners        string
 	ownerID, register string
+	renew             string
 }
 
 func newQueries(schema string) queries {
 	s := pgschema.Ident(schema)
 	q := queries{schema: schema, operations: s + ".operations", events: s + ".events"}
+	// One lease, found by its key (the unique index; see lockByKeys), and
+	// renewed only under its owner and epoch.
+	q.renew = `UPDATE ` + q.operations + ` SET lease_expires_at = greatest(lease_expires_at, $4)
+		WHERE key = $1 AND lease_epoch = $2 AND lease_owner = $3 AND state IN (1, 2, 3)`
 	q.byKey = `SELECT ` + recordColumns + ` FROM ` + q.operations + ` WHERE key = $1`
 	q.byOp = `SELECT ` + recordColumns + ` FROM ` + q.operations + ` WHERE scope = $1 AND op_id = $2`
 	// Rows are locked one at a time, in the order of the arrays, which

@@ -5,6 +5,9 @@ import (
 	"context"
 	"slices"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/idemkit/idem/server"
 )
 
@@ -87,41 +90,26 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 		return cmp.Or(cmp.Compare(a.req.Scope, b.req.Scope), cmp.Compare(a.req.Key, b.req.Key))
 	})
 	var (
-		scopes, keys    []string
-		tokens, expires []int64
-		statuses        []int32
-		headers, bodies [][]byte
-		sent            = make(map[scopedKey]*completeWrite, len(batch))
-		again           []*completeWrite
+		sent  = make(map[scopedKey]bool, len(batch))
+		again []*completeWrite
+		b     = &pgx.Batch{}
 	)
+	// One statement per entry, sent at once: pgx runs a batch outside a
+	// transaction as one implicit transaction, so they commit together.
 	for _, w := range batch {
 		k := scopedKey{w.req.Scope, w.req.Key}
-		if sent[k] != nil {
+		if sent[k] {
 			again = append(again, w)
 			continue
 		}
-		sent[k] = w
-		scopes, keys = append(scopes, w.req.Scope), append(keys, w.req.Key)
-		tokens, expires = append(tokens, w.req.Token), append(expires, storeNanos(w.req.ExpiresAt))
-		statuses = append(statuses, int32(w.req.Response.Status))
-		headers, bodies = append(headers, w.header), append(bodies, w.body)
+		sent[k] = true
+		b.Queue(q, w.req.Scope, w.req.Key, w.req.Token, storeNanos(w.req.ExpiresAt), int32(w.req.Response.Status),
+			w.header, w.body).Exec(func(tag pgconn.CommandTag) error {
+			w.done = tag.RowsAffected() == 1
+			return nil
+		})
 	}
-	rows, err := s.pool.Query(ctx, q, scopes, keys, tokens, expires, statuses, headers, bodies)
-	if err == nil {
-		for rows.Next() {
-			var k scopedKey
-			if err = rows.Scan(&k.scope, &k.key); err != nil {
-				break
-			}
-			if w := sent[k]; w != nil {
-				w.done = true
-			}
-		}
-		rows.Close()
-		if err == nil {
-			err = rows.Err()
-		}
-	}
+	err := s.pool.SendBatch(ctx, b).Close()
 	if err != nil {
 		storeRetryAlone(ctx, batch, err, func(w *completeWrite) { w.done = false },
 			func(ctx context.Context, b []*completeWrite) { s.completeAll(ctx, q, b) },

@@ -335,40 +335,25 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 		if !req.DueBy.IsZero() && req.DueBy.Before(now) {
 			due = req.DueBy
 		}
-		gone, err := j.goneOwners(tx, due, now)
+		// Free operations first: while they fill the claim, the owners of
+		// live leases need not be looked at, which means reading every due
+		// operation (the index does not cover leases). Only a claim that
+		// free operations do not fill looks for gone owners and takes
+		// their operations too.
+		ids, recs, err := j.claimable(tx, req, due, now, "")
 		if err != nil {
 			return err
 		}
-		q := selectRecord + `
-			WHERE o.state IN (1, 2, 3) AND o.next_attempt_at <= ?
-			AND (o.lease_owner IS NULL OR o.lease_expires_at <= ?` + gone + `)`
-		args := []any{millis(due), millis(now)}
-		if req.Scope != "" {
-			q += ` AND o.scope = ?`
-			args = append(args, req.Scope)
-		}
-		if req.URLPrefix != "" {
-			q += ` AND substr(o.url, 1, length(?)) = ?`
-			args = append(args, req.URLPrefix, req.URLPrefix)
-		}
-		q += ` ORDER BY o.next_attempt_at, o.id LIMIT ?`
-		args = append(args, req.Limit)
-		rows, err := tx.Query(q, args...)
-		if err != nil {
-			return err
-		}
-		var ids []int64
-		var recs []Record
-		for rows.Next() {
-			id, rec, err := scanRecord(rows)
+		if len(recs) < req.Limit {
+			gone, err := j.goneOwners(tx, due, now)
 			if err != nil {
-				rows.Close()
 				return err
 			}
-			ids, recs = append(ids, id), append(recs, rec)
-		}
-		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-			return err
+			if gone != "" {
+				if ids, recs, err = j.claimable(tx, req, due, now, gone); err != nil {
+					return err
+				}
+			}
 		}
 		for i, rec := range recs {
 			claimed, ev, err := journal.ApplyClaim(rec, req.Owner, req.Lease, now, j.owners.Gone)
@@ -389,6 +374,53 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 		return nil, err
 	}
 	return out, nil
+}
+
+// claimable reads up to req.Limit due operations of req's scope and URL
+// prefix whose lease is free, or held by one of the owners in gone (a
+// condition from goneOwners), oldest due first. Each active state is read
+// on its own, in the order of the (state, next_attempt_at) index, and the
+// three lists merged: a single query over "state IN (1, 2, 3)" ordered by
+// due time sorts every due operation to return the first, which made a
+// Resume of n operations cost n² (its claims take one or a few at a time).
+func (j *SQLiteJournal) claimable(tx *sqlitefile.Tx, req ClaimRequest, due, now time.Time, gone string) ([]int64, []Record, error) {
+	cond := `o.next_attempt_at <= ? AND (o.lease_owner IS NULL OR o.lease_expires_at <= ?` + gone + `)`
+	args := []any{millis(due), millis(now)}
+	if req.Scope != "" {
+		cond += ` AND o.scope = ?`
+		args = append(args, req.Scope)
+	}
+	if req.URLPrefix != "" {
+		cond += ` AND substr(o.url, 1, length(?)) = ?`
+		args = append(args, req.URLPrefix, req.URLPrefix)
+	}
+	args = append(args, req.Limit)
+	var parts []string
+	var all []any
+	for _, state := range []State{StatePending, StateInFlight, StateUnknown} {
+		parts = append(parts, fmt.Sprintf(`SELECT * FROM (SELECT o.id FROM operations o WHERE o.state = %d AND %s
+			ORDER BY o.next_attempt_at, o.id LIMIT ?)`, state, cond))
+		all = append(all, args...)
+	}
+	q := selectRecord + ` WHERE o.id IN (` + strings.Join(parts, " UNION ALL ") + `) ORDER BY o.next_attempt_at, o.id LIMIT ?`
+	rows, err := tx.Query(q, append(all, req.Limit)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	var ids []int64
+	var recs []Record
+	for rows.Next() {
+		id, rec, err := scanRecord(rows)
+		if err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		ids, recs = append(ids, id), append(recs, rec)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, nil, err
+	}
+	return ids, recs, nil
 }
 
 // goneOwners returns the SQL condition that admits records leased by an

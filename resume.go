@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"sync"
 	"time"
 )
@@ -141,7 +142,7 @@ func (c *Client) Resume(ctx context.Context, opts ...ResumeOption) (ResumeReport
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r := &resumer{c: c, opts: o, prefix: c.resumePrefix(o), outcomes: map[string]outcome{}}
+	r := &resumer{c: c, opts: o, prefix: c.resumePrefix(o), outcomes: map[uint64]outcome{}}
 	err = r.run(ctx)
 	rep := r.report()
 	c.log.Info("idem: resume done", rep.logAttrs()...)
@@ -163,8 +164,13 @@ type resumer struct {
 	opts   resumeOptions
 	prefix string
 
-	mu       sync.Mutex
-	outcomes map[string]outcome // by key, where each operation taken up ended
+	mu sync.Mutex
+	// outcomes is where each operation taken up ended, by a hash of its
+	// key: eight bytes an operation, not the key's forty, for a Resume of
+	// a hundred thousand. counts tallies them, for a report that costs the
+	// same after the last operation as after the first.
+	outcomes map[uint64]outcome
+	counts   [outFailed + 1]int
 	busy     int
 	survey   survey
 }
@@ -208,7 +214,12 @@ func (r *resumer) run(ctx context.Context) error {
 // finish records where one operation ended.
 func (r *resumer) finish(key string, res *Result, err error) {
 	r.mu.Lock()
-	r.outcomes[key] = outcomeOf(res, err)
+	h, o := keyHash(key), outcomeOf(res, err)
+	if old, ok := r.outcomes[h]; ok {
+		r.counts[old]--
+	}
+	r.outcomes[h] = o
+	r.counts[o]++
 	rep := r.reportLocked()
 	r.mu.Unlock()
 	if r.c.cfg.OnResumeProgress != nil {
@@ -226,23 +237,9 @@ func (r *resumer) report() ResumeReport {
 }
 
 func (r *resumer) reportLocked() ResumeReport {
-	rep := ResumeReport{Claimed: len(r.outcomes), Busy: r.busy}
-	for _, o := range r.outcomes {
-		switch o {
-		case outSucceeded:
-			rep.Succeeded++
-		case outRejected:
-			rep.Rejected++
-		case outPending:
-			rep.Pending++
-		case outUnknown:
-			rep.Unknown++
-		case outExpired:
-			rep.Expired++
-		default:
-			rep.Failed++
-		}
-	}
+	rep := ResumeReport{Claimed: len(r.outcomes), Busy: r.busy,
+		Succeeded: r.counts[outSucceeded], Rejected: r.counts[outRejected], Pending: r.counts[outPending],
+		Unknown: r.counts[outUnknown], Expired: r.counts[outExpired], Failed: r.counts[outFailed]}
 	rep.Leased, rep.NotDue, rep.NextDue = r.survey.leased, r.survey.notDue, r.survey.nextDue
 	return rep
 }
@@ -387,7 +384,7 @@ func (r *resumer) look(ctx context.Context) (survey, error) {
 	var s survey
 	err := r.active(ctx, func(rec Record) error {
 		r.mu.Lock()
-		_, taken := r.outcomes[rec.Key]
+		_, taken := r.outcomes[keyHash(rec.Key)]
 		r.mu.Unlock()
 		switch {
 		case rec.Lease.Held(now) && rec.Lease.Owner != r.c.owner:
@@ -418,3 +415,9 @@ func (s survey) nextChange() time.Time {
 	}
 	return s.leaseEnds
 }
+
+// keySeed makes keyHash's hashes this process's own.
+var keySeed = maphash.MakeSeed()
+
+// keyHash identifies a key among those of one Resume.
+func keyHash(key string) uint64 { return maphash.String(keySeed, key) }

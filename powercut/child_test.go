@@ -16,12 +16,20 @@ import (
 )
 
 // out writes whole lines to the unbuffered stdout, one write each, so that
-// the parent reads every line a life completed before it was killed.
-type out struct{ mu sync.Mutex }
+// the parent reads every line a life completed before it was killed; or,
+// with sink set, hands them to it.
+type out struct {
+	mu   sync.Mutex
+	sink func(line string)
+}
 
 func (o *out) printf(format string, args ...any) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.sink != nil {
+		o.sink(fmt.Sprintf(format, args...))
+		return
+	}
 	_, _ = os.Stdout.WriteString(fmt.Sprintf(format, args...) + "\n")
 }
 

@@ -9,6 +9,7 @@ require (
 	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
 	github.com/mattn/go-sqlite3 v1.14.53
 	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
 )
 
 require (

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/idemkit/idem/internal/testserver"
 )
 
@@ -37,7 +39,8 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every mount's server stops with its unmount: nothing may be left running.
+	goleak.VerifyTestMain(m)
 }
 
 // childCommand returns a command that runs the child name in a new process

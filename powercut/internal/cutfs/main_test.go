@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // With CUTFS_MMAP_CHILD set, the test binary maps that file twice instead
@@ -16,7 +18,8 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	// Every mount's server stops with its unmount: nothing may be left running.
+	goleak.VerifyTestMain(m)
 }
 
 func mmapChild(p string) error {

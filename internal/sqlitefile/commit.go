@@ -200,6 +200,9 @@ func (db *DB) runBatch(reqs []*writeReq) {
 	if mode == Buffered && db.opts.MaxBatch == 1 {
 		mode = Deferred // MaxBatch 1: every write its own transaction
 	}
+	if ackEarly && mode == Durable {
+		mode = Deferred // a deliberately broken build: see ackearly_on.go
+	}
 	results := make([]error, len(reqs))
 	sent := make([]bool, len(reqs))
 	reply := func(i int, err error) {

@@ -1,0 +1,5 @@
+//go:build !race
+
+package powercut
+
+const raceEnabled = false

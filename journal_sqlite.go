@@ -91,7 +91,9 @@ type sqliteConfig struct {
 
 // SQLiteSynchronousNormal commits with synchronous=NORMAL instead of FULL:
 // no write waits for fsync, and a power failure (not a process crash) may
-// lose the last writes, including intents. An operation whose intent is lost
+// lose every write since the last checkpoint, including intents: a new
+// journal may lose all it holds, its WAL never having been synced (the
+// power-cut tests in powercut/ show both). An operation whose intent is lost
 // is forgotten: if its request had already left, a retry gets a new key and
 // may be applied twice. Use it only where throughput matters more than that
 // guarantee.

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	_ "github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
@@ -231,7 +232,13 @@ func (db *DB) prepareFile() error {
 		if err != nil {
 			return bad(err, "the directory must be writable by this process")
 		}
-		return f.Close()
+		if err := f.Close(); err != nil {
+			return bad(err, "the directory must be writable by this process")
+		}
+		// The file's name must survive a power cut: SQLite fsyncs the
+		// directory when it first syncs the WAL, but the journal does not
+		// rest its first intent on that detail.
+		return syncDir(dir)
 	default:
 		return bad(err, "check the path and its permissions")
 	}
@@ -509,3 +516,18 @@ func (db *DB) ErrIfClosed() error {
 // disk, a foreign file and permission problems become an *Error naming the
 // file and what to do.
 func (db *DB) Classify(err error) error { return db.classify(err) }
+
+// syncDir fsyncs a directory, so that the entries made in it are durable.
+// A file system that cannot sync a directory (some refuse it) is taken at
+// its word: there is nothing more to do.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, syscall.EINVAL) {
+		return err
+	}
+	return nil
+}

@@ -137,7 +137,14 @@ func (p *proc) wait() ([]string, error) {
 // it and its URL.
 func startServer(t *testing.T, args ...string) (*proc, string) {
 	t.Helper()
-	p := startChild(t, "", "ordersd", "IDEM_POWERCUT_ARGS="+strings.Join(args, " "))
+	return startServerBinary(t, "", args...)
+}
+
+// startServerBinary is startServer run from binary (this test binary when
+// empty).
+func startServerBinary(t *testing.T, binary string, args ...string) (*proc, string) {
+	t.Helper()
+	p := startChild(t, binary, "ordersd", "IDEM_POWERCUT_ARGS="+strings.Join(args, " "))
 	line, ok := p.waitFor("listening ")
 	if !ok {
 		_, err := p.wait()

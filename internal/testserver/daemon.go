@@ -34,6 +34,15 @@ import (
 // another header or form (400) or without its tenant's token (403), and
 // appends one line per request to FILE saying what it found (see
 // requestChecks).
+//
+// -exec-log FILE counts the orders handler's runs across SIGKILLed lives:
+// every run appends "run TENANT KEY" to FILE before the application runs
+// and "done TENANT KEY STATUS" once it returned, and a request that ran it
+// appends "answered TENANT KEY" once the middleware has sent its response
+// (the stored completion, durable, came before that). FILE is opened
+// O_APPEND|O_CREATE (mode 0600) and each line is one write, so the lines of
+// every life, and any a parent appends between lives, stay whole and in
+// order.
 func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("ordersd", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:0", "address to listen on")
@@ -51,6 +60,7 @@ func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 	keyQuoted := fs.Bool("key-quoted", false, "refuse a key that is not an RFC 8941 sf-string")
 	tenantTokens := fs.String("tenant-tokens", "", "tenant=token,…: refuse a request without the bearer token of its tenant (X-Tenant)")
 	auditPath := fs.String("audit", "", "append one line per request checked to this file")
+	execLogPath := fs.String("exec-log", "", "append a line to this file before and after every run of the orders handler, and when its response is sent")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -93,7 +103,21 @@ func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 
 	mux := http.NewServeMux()
 	holds := newHolds(*delayBefore, *jitterBefore, *delayAfter, *jitterAfter, *seed)
-	orderHandler, statusHandler := mw.Handler(delayed(app.Handler(), holds)), mw.StatusHandler()
+	appHandler := delayed(app.Handler(), holds)
+	var execs *execLog
+	if *execLogPath != "" {
+		f, err := os.OpenFile(*execLogPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		execs = &execLog{w: f}
+		appHandler = execs.runs(appHandler)
+	}
+	orderHandler, statusHandler := mw.Handler(appHandler), mw.StatusHandler()
+	if execs != nil {
+		orderHandler = execs.answers(orderHandler)
+	}
 	if checks != nil {
 		orderHandler, statusHandler = checks.orders(orderHandler), checks.status(statusHandler)
 	}
@@ -123,6 +147,72 @@ func Daemon(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	return nil
+}
+
+// execLog appends a line per run of the orders handler, and one per
+// response sent for a request that ran it, to a file shared by every life
+// of the server (see Daemon).
+type execLog struct {
+	w io.Writer
+}
+
+// execRunKey is the context key of the *execRun that answers hands to runs.
+type execRunKey struct{}
+
+// execRun is what runs tells answers: the handler ran under this key.
+type execRun struct {
+	ran         bool
+	tenant, key string
+}
+
+func (l *execLog) line(format string, args ...any) {
+	// One write per line: O_APPEND keeps it whole among other writers.
+	_, _ = l.w.Write(fmt.Appendf(nil, format+"\n", args...))
+}
+
+// runs wraps the handler the middleware runs at most once per key.
+func (l *execLog) runs(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, _ := server.KeyFromContext(r.Context())
+		tenant := orders.Tenant(r)
+		if run, ok := r.Context().Value(execRunKey{}).(*execRun); ok {
+			run.ran, run.tenant, run.key = true, tenant, key
+		}
+		l.line("run %s %s", tenant, key)
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		l.line("done %s %s %d", tenant, key, sw.status)
+	})
+}
+
+// answers wraps the middleware: once it has answered a request whose
+// handler ran, the answer's line is appended.
+func (l *execLog) answers(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		run := &execRun{}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), execRunKey{}, run)))
+		if run.ran {
+			l.line("answered %s %s", run.tenant, run.key)
+		}
+	})
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wrote {
+		w.wrote, w.status = true, code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
 }
 
 // holds draws how long each request is held before and after its order is

@@ -31,6 +31,15 @@
 //
 //	POST orders tenant-a header=ok token=ok
 //	POST orders tenant-b header=other:Idempotency-Key token=of:tenant-a
+//
+// -exec-log FILE appends, on a file shared by every life, one line before
+// and one after each run of the orders handler, and one once the response
+// of a request that ran it was sent, so that a crash test counts the runs
+// of each key across lives:
+//
+//	run tenant-a 3f1c…
+//	done tenant-a 3f1c… 201
+//	answered tenant-a 3f1c…
 package main
 
 import (

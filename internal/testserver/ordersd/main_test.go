@@ -325,3 +325,30 @@ func TestBadTenantTokensFail(t *testing.T) {
 		assert.Contains(t, err.Error(), "-tenant-tokens", v)
 	}
 }
+
+// TestExecLog: -exec-log records the handler's one run of a key, and the
+// response that followed it, and nothing for a replay; the file survives a
+// SIGKILL and the next life appends to it.
+func TestExecLog(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	log := filepath.Join(dir, "exec.log")
+	d := start(t, dir, "-exec-log", log)
+	first := d.mustPost(t, "k1", order)
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	again := d.mustPost(t, "k1", order)
+	require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+	d.kill(t)
+	d = start(t, dir, "-exec-log", log)
+	require.Equal(t, http.StatusCreated, d.mustPost(t, "k2", order).status)
+	d.kill(t)
+
+	b, err := os.ReadFile(log)
+	require.NoError(t, err)
+	tn := orders.DefaultTenant
+	assert.Equal(t, "run "+tn+" k1\ndone "+tn+" k1 201\nanswered "+tn+" k1\n"+
+		"run "+tn+" k2\ndone "+tn+" k2 201\nanswered "+tn+" k2\n", string(b))
+	info, err := os.Stat(log)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+}

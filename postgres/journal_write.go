@@ -50,58 +50,54 @@ type writeReq struct {
 	again bool
 
 	done chan struct{}
-	lead chan struct{}
 }
 
 // batchTimeout bounds one batch's transaction. The batch runs on a context
 // of its own: one caller giving up must not fail the others' writes.
 const batchTimeout = 30 * time.Second
 
-// write runs w through the group commit and returns its error. The first
-// writer to find no batch in progress leads: it commits every write queued
-// by then (its own first) and hands the lead to the oldest write still
-// queued. A writer that arrives during a batch waits for that batch only.
+// write runs w through the group commit and returns its error. Batches run
+// on a goroutine of their own (commit), started by the first write to find
+// none running: it commits every write queued by then, then at once every
+// write queued meanwhile, and so on until none is left, with no goroutine
+// to wake between two batches. A writer that arrives during a batch waits
+// for the next one.
 func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	done, err := j.enter(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	w.ctx, w.done, w.lead = ctx, make(chan struct{}), make(chan struct{}, 1)
+	w.ctx, w.done = ctx, make(chan struct{})
 	j.mu.Lock()
 	j.queue = append(j.queue, w)
-	leader := !j.leading
+	start := !j.leading
 	j.leading = true
 	j.mu.Unlock()
-	if !leader {
-		select {
-		case <-w.done:
-			return w.err
-		case <-w.lead:
-		}
+	if start {
+		go j.commit()
 	}
-	j.lead()
 	<-w.done
 	return w.err
 }
 
-func (j *Journal) lead() {
-	j.mu.Lock()
-	n := min(len(j.queue), j.maxBatch)
-	batch := slices.Clone(j.queue[:n])
-	j.queue = j.queue[n:]
-	j.mu.Unlock()
-
-	j.runBatch(batch)
-
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if len(j.queue) == 0 {
-		j.leading = false
-		j.queue = nil
-		return
+// commit runs batches of the oldest writes queued, up to maxBatch each,
+// until the queue is empty.
+func (j *Journal) commit() {
+	for {
+		j.mu.Lock()
+		if len(j.queue) == 0 {
+			j.leading = false
+			j.queue = nil
+			j.mu.Unlock()
+			return
+		}
+		n := min(len(j.queue), j.maxBatch)
+		batch := slices.Clone(j.queue[:n])
+		j.queue = j.queue[n:]
+		j.mu.Unlock()
+		j.runBatch(batch)
 	}
-	j.queue[0].lead <- struct{}{}
 }
 
 // runBatch commits reqs in one transaction, or, when that transaction

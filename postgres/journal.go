@@ -47,6 +47,14 @@ import (
 // as a whole (a deadlock with another process, say), its writes are run
 // again one by one.
 //
+// A batch of creates and of updates of rows this journal wrote last (Do's
+// path: the intent, then the outcome) takes one round trip: the journal
+// keeps a copy of each active row it wrote, applies the rules to the copy,
+// and writes each row only if no one has changed it since (its xmin is
+// still the transaction that wrote the copy). A write that finds its row
+// changed, or its operation or key taken, or that the rules refuse against
+// the copy, runs again through the read.
+//
 // # Liveness
 //
 // Register holds a session-level advisory lock, on a connection of its own,
@@ -74,6 +82,9 @@ type Journal struct {
 	gone     map[string]bool // owners known gone: final, names are never reused
 	mine     map[string]*pgxpool.Conn
 	draining sync.WaitGroup
+
+	copiesMu sync.Mutex
+	copies   map[string]rowCopy // the rows this journal wrote last (see fastBatch)
 }
 
 var _ idem.Journal = (*Journal)(nil)
@@ -128,7 +139,7 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 	}
 	j := &Journal{ownersOID: ownersOID, pool: pool, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
 		liveness: cfg.liveness, now: time.Now, q: newQueries(cfg.schema),
-		gone: map[string]bool{}, mine: map[string]*pgxpool.Conn{}}
+		gone: map[string]bool{}, mine: map[string]*pgxpool.Conn{}, copies: map[string]rowCopy{}}
 	return j, nil
 }
 

@@ -23,6 +23,8 @@ type queries struct {
 	lockByKeys        string
 	lockByOps         string
 	insert, store     string
+	insertMany        string
+	storeFenced       string
 	insertEvent       string
 	storeLease        string
 	goneOwners        string
@@ -66,6 +68,46 @@ func newQueries(schema string) queries {
 		ON CONFLICT (scope, op_id) DO NOTHING RETURNING id)
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins`
+	// The creates of a batch whose writes this journal made last (see
+	// Journal.fastBatch): every operation and its creation event in one
+	// statement, each array holding a column. A row that would break any
+	// unique constraint (the operation, or its key, exists already) is not
+	// inserted, and not returned: that create runs again, alone, through the
+	// read. Nothing is looked up but the unique indexes, by the inserts.
+	q.insertMany = `WITH v AS (
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[],
+			$8::text[], $9::text[], $10::boolean[], $11::integer[], $12::smallint[], $13::integer[], $14::bigint[],
+			$15::text[], $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::bigint[], $21::bigint[],
+			$22::bigint[], $23::bigint[], $24::smallint[], $25::text[])
+		AS v(key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted, resends, state,
+			attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note, created_at,
+			updated_at, expires_at, version, ev_kind, ev_detail)
+	), ins AS (
+		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
+			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
+			created_at, updated_at, expires_at, version)
+		SELECT key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
+			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
+			created_at, updated_at, expires_at, version FROM v
+		ON CONFLICT DO NOTHING RETURNING id, key, version, updated_at, state, attempts, last_error, lease_owner
+	), ev AS (
+		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
+		SELECT ins.id, ins.version, ins.updated_at, v.ev_kind, v.ev_detail, NULL, ins.state, ins.attempts, NULL,
+			ins.last_error, ins.lease_owner FROM ins JOIN v USING (key)
+	)
+	SELECT id, key FROM ins`
+	// An update of a row this journal wrote last, with its event: found by
+	// its primary key, and written only if its xmin is still the
+	// transaction that wrote it then ($18), that is if nobody changed it
+	// since (see Journal.fastBatch). The command tag counts the events
+	// inserted: 0 when the row had changed, and nothing was written.
+	q.storeFenced = `WITH u AS (
+		UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
+			lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
+			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
+			version = $17 WHERE id = $1 AND xmin = $18::xid RETURNING id)
+		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
+		SELECT id, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28 FROM u`
 	q.store = `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
 		lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
 		resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
@@ -92,14 +134,63 @@ func (q queries) queueInsert(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.Qu
 
 // queueStore queues the write of r's mutable fields over the row id.
 func (q queries) queueStore(b *pgx.Batch, id int64, r idem.Record) {
+	b.Queue(q.store, append([]any{id}, storeArgs(r)...)...)
+}
+
+// storeArgs are the parameters $2 to $17 of store and storeFenced.
+func storeArgs(r idem.Record) []any {
 	var status, replayed any
 	var header, body []byte
 	if resp := r.Response; resp != nil {
 		status, replayed, header, body = resp.StatusCode, resp.Replayed, wire.EncodeHeader(resp.Header), nonNil(resp.Body)
 	}
-	b.Queue(q.store, id, int16(r.State), r.Attempts, r.TransportResends, millis(r.NextAttemptAt),
+	return []any{int16(r.State), r.Attempts, r.TransportResends, millis(r.NextAttemptAt),
 		nullString(r.Lease.Owner), r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt), status, header, body, replayed,
-		nullString(r.LastError), nullString(r.Note), millis(r.UpdatedAt), nullMillis(r.ExpiresAt), r.Version)
+		nullString(r.LastError), nullString(r.Note), millis(r.UpdatedAt), nullMillis(r.ExpiresAt), r.Version}
+}
+
+// queueStoreFenced queues the write of r's mutable fields over the row id,
+// with its event ev, if the row's xmin is still xmin.
+func (q queries) queueStoreFenced(b *pgx.Batch, id int64, xmin uint32, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
+	args := append([]any{id}, storeArgs(r)...)
+	args = append(args, xmin)
+	return b.Queue(q.storeFenced, append(args, eventArgs(ev)...)...)
+}
+
+// createColumns are a batch's creates, a column each, for insertMany.
+type createColumns struct {
+	key, scope, opID, method, url, fingerprint []string
+	header, body                               [][]byte
+	keyHeader, leaseOwner, lastError, note     []*string
+	evDetail                                   []*string
+	keyQuoted                                  []bool
+	resends, attempts                          []int32
+	state, evKind                              []int16
+	next, epoch, created, updated, version     []int64
+	leaseExpires, expires                      []*int64
+}
+
+func (c *createColumns) add(r idem.Record, ev idem.Event) {
+	c.key, c.scope, c.opID = append(c.key, r.Key), append(c.scope, r.Scope), append(c.opID, r.ID)
+	c.method, c.url = append(c.method, r.Method), append(c.url, r.URL)
+	c.header, c.body = append(c.header, wire.EncodeHeader(r.Header)), append(c.body, nonNil(r.Body))
+	c.fingerprint, c.keyHeader = append(c.fingerprint, r.Fingerprint), append(c.keyHeader, nullPtr(r.KeyHeader))
+	c.keyQuoted, c.resends = append(c.keyQuoted, r.KeyQuoted), append(c.resends, int32(r.TransportResends))
+	c.state, c.attempts = append(c.state, int16(r.State)), append(c.attempts, int32(r.Attempts))
+	c.next, c.leaseOwner = append(c.next, millis(r.NextAttemptAt)), append(c.leaseOwner, nullPtr(r.Lease.Owner))
+	c.epoch, c.leaseExpires = append(c.epoch, r.Lease.Epoch), append(c.leaseExpires, nullMillisPtr(r.Lease.ExpiresAt))
+	c.lastError, c.note = append(c.lastError, nullPtr(r.LastError)), append(c.note, nullPtr(r.Note))
+	c.created, c.updated = append(c.created, millis(r.CreatedAt)), append(c.updated, millis(r.UpdatedAt))
+	c.expires, c.version = append(c.expires, nullMillisPtr(r.ExpiresAt)), append(c.version, r.Version)
+	c.evKind, c.evDetail = append(c.evKind, int16(ev.Kind)), append(c.evDetail, nullPtr(ev.Detail))
+}
+
+// queueInsertMany queues the insert of the creates in c, which returns the
+// id and key of each row it inserted.
+func (q queries) queueInsertMany(b *pgx.Batch, c *createColumns) *pgx.QueuedQuery {
+	return b.Queue(q.insertMany, c.key, c.scope, c.opID, c.method, c.url, c.header, c.body, c.fingerprint,
+		c.keyHeader, c.keyQuoted, c.resends, c.state, c.attempts, c.next, c.leaseOwner, c.epoch, c.leaseExpires,
+		c.lastError, c.note, c.created, c.updated, c.expires, c.version, c.evKind, c.evDetail)
 }
 
 // queueLease queues the write of r's lease alone (Release: no event).
@@ -109,6 +200,11 @@ func (q queries) queueLease(b *pgx.Batch, id int64, r idem.Record) {
 
 // queueEvent queues the insert of an event of the row id.
 func (q queries) queueEvent(b *pgx.Batch, id int64, ev idem.Event) {
+	b.Queue(q.insertEvent, append([]any{id}, eventArgs(ev)...)...)
+}
+
+// eventArgs are an event's columns after op, in insertEvent's order.
+func eventArgs(ev idem.Event) []any {
 	var from, status any
 	if ev.From != 0 {
 		from = int16(ev.From)
@@ -116,8 +212,8 @@ func (q queries) queueEvent(b *pgx.Batch, id int64, ev idem.Event) {
 	if ev.StatusCode != 0 {
 		status = ev.StatusCode
 	}
-	b.Queue(q.insertEvent, id, ev.Version, millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, int16(ev.To),
-		ev.Attempt, status, nullString(ev.Error), nullString(ev.Owner))
+	return []any{ev.Version, millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, int16(ev.To),
+		ev.Attempt, status, nullString(ev.Error), nullString(ev.Owner)}
 }
 
 // scanRecord reads a row of recordColumns.
@@ -201,6 +297,21 @@ func fromMillis(ms int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
+}
+
+func nullMillisPtr(t time.Time) *int64 {
+	if t.IsZero() {
+		return nil
+	}
+	ms := t.UnixMilli()
+	return &ms
+}
+
+func nullPtr(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 func nullString(s string) any {

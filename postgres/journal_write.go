@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/journal"
@@ -41,63 +42,62 @@ type writeReq struct {
 	out     idem.Record
 	created bool
 	err     error
-	// again: another process created the same operation between this
-	// batch's read and its write; the write runs again, alone.
+	// again: the write runs again, alone, reading its row first: another
+	// process created the same operation between this batch's read and its
+	// write, or the batch wrote without reading (fastBatch) and found the
+	// row changed, or the rules refused the write against this journal's
+	// copy of the row, which must be checked against the row itself.
 	again bool
 
 	done chan struct{}
-	lead chan struct{}
 }
 
 // batchTimeout bounds one batch's transaction. The batch runs on a context
 // of its own: one caller giving up must not fail the others' writes.
 const batchTimeout = 30 * time.Second
 
-// write runs w through the group commit and returns its error. The first
-// writer to find no batch in progress leads: it commits every write queued
-// by then (its own first) and hands the lead to the oldest write still
-// queued. A writer that arrives during a batch waits for that batch only.
+// write runs w through the group commit and returns its error. Batches run
+// on a goroutine of their own (commit), started by the first write to find
+// none running: it commits every write queued by then, then at once every
+// write queued meanwhile, and so on until none is left, with no goroutine
+// to wake between two batches. A writer that arrives during a batch waits
+// for the next one.
 func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	done, err := j.enter(ctx)
 	if err != nil {
 		return err
 	}
 	defer done()
-	w.ctx, w.done, w.lead = ctx, make(chan struct{}), make(chan struct{}, 1)
+	w.ctx, w.done = ctx, make(chan struct{})
 	j.mu.Lock()
 	j.queue = append(j.queue, w)
-	leader := !j.leading
+	start := !j.leading
 	j.leading = true
 	j.mu.Unlock()
-	if !leader {
-		select {
-		case <-w.done:
-			return w.err
-		case <-w.lead:
-		}
+	if start {
+		go j.commit()
 	}
-	j.lead()
 	<-w.done
 	return w.err
 }
 
-func (j *Journal) lead() {
-	j.mu.Lock()
-	n := min(len(j.queue), j.maxBatch)
-	batch := slices.Clone(j.queue[:n])
-	j.queue = j.queue[n:]
-	j.mu.Unlock()
-
-	j.runBatch(batch)
-
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if len(j.queue) == 0 {
-		j.leading = false
-		j.queue = nil
-		return
+// commit runs batches of the oldest writes queued, up to maxBatch each,
+// until the queue is empty.
+func (j *Journal) commit() {
+	for {
+		j.mu.Lock()
+		if len(j.queue) == 0 {
+			j.leading = false
+			j.queue = nil
+			j.mu.Unlock()
+			return
+		}
+		n := min(len(j.queue), j.maxBatch)
+		batch := slices.Clone(j.queue[:n])
+		j.queue = j.queue[n:]
+		j.mu.Unlock()
+		j.runBatch(batch)
 	}
-	j.queue[0].lead <- struct{}{}
 }
 
 // runBatch commits reqs in one transaction, or, when that transaction
@@ -115,13 +115,13 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 	if len(live) == 0 {
 		return
 	}
-	if err := j.tryBatch(live); err != nil {
+	if err := j.tryBatch(live, true); err != nil {
 		if len(live) == 1 {
 			live[0].err = mapWriteError(live[0], err)
 		} else {
 			for _, r := range live {
 				resetResult(r)
-				if err := j.tryBatch([]*writeReq{r}); err != nil {
+				if err := j.tryBatch([]*writeReq{r}, true); err != nil {
 					r.err = mapWriteError(r, err)
 				}
 			}
@@ -130,7 +130,7 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 	for _, r := range live {
 		for try := 0; r.again && try < 3; try++ {
 			resetResult(r)
-			if err := j.tryBatch([]*writeReq{r}); err != nil {
+			if err := j.tryBatch([]*writeReq{r}, false); err != nil {
 				r.err = mapWriteError(r, err)
 			}
 		}
@@ -150,16 +150,18 @@ func mapWriteError(r *writeReq, err error) error {
 }
 
 type row struct {
-	id  int64 // 0: created in this batch, not known yet
-	rec idem.Record
+	id      int64 // 0: created in this batch, not known yet
+	rec     idem.Record
+	written bool // by this batch
 }
 
-// tryBatch runs reqs in one transaction, in two round trips: the first
-// begins it and reads and locks every row the writes touch, the second
-// sends every change and the commit. It sets each request's outcome
+// tryBatch runs reqs in one transaction. It sets each request's outcome
 // (including the rules' refusals, which fail only their caller) and
-// returns an error only when the transaction failed as a whole.
-func (j *Journal) tryBatch(reqs []*writeReq) (err error) {
+// returns an error only when the transaction failed as a whole. When fast
+// is set and every write is a Create or an Update of a row this journal
+// wrote last, the transaction takes one round trip (fastBatch); otherwise
+// two (readBatch).
+func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
 	conn, err := j.pool.Acquire(ctx)
@@ -167,6 +169,18 @@ func (j *Journal) tryBatch(reqs []*writeReq) (err error) {
 		return err
 	}
 	defer conn.Release()
+	if fast {
+		if copies, ok := j.copiesFor(reqs); ok {
+			return j.fastBatch(ctx, conn, reqs, copies)
+		}
+	}
+	return j.readBatch(ctx, conn, reqs)
+}
+
+// readBatch runs reqs in one transaction, in two round trips: the first
+// begins it and reads and locks every row the writes touch, the second
+// sends every change and the commit.
+func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*writeReq) (err error) {
 
 	durable := false
 	var keys []string
@@ -266,11 +280,27 @@ func (j *Journal) tryBatch(reqs []*writeReq) (err error) {
 			j.apply(b, r, rw, now)
 		}
 	}
+	// This journal's copies of the rows: forgotten, then taken from the
+	// rows this batch wrote, whose xmin is this transaction's id.
+	var xid int64
+	written := false
+	for _, rw := range byKey {
+		written = written || rw.written
+	}
+	if written {
+		b.Queue(`SELECT txid_current()`).QueryRow(func(row pgx.Row) error { return row.Scan(&xid) })
+	}
 	b.Queue("COMMIT")
+	j.forget(keys)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return err
 	}
 	open = false
+	for _, rw := range byKey {
+		if rw.written && rw.id != 0 {
+			j.remember(rw.rec.Key, rowCopy{id: rw.id, xmin: uint32(xid), rec: rw.rec})
+		}
+	}
 	return nil
 }
 
@@ -286,7 +316,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 		}
 		j.q.queueStore(b, rw.id, next)
 		j.q.queueEvent(b, rw.id, ev)
-		rw.rec, r.out = next, journal.CloneRecord(next)
+		rw.rec, rw.written, r.out = next, true, journal.CloneRecord(next)
 	case opAcquire:
 		claimed, ev, err := journal.ApplyClaim(rw.rec, r.owner, r.lease, now, j.isGone)
 		if err != nil {
@@ -295,7 +325,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 		}
 		j.q.queueStore(b, rw.id, claimed)
 		j.q.queueEvent(b, rw.id, ev)
-		rw.rec, r.out = claimed, journal.CloneRecord(claimed)
+		rw.rec, rw.written, r.out = claimed, true, journal.CloneRecord(claimed)
 	case opRelease:
 		released, err := journal.ApplyRelease(rw.rec, r.held, now)
 		if err != nil {
@@ -303,6 +333,192 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 			return
 		}
 		j.q.queueLease(b, rw.id, released)
-		rw.rec, r.out = released, journal.CloneRecord(released)
+		rw.rec, rw.written, r.out = released, true, journal.CloneRecord(released)
 	}
+}
+
+// rowCopy is this journal's copy of a row it wrote last: its id, the
+// transaction that wrote it (the row's xmin, while nobody has changed it
+// since), and the record as written.
+type rowCopy struct {
+	id   int64
+	xmin uint32
+	rec  idem.Record
+}
+
+// maxCopies bounds the copies kept: one per active operation this journal
+// wrote last, which is at most the operations in flight in this process.
+// Past it, an arbitrary copy is forgotten for each new one.
+const maxCopies = 4096
+
+// remember keeps c as the copy of key's row while the operation is active:
+// a record that has left the active states is rarely written again.
+func (j *Journal) remember(key string, c rowCopy) {
+	j.copiesMu.Lock()
+	defer j.copiesMu.Unlock()
+	if !c.rec.State.Active() {
+		delete(j.copies, key)
+		return
+	}
+	if _, ok := j.copies[key]; !ok && len(j.copies) >= maxCopies {
+		for k := range j.copies {
+			delete(j.copies, k)
+			break
+		}
+	}
+	j.copies[key] = c
+}
+
+func (j *Journal) forget(keys []string) {
+	j.copiesMu.Lock()
+	defer j.copiesMu.Unlock()
+	for _, k := range keys {
+		delete(j.copies, k)
+	}
+}
+
+// copiesFor returns the copies of the rows reqs update, and whether
+// fastBatch may run reqs: every write is a Create of a key this journal
+// has no copy of, or an Update of a key it has one of, and no key or
+// operation appears twice (the rules would then have to see one write's
+// effect on the next, which readBatch does).
+func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
+	copies := make(map[string]rowCopy, len(reqs))
+	seen := make(map[string]bool, len(reqs))
+	var ops map[[2]string]bool
+	j.copiesMu.Lock()
+	defer j.copiesMu.Unlock()
+	for _, r := range reqs {
+		if seen[r.key] {
+			return nil, false
+		}
+		seen[r.key] = true
+		c, ok := j.copies[r.key]
+		switch r.op {
+		case opCreate:
+			op := [2]string{r.rec.Scope, r.rec.ID}
+			if ok || ops[op] {
+				return nil, false
+			}
+			if ops == nil {
+				ops = map[[2]string]bool{}
+			}
+			ops[op] = true
+		case opUpdate:
+			if !ok {
+				return nil, false
+			}
+			copies[r.key] = c
+		default:
+			return nil, false
+		}
+	}
+	return copies, true
+}
+
+// fastBatch runs reqs in one transaction and one round trip, without
+// reading the rows first: every write is a Create or an Update of a row
+// this journal wrote last and has a copy of (copiesFor). The rules run
+// against the copies, and each update is written only if its row's xmin is
+// still the transaction that wrote the copy, that is if no one has changed
+// the row since (another process, a Renew, a Prune); otherwise it writes
+// nothing and the write runs again through the read (again), as does a
+// create that finds its operation or key taken, and an update the rules
+// refuse against the copy. xmin is 32 bits and wraps after 2^32
+// transactions, which no copy lives through.
+//
+// The creates are one statement; each update is one statement, found by
+// its primary key and sent in key order, the order readBatch locks rows in.
+func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*writeReq, copies map[string]rowCopy) (err error) {
+	type update struct {
+		r       *writeReq
+		id      int64
+		next    idem.Record
+		ev      idem.Event
+		written bool
+	}
+	durable := false
+	var creates []*writeReq
+	var updates []*update
+	now := j.now()
+	for _, r := range reqs {
+		durable = durable || r.dur == idem.Durable
+		switch r.op {
+		case opCreate:
+			creates = append(creates, r)
+		case opUpdate:
+			c := copies[r.key]
+			next, ev, err := journal.ApplyUpdate(c.rec, r.rec, now, r.ev, j.isGone)
+			if err != nil {
+				r.again = true
+				continue
+			}
+			updates = append(updates, &update{r: r, id: c.id, next: next, ev: ev})
+		}
+	}
+	if len(creates) == 0 && len(updates) == 0 {
+		return nil
+	}
+	slices.SortFunc(creates, func(a, b *writeReq) int { return cmp.Compare(a.key, b.key) })
+	slices.SortFunc(updates, func(a, b *update) int { return cmp.Compare(a.r.key, b.r.key) })
+
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	if !durable {
+		b.Queue("SET LOCAL synchronous_commit = off")
+	}
+	ids := map[string]int64{}
+	if len(creates) > 0 {
+		var cols createColumns
+		for _, r := range creates {
+			cols.add(r.rec, r.ev)
+		}
+		j.q.queueInsertMany(b, &cols).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var id int64
+				var key string
+				if err := rows.Scan(&id, &key); err != nil {
+					return err
+				}
+				ids[key] = id
+			}
+			return rows.Err()
+		})
+	}
+	for _, u := range updates {
+		j.q.queueStoreFenced(b, u.id, copies[u.r.key].xmin, u.next, u.ev).Exec(func(tag pgconn.CommandTag) error {
+			u.written = tag.RowsAffected() > 0
+			return nil
+		})
+	}
+	var xid int64
+	b.Queue(`SELECT txid_current()`).QueryRow(func(row pgx.Row) error { return row.Scan(&xid) })
+	b.Queue("COMMIT")
+	keys := make([]string, 0, len(updates))
+	for _, u := range updates {
+		keys = append(keys, u.r.key)
+	}
+	j.forget(keys)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		_, _ = conn.Exec(context.Background(), "ROLLBACK")
+		return err
+	}
+	for _, r := range creates {
+		id, ok := ids[r.key]
+		if !ok {
+			r.again = true
+			continue
+		}
+		r.out, r.created = journal.CloneRecord(r.rec), true
+		j.remember(r.key, rowCopy{id: id, xmin: uint32(xid), rec: r.rec})
+	}
+	for _, u := range updates {
+		if !u.written {
+			u.r.again = true
+			continue
+		}
+		u.r.out = journal.CloneRecord(u.next)
+		j.remember(u.r.key, rowCopy{id: u.id, xmin: uint32(xid), rec: u.next})
+	}
+	return nil
 }

@@ -274,31 +274,45 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		if !req.DueBy.IsZero() && req.DueBy.Before(now) {
 			due = req.DueBy
 		}
-		gone, err := j.goneOwners(ctx, tx, due, now)
-		if err != nil {
-			return err
-		}
 		q := `SELECT ` + recordColumns + ` FROM ` + j.q.operations + `
 			WHERE state IN (1, 2, 3) AND next_attempt_at <= $1
 			AND (lease_owner IS NULL OR lease_expires_at <= $2 OR lease_owner = ANY($3))
 			AND ($4 = '' OR scope = $4) AND ($5 = '' OR starts_with(url, $5))
 			ORDER BY next_attempt_at, id LIMIT $6 FOR UPDATE SKIP LOCKED`
-		rows, err := tx.Query(ctx, q, millis(due), millis(now), gone, req.Scope, req.URLPrefix, req.Limit)
+		claimable := func(gone []string) (ids []int64, recs []idem.Record, err error) {
+			rows, err := tx.Query(ctx, q, millis(due), millis(now), gone, req.Scope, req.URLPrefix, req.Limit)
+			if err != nil {
+				return nil, nil, err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				id, rec, err := scanRecord(rows)
+				if err != nil {
+					return nil, nil, err
+				}
+				ids, recs = append(ids, id), append(recs, rec)
+			}
+			return ids, recs, rows.Err()
+		}
+		// Free operations first: while they fill the claim, the owners of
+		// live leases need not be looked up (a query over every due
+		// leased operation, and one more per owner). A claim they do not
+		// fill looks again, taking gone owners' operations too; the rows
+		// it locked the first time are its own and are read again.
+		ids, recs, err := claimable(nil)
 		if err != nil {
 			return err
 		}
-		var ids []int64
-		var recs []idem.Record
-		for rows.Next() {
-			id, rec, err := scanRecord(rows)
+		if len(recs) < req.Limit {
+			gone, err := j.goneOwners(ctx, tx, due, now)
 			if err != nil {
-				rows.Close()
 				return err
 			}
-			ids, recs = append(ids, id), append(recs, rec)
-		}
-		if err := rows.Err(); err != nil {
-			return err
+			if len(gone) > 0 {
+				if ids, recs, err = claimable(gone); err != nil {
+					return err
+				}
+			}
 		}
 		b := &pgx.Batch{}
 		for i, rec := range recs {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -26,11 +25,9 @@ import (
 
 // The environment of a "worker" child process.
 const (
-	workerSchemaEnv   = "IDEM_WORKER_SCHEMA"
-	workerOwnerEnv    = "IDEM_WORKER_OWNER"
-	workerServerEnv   = "IDEM_WORKER_SERVER"   // the orders server's base URL
-	workerLeaseEnv    = "IDEM_WORKER_LEASE"    // Config.LeaseDuration
-	workerLivenessEnv = "IDEM_WORKER_LIVENESS" // "off": WithoutLiveness
+	workerOwnerEnv  = "IDEM_WORKER_OWNER"
+	workerServerEnv = "IDEM_WORKER_SERVER" // the orders server's base URL
+	workerLeaseEnv  = "IDEM_WORKER_LEASE"  // Config.LeaseDuration
 )
 
 func init() { children["worker"] = workerMain }
@@ -48,20 +45,11 @@ func workerMain() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", workerLeaseEnv, err)
 	}
-	pool, err := pgxpool.New(ctx, pgtest.DSN())
+	j, closeJournal, err := openChildJournal(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	opts := []postgres.Option{postgres.Schema(os.Getenv(workerSchemaEnv))}
-	if os.Getenv(workerLivenessEnv) == "off" {
-		opts = append(opts, postgres.WithoutLiveness())
-	}
-	j, err := postgres.OpenJournal(ctx, pool, opts...)
-	if err != nil {
-		return err
-	}
-	defer j.Close()
+	defer closeJournal()
 	c, err := newFleetClient(j, os.Getenv(workerServerEnv), os.Getenv(workerOwnerEnv), lease)
 	if err != nil {
 		return err
@@ -132,12 +120,8 @@ func testFleet(t *testing.T, liveness bool, lease time.Duration) {
 	srv.InjectN(testserver.HoldPastTimeout, 8)
 
 	env := func(owner string) []string {
-		e := []string{workerSchemaEnv + "=" + schema, workerOwnerEnv + "=" + owner, workerServerEnv + "=" + srv.URL,
-			workerLeaseEnv + "=" + lease.String()}
-		if !liveness {
-			e = append(e, workerLivenessEnv+"=off")
-		}
-		return e
+		return append(childJournalEnv(schema, liveness), workerOwnerEnv+"="+owner, workerServerEnv+"="+srv.URL,
+			workerLeaseEnv+"="+lease.String())
 	}
 	workers := make([]*childProc, 4)
 	for i := range workers {

@@ -24,11 +24,9 @@ import (
 // The holder child: a worker that registers, leases the operations it is
 // given, says "held", and then does nothing until it is killed.
 const (
-	holderSchema   = "IDEM_HOLDER_SCHEMA"
-	holderOwner    = "IDEM_HOLDER_OWNER"
-	holderKeys     = "IDEM_HOLDER_KEYS" // comma-separated
-	holderLease    = "IDEM_HOLDER_LEASE"
-	holderLiveness = "IDEM_HOLDER_LIVENESS" // "off": WithoutLiveness
+	holderOwner = "IDEM_HOLDER_OWNER"
+	holderKeys  = "IDEM_HOLDER_KEYS" // comma-separated
+	holderLease = "IDEM_HOLDER_LEASE"
 )
 
 func init() { children["holder"] = holderMain }
@@ -36,20 +34,11 @@ func init() { children["holder"] = holderMain }
 func holderMain() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	pool, err := pgxpool.New(ctx, pgtest.DSN())
+	j, closeJournal, err := openChildJournal(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	opts := []postgres.Option{postgres.Schema(os.Getenv(holderSchema))}
-	if os.Getenv(holderLiveness) == "off" {
-		opts = append(opts, postgres.WithoutLiveness())
-	}
-	j, err := postgres.OpenJournal(ctx, pool, opts...)
-	if err != nil {
-		return err
-	}
-	defer j.Close()
+	defer closeJournal()
 	owner := os.Getenv(holderOwner)
 	unregister, err := j.Register(ctx, owner)
 	if err != nil {
@@ -73,11 +62,8 @@ func holderMain() error {
 // startHolder runs a holder of keys and waits until it holds them.
 func startHolder(t *testing.T, schema, owner string, lease time.Duration, liveness bool, keys ...string) func() {
 	t.Helper()
-	env := []string{holderSchema + "=" + schema, holderOwner + "=" + owner,
-		holderKeys + "=" + strings.Join(keys, ","), holderLease + "=" + lease.String()}
-	if !liveness {
-		env = append(env, holderLiveness+"=off")
-	}
+	env := append(childJournalEnv(schema, liveness), holderOwner+"="+owner,
+		holderKeys+"="+strings.Join(keys, ","), holderLease+"="+lease.String())
 	p := startChild(t, "holder", owner, nil, env...)
 	// Held once its leases are in the journal.
 	deadline := time.Now().Add(time.Minute)

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
@@ -96,6 +100,42 @@ func (p *childProc) stop() error {
 		<-p.waited
 	}
 	return p.err
+}
+
+// The journal a child process opens, named by its parent.
+const (
+	childSchemaEnv   = "IDEM_CHILD_SCHEMA"
+	childLivenessEnv = "IDEM_CHILD_LIVENESS" // "off": WithoutLiveness
+)
+
+// childJournalEnv is the environment that makes a child open the journal
+// in schema, with liveness or without.
+func childJournalEnv(schema string, liveness bool) []string {
+	env := []string{childSchemaEnv + "=" + schema}
+	if !liveness {
+		env = append(env, childLivenessEnv+"=off")
+	}
+	return env
+}
+
+// openChildJournal opens, in a child process, the journal childJournalEnv
+// named, on a pool of the child's own, as a worker process would. close
+// closes both.
+func openChildJournal(ctx context.Context) (j *postgres.Journal, close func(), err error) {
+	pool, err := pgxpool.New(ctx, pgtest.DSN())
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := []postgres.Option{postgres.Schema(os.Getenv(childSchemaEnv))}
+	if os.Getenv(childLivenessEnv) == "off" {
+		opts = append(opts, postgres.WithoutLiveness())
+	}
+	j, err = postgres.OpenJournal(ctx, pool, opts...)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return j, func() { _ = j.Close(); pool.Close() }, nil
 }
 
 // syncBuffer is a bytes.Buffer that a child's output goroutine and the

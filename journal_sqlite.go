@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/internal/liveness"
 	"github.com/idemkit/idem/internal/sqlitefile"
+	"github.com/idemkit/idem/internal/wire"
 	"github.com/idemkit/idem/journal"
 )
 
@@ -387,7 +388,7 @@ func (j *SQLiteJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 // Resume of n operations cost n² (its claims take one or a few at a time).
 func (j *SQLiteJournal) claimable(tx *sqlitefile.Tx, req ClaimRequest, due, now time.Time, gone string) ([]int64, []Record, error) {
 	cond := `o.next_attempt_at <= ? AND (o.lease_owner IS NULL OR o.lease_expires_at <= ?` + gone + `)`
-	args := []any{millis(due), millis(now)}
+	args := []any{wire.Millis(due), wire.Millis(now)}
 	if req.Scope != "" {
 		cond += ` AND o.scope = ?`
 		args = append(args, req.Scope)
@@ -430,7 +431,7 @@ func (j *SQLiteJournal) claimable(tx *sqlitefile.Tx, req ClaimRequest, due, now 
 // numbers, or "" when no owner of a due, live lease is gone.
 func (j *SQLiteJournal) goneOwners(tx *sqlitefile.Tx, due, now time.Time) (string, error) {
 	rows, err := tx.Query(`SELECT DISTINCT o.lease_owner, d.value FROM operations o JOIN dict d ON d.id = o.lease_owner
-		WHERE o.state IN (1, 2, 3) AND o.next_attempt_at <= ? AND o.lease_expires_at > ?`, millis(due), millis(now))
+		WHERE o.state IN (1, 2, 3) AND o.next_attempt_at <= ? AND o.lease_expires_at > ?`, wire.Millis(due), wire.Millis(now))
 	if err != nil {
 		return "", err
 	}
@@ -484,7 +485,7 @@ func (j *SQLiteJournal) Renew(ctx context.Context, held map[string]Lease, lease 
 			res, err := tx.Exec(`UPDATE operations SET lease_expires_at = max(lease_expires_at, ?)
 				WHERE key = ? AND lease_epoch = ? AND state IN (1, 2, 3)
 				AND lease_owner = (SELECT id FROM dict WHERE value = ?)`,
-				millis(journal.TruncateTime(now.Add(lease))), keyValue(key), l.Epoch, []byte(l.Owner))
+				wire.Millis(journal.TruncateTime(now.Add(lease))), keyValue(key), l.Epoch, []byte(l.Owner))
 			if err != nil {
 				return err
 			}
@@ -581,7 +582,7 @@ func (j *SQLiteJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 			}
 		}
 		if !f.CreatedBefore.IsZero() {
-			where, args = append(where, "o.created_at < ?"), append(args, millis(f.CreatedBefore))
+			where, args = append(where, "o.created_at < ?"), append(args, wire.Millis(f.CreatedBefore))
 		}
 		q := selectRecord + ` WHERE o.id > ?`
 		for _, w := range where {
@@ -649,7 +650,7 @@ func (j *SQLiteJournal) Count(ctx context.Context) ([]Count, error) {
 		if err := rows.Scan(&c.Scope, &c.State, &c.N, &oldest); err != nil {
 			return nil, j.db.Classify(err)
 		}
-		c.Oldest = fromMillis(oldest)
+		c.Oldest = wire.FromMillis(oldest)
 		out = append(out, c)
 	}
 	return out, j.db.Classify(rows.Err())
@@ -681,7 +682,7 @@ func (j *SQLiteJournal) History(ctx context.Context, key string) ([]Event, error
 		if !version.Valid {
 			continue // a record without events: cannot happen, but reads as empty
 		}
-		ev := Event{Version: version.Int64, At: fromMillis(at.Int64), From: State(from.Int64), To: State(to.Int64),
+		ev := Event{Version: version.Int64, At: wire.FromMillis(at.Int64), From: State(from.Int64), To: State(to.Int64),
 			Attempt: int(attempt.Int64), StatusCode: int(status.Int64), Error: msg.String, Owner: owner.String}
 		unpackWhy(&ev, why)
 		out = append(out, ev)
@@ -708,7 +709,7 @@ func (j *SQLiteJournal) Prune(ctx context.Context, before time.Time) (int, error
 		var n int
 		err := j.db.Write(ctx, sqlitefile.Deferred, func(tx *sqlitefile.Tx) error {
 			rows, err := tx.Query(`SELECT id FROM operations WHERE id > ? AND state IN (4, 5, 7) AND updated_at < ?
-				ORDER BY id LIMIT ?`, after, millis(before), pruneChunk)
+				ORDER BY id LIMIT ?`, after, wire.Millis(before), pruneChunk)
 			if err != nil {
 				return err
 			}

@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -139,8 +138,8 @@ func scanRecord(s scanner) (int64, Record, error) {
 	r.Body = asBytes(v[7])
 	r.Fingerprint = fingerprintString(v[8])
 	r.State, r.Attempts = State(asInt(v[9])), int(asInt(v[10]))
-	r.NextAttemptAt = fromMillis(asInt(v[11]))
-	r.Lease = Lease{Owner: asString(v[12]), Epoch: asInt(v[13]), ExpiresAt: fromMillis(asInt(v[14]))}
+	r.NextAttemptAt = wire.FromMillis(asInt(v[11]))
+	r.Lease = Lease{Owner: asString(v[12]), Epoch: asInt(v[13]), ExpiresAt: wire.FromMillis(asInt(v[14]))}
 	if v[15] != nil {
 		h, err := wire.DecodeHeader(asBytes(v[16]))
 		if err != nil {
@@ -149,7 +148,7 @@ func scanRecord(s scanner) (int64, Record, error) {
 		r.Response = &Response{StatusCode: int(asInt(v[15])), Header: h, Body: asBytes(v[17]), Replayed: asInt(v[18]) != 0}
 	}
 	r.LastError, r.Note = asString(v[19]), asString(v[20])
-	r.CreatedAt, r.UpdatedAt, r.ExpiresAt = fromMillis(asInt(v[21])), fromMillis(asInt(v[22])), fromMillis(asInt(v[23]))
+	r.CreatedAt, r.UpdatedAt, r.ExpiresAt = wire.FromMillis(asInt(v[21])), wire.FromMillis(asInt(v[22])), wire.FromMillis(asInt(v[23]))
 	r.Version = asInt(v[24])
 	unpackForm(&r, v[25], asString(v[26]))
 	if len(r.Body) == 0 {
@@ -209,10 +208,10 @@ func (d *dict) insertRecord(tx *sqlitefile.Tx, r Record) (int64, error) {
 		created_at, updated_at, expires_at, version, form)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (scope, op_id) DO NOTHING`,
-		keyValue(r.Key), r.Scope, r.ID, r.Method, r.URL, header, nonNil(r.Body),
-		fingerprintValue(r.Fingerprint), r.State, r.Attempts, millis(r.NextAttemptAt),
-		owner, r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt), nullString(r.LastError),
-		nullString(r.Note), millis(r.CreatedAt), millis(r.UpdatedAt), nullMillis(r.ExpiresAt), r.Version, form)
+		keyValue(r.Key), r.Scope, r.ID, r.Method, r.URL, header, wire.NonNil(r.Body),
+		fingerprintValue(r.Fingerprint), r.State, r.Attempts, wire.Millis(r.NextAttemptAt),
+		owner, r.Lease.Epoch, wire.NullMillis(r.Lease.ExpiresAt), nullString(r.LastError),
+		nullString(r.Note), wire.Millis(r.CreatedAt), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt), r.Version, form)
 	if err != nil {
 		return 0, err
 	}
@@ -241,9 +240,9 @@ func (d *dict) storeRecord(tx *sqlitefile.Tx, id int64, old, next Record) error 
 	_, err = tx.Exec(`UPDATE operations SET state = ?, attempts = ?, next_attempt_at = ?, lease_owner = ?,
 		lease_epoch = ?, lease_expires_at = ?, last_error = ?, note = ?, updated_at = ?, expires_at = ?,
 		version = ? WHERE id = ?`,
-		next.State, next.Attempts, millis(next.NextAttemptAt), owner, next.Lease.Epoch,
-		nullMillis(next.Lease.ExpiresAt), nullString(next.LastError), nullString(next.Note),
-		millis(next.UpdatedAt), nullMillis(next.ExpiresAt), next.Version, id)
+		next.State, next.Attempts, wire.Millis(next.NextAttemptAt), owner, next.Lease.Epoch,
+		wire.NullMillis(next.Lease.ExpiresAt), nullString(next.LastError), nullString(next.Note),
+		wire.Millis(next.UpdatedAt), wire.NullMillis(next.ExpiresAt), next.Version, id)
 	if err != nil || sameResponse(old.Response, next.Response) {
 		return err
 	}
@@ -255,7 +254,7 @@ func (d *dict) storeRecord(tx *sqlitefile.Tx, id int64, old, next Record) error 
 	_, err = tx.Exec(`INSERT INTO responses (op, status, header, body, replayed) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (op) DO UPDATE SET status = excluded.status, header = excluded.header,
 		body = excluded.body, replayed = excluded.replayed`,
-		id, resp.StatusCode, wire.EncodeHeader(resp.Header), nonNil(resp.Body), resp.Replayed)
+		id, resp.StatusCode, wire.EncodeHeader(resp.Header), wire.NonNil(resp.Body), resp.Replayed)
 	return err
 }
 
@@ -282,7 +281,7 @@ func (d *dict) insertEvent(tx *sqlitefile.Tx, id int64, ev Event) error {
 	}
 	_, err = tx.Exec(`INSERT INTO events (op, version, at, from_state, to_state, attempt, status, error, owner,
 		why) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		id, ev.Version, millis(ev.At), from, ev.To, ev.Attempt, status, nullString(ev.Error), owner, packWhy(ev))
+		id, ev.Version, wire.Millis(ev.At), from, ev.To, ev.Attempt, status, nullString(ev.Error), owner, packWhy(ev))
 	return err
 }
 
@@ -374,35 +373,6 @@ func fingerprintString(v any) string {
 		return v
 	}
 	return fmt.Sprint(v)
-}
-
-// nonNil keeps an empty body distinct from NULL.
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
-	}
-	return b
-}
-
-func millis(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixMilli()
-}
-
-func nullMillis(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return t.UnixMilli()
-}
-
-func fromMillis(ms int64) time.Time {
-	if ms == 0 {
-		return time.Time{}
-	}
-	return time.UnixMilli(ms)
 }
 
 // The operations' form column packs the key's wire form and the

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
 	"github.com/idemkit/idem/journal"
 	"github.com/idemkit/idem/postgres/internal/pgschema"
 )
@@ -280,7 +281,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 			AND ($4 = '' OR scope = $4) AND ($5 = '' OR starts_with(url, $5))
 			ORDER BY next_attempt_at, id LIMIT $6 FOR UPDATE SKIP LOCKED`
 		claimable := func(gone []string) (ids []int64, recs []idem.Record, err error) {
-			rows, err := tx.Query(ctx, q, millis(due), millis(now), gone, req.Scope, req.URLPrefix, req.Limit)
+			rows, err := tx.Query(ctx, q, wire.Millis(due), wire.Millis(now), gone, req.Scope, req.URLPrefix, req.Limit)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -346,7 +347,7 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 		return 0, nil
 	}
 	keys := slices.Sorted(maps.Keys(held)) // rows are locked in key order, as every batch does
-	until := millis(journal.TruncateTime(j.now().Add(lease)))
+	until := wire.Millis(journal.TruncateTime(j.now().Add(lease)))
 	var n int64
 	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
@@ -370,7 +371,7 @@ func (j *Journal) Sync(ctx context.Context) error {
 		return err
 	}
 	defer done()
-	_, err = j.pool.Exec(ctx, `UPDATE `+j.q.table("sync")+` SET at = $1 WHERE id = 1`, millis(j.now()))
+	_, err = j.pool.Exec(ctx, `UPDATE `+j.q.table("sync")+` SET at = $1 WHERE id = 1`, wire.Millis(j.now()))
 	return classify(ctx, err)
 }
 
@@ -412,7 +413,7 @@ func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, a
 	defer done()
 	created := int64(0)
 	if !f.CreatedBefore.IsZero() {
-		created = millis(f.CreatedBefore)
+		created = wire.Millis(f.CreatedBefore)
 	}
 	rows, err := j.pool.Query(ctx, `SELECT `+recordColumns+` FROM `+j.q.operations+`
 		WHERE id > $1 AND ($2 = '' OR scope = $2) AND (cardinality($3::smallint[]) = 0 OR state = ANY($3))
@@ -454,7 +455,7 @@ func (j *Journal) Count(ctx context.Context) ([]idem.Count, error) {
 		if err := rows.Scan(&c.Scope, &state, &n, &oldest); err != nil {
 			return nil, err
 		}
-		c.State, c.N, c.Oldest = idem.State(state), int(n), fromMillis(oldest)
+		c.State, c.N, c.Oldest = idem.State(state), int(n), wire.FromMillis(oldest)
 		out = append(out, c)
 	}
 	return out, classify(ctx, rows.Err())
@@ -493,7 +494,7 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		if err := rows.Scan(&ev.Version, &at, &kind, &detail, &from, &to, &attempt, &status, &msg, &owner); err != nil {
 			return nil, err
 		}
-		ev.At, ev.Kind, ev.To, ev.Attempt = fromMillis(at), idem.EventKind(kind), idem.State(to), int(attempt)
+		ev.At, ev.Kind, ev.To, ev.Attempt = wire.FromMillis(at), idem.EventKind(kind), idem.State(to), int(attempt)
 		if from != nil {
 			ev.From = idem.State(*from)
 		}
@@ -521,7 +522,7 @@ func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
 	for {
 		tag, err := j.pool.Exec(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
 			SELECT id FROM `+j.q.operations+` WHERE state IN (4, 5, 7) AND updated_at < $1 ORDER BY id LIMIT $2)`,
-			millis(before), pruneChunk)
+			wire.Millis(before), pruneChunk)
 		if err != nil {
 			return total, classify(ctx, err)
 		}

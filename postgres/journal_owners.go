@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // An owner's liveness lock is the advisory lock (owners, id): the first key
@@ -37,7 +38,7 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	}
 	defer done()
 	var id int32
-	if err := j.pool.QueryRow(ctx, j.q.register, owner, millis(j.now())).Scan(&id); err != nil {
+	if err := j.pool.QueryRow(ctx, j.q.register, owner, wire.Millis(j.now())).Scan(&id); err != nil {
 		if _, ok := isUniqueViolation(err); ok {
 			return nil, fmt.Errorf("%w: owner %q registered before; each registration needs a new name", idem.ErrInvalidRecord, owner)
 		}
@@ -129,7 +130,7 @@ func (j *Journal) goneOwners(ctx context.Context, tx pgx.Tx, due, now time.Time)
 	if !j.liveness {
 		return nil, nil
 	}
-	rows, err := tx.Query(ctx, j.q.goneOwners, millis(due), millis(now))
+	rows, err := tx.Query(ctx, j.q.goneOwners, wire.Millis(due), wire.Millis(now))
 	if err != nil {
 		return nil, err
 	}

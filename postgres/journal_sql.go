@@ -125,10 +125,10 @@ func newQueries(schema string) queries {
 
 // queueInsert queues the insert of a new record with its creation event.
 func (q queries) queueInsert(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
-	return b.Queue(q.insert, r.Key, r.Scope, r.ID, r.Method, r.URL, wire.EncodeHeader(r.Header), nonNil(r.Body),
+	return b.Queue(q.insert, r.Key, r.Scope, r.ID, r.Method, r.URL, wire.EncodeHeader(r.Header), wire.NonNil(r.Body),
 		r.Fingerprint, nullString(r.KeyHeader), r.KeyQuoted, r.TransportResends, int16(r.State), r.Attempts,
-		millis(r.NextAttemptAt), nullString(r.Lease.Owner), r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt),
-		nullString(r.LastError), nullString(r.Note), millis(r.CreatedAt), millis(r.UpdatedAt), nullMillis(r.ExpiresAt),
+		wire.Millis(r.NextAttemptAt), nullString(r.Lease.Owner), r.Lease.Epoch, wire.NullMillis(r.Lease.ExpiresAt),
+		nullString(r.LastError), nullString(r.Note), wire.Millis(r.CreatedAt), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt),
 		r.Version, int16(ev.Kind), nullString(ev.Detail))
 }
 
@@ -142,11 +142,11 @@ func storeArgs(r idem.Record) []any {
 	var status, replayed any
 	var header, body []byte
 	if resp := r.Response; resp != nil {
-		status, replayed, header, body = resp.StatusCode, resp.Replayed, wire.EncodeHeader(resp.Header), nonNil(resp.Body)
+		status, replayed, header, body = resp.StatusCode, resp.Replayed, wire.EncodeHeader(resp.Header), wire.NonNil(resp.Body)
 	}
-	return []any{int16(r.State), r.Attempts, r.TransportResends, millis(r.NextAttemptAt),
-		nullString(r.Lease.Owner), r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt), status, header, body, replayed,
-		nullString(r.LastError), nullString(r.Note), millis(r.UpdatedAt), nullMillis(r.ExpiresAt), r.Version}
+	return []any{int16(r.State), r.Attempts, r.TransportResends, wire.Millis(r.NextAttemptAt),
+		nullString(r.Lease.Owner), r.Lease.Epoch, wire.NullMillis(r.Lease.ExpiresAt), status, header, body, replayed,
+		nullString(r.LastError), nullString(r.Note), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt), r.Version}
 }
 
 // queueStoreFenced queues the write of r's mutable fields over the row id,
@@ -173,14 +173,14 @@ type createColumns struct {
 func (c *createColumns) add(r idem.Record, ev idem.Event) {
 	c.key, c.scope, c.opID = append(c.key, r.Key), append(c.scope, r.Scope), append(c.opID, r.ID)
 	c.method, c.url = append(c.method, r.Method), append(c.url, r.URL)
-	c.header, c.body = append(c.header, wire.EncodeHeader(r.Header)), append(c.body, nonNil(r.Body))
+	c.header, c.body = append(c.header, wire.EncodeHeader(r.Header)), append(c.body, wire.NonNil(r.Body))
 	c.fingerprint, c.keyHeader = append(c.fingerprint, r.Fingerprint), append(c.keyHeader, nullPtr(r.KeyHeader))
 	c.keyQuoted, c.resends = append(c.keyQuoted, r.KeyQuoted), append(c.resends, int32(r.TransportResends))
 	c.state, c.attempts = append(c.state, int16(r.State)), append(c.attempts, int32(r.Attempts))
-	c.next, c.leaseOwner = append(c.next, millis(r.NextAttemptAt)), append(c.leaseOwner, nullPtr(r.Lease.Owner))
+	c.next, c.leaseOwner = append(c.next, wire.Millis(r.NextAttemptAt)), append(c.leaseOwner, nullPtr(r.Lease.Owner))
 	c.epoch, c.leaseExpires = append(c.epoch, r.Lease.Epoch), append(c.leaseExpires, nullMillisPtr(r.Lease.ExpiresAt))
 	c.lastError, c.note = append(c.lastError, nullPtr(r.LastError)), append(c.note, nullPtr(r.Note))
-	c.created, c.updated = append(c.created, millis(r.CreatedAt)), append(c.updated, millis(r.UpdatedAt))
+	c.created, c.updated = append(c.created, wire.Millis(r.CreatedAt)), append(c.updated, wire.Millis(r.UpdatedAt))
 	c.expires, c.version = append(c.expires, nullMillisPtr(r.ExpiresAt)), append(c.version, r.Version)
 	c.evKind, c.evDetail = append(c.evKind, int16(ev.Kind)), append(c.evDetail, nullPtr(ev.Detail))
 }
@@ -195,7 +195,7 @@ func (q queries) queueInsertMany(b *pgx.Batch, c *createColumns) *pgx.QueuedQuer
 
 // queueLease queues the write of r's lease alone (Release: no event).
 func (q queries) queueLease(b *pgx.Batch, id int64, r idem.Record) {
-	b.Queue(q.storeLease, id, nullString(r.Lease.Owner), r.Lease.Epoch, nullMillis(r.Lease.ExpiresAt), millis(r.UpdatedAt))
+	b.Queue(q.storeLease, id, nullString(r.Lease.Owner), r.Lease.Epoch, wire.NullMillis(r.Lease.ExpiresAt), wire.Millis(r.UpdatedAt))
 }
 
 // queueEvent queues the insert of an event of the row id.
@@ -212,7 +212,7 @@ func eventArgs(ev idem.Event) []any {
 	if ev.StatusCode != 0 {
 		status = ev.StatusCode
 	}
-	return []any{ev.Version, millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, int16(ev.To),
+	return []any{ev.Version, wire.Millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, int16(ev.To),
 		ev.Attempt, status, nullString(ev.Error), nullString(ev.Owner)}
 }
 
@@ -246,10 +246,10 @@ func scanRecord(row pgx.Row) (int64, idem.Record, error) {
 		r.Body = body
 	}
 	r.KeyHeader, r.KeyQuoted, r.TransportResends = deref(keyHeader), keyQuoted, int(resends)
-	r.State, r.Attempts, r.NextAttemptAt = idem.State(state), int(attempts), fromMillis(next)
+	r.State, r.Attempts, r.NextAttemptAt = idem.State(state), int(attempts), wire.FromMillis(next)
 	r.Lease = idem.Lease{Owner: deref(owner), Epoch: epoch}
 	if leaseExp != nil {
-		r.Lease.ExpiresAt = fromMillis(*leaseExp)
+		r.Lease.ExpiresAt = wire.FromMillis(*leaseExp)
 	}
 	if respStatus != nil {
 		h, err := wire.DecodeHeader(respHeader)
@@ -262,9 +262,9 @@ func scanRecord(row pgx.Row) (int64, idem.Record, error) {
 		}
 	}
 	r.LastError, r.Note = deref(lastErr), deref(note)
-	r.CreatedAt, r.UpdatedAt, r.Version = fromMillis(created), fromMillis(updated), version
+	r.CreatedAt, r.UpdatedAt, r.Version = wire.FromMillis(created), wire.FromMillis(updated), version
 	if expires != nil {
-		r.ExpiresAt = fromMillis(*expires)
+		r.ExpiresAt = wire.FromMillis(*expires)
 	}
 	return id, r, nil
 }
@@ -276,27 +276,6 @@ func isUniqueViolation(err error) (string, bool) {
 		return pe.ConstraintName, true
 	}
 	return "", false
-}
-
-func millis(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixMilli()
-}
-
-func nullMillis(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return t.UnixMilli()
-}
-
-func fromMillis(ms int64) time.Time {
-	if ms == 0 {
-		return time.Time{}
-	}
-	return time.UnixMilli(ms)
 }
 
 func nullMillisPtr(t time.Time) *int64 {
@@ -319,12 +298,4 @@ func nullString(s string) any {
 		return nil
 	}
 	return s
-}
-
-// nonNil keeps an empty body distinct from NULL.
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
-	}
-	return b
 }

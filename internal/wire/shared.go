@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // IsToken reports whether s is an RFC 9110 token, as a method or a header
@@ -62,3 +63,36 @@ func DecodeHeader(b []byte) (http.Header, error) {
 // JoinValues joins a header's values for hashing: NUL cannot occur in a
 // header value, so the join is unambiguous.
 func JoinValues(values []string) string { return strings.Join(values, "\x00") }
+
+// Millis is how journals keep a time: milliseconds since the Unix epoch,
+// 0 for the zero time.
+func Millis(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+// NullMillis is Millis for a nullable column: nil for the zero time.
+func NullMillis(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixMilli()
+}
+
+// FromMillis reads what Millis wrote.
+func FromMillis(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// NonNil is b, or an empty slice for nil: a NOT NULL column's value.
+func NonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}

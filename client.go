@@ -134,6 +134,9 @@ type Config struct {
 	// called concurrently (Resume drives several operations at once), and
 	// it delays the call it reports on, so keep it fast.
 	OnTransition func(Transition)
+	// Hooks observe each call, attempt and status check, for tracing and
+	// metrics; see Hooks.
+	Hooks Hooks
 	// OnResumeProgress is called by Resume after each operation it
 	// finished, with the counts so far.
 	OnResumeProgress func(ResumeReport)
@@ -175,6 +178,7 @@ type Client struct {
 	log        *slog.Logger
 	now        func() time.Time
 	unregister func() error // ends the owner's registration with the journal
+	observed   bool         // Config.Hooks follow calls
 
 	// callCtx is canceled when calls in progress must stop (Close, or the
 	// end of Shutdown's context); bgCtx stops the lease renewer, last.
@@ -200,7 +204,7 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("%w: Config.Journal is nil; open one with idem.OpenSQLite", ErrInvalidConfig)
 	}
 	c := &Client{cfg: cfg, journal: cfg.Journal, flights: map[scopeID]*flight{}, held: map[string]Lease{},
-		closing: make(chan struct{}), shutdown: make(chan struct{})}
+		closing: make(chan struct{}), shutdown: make(chan struct{}), observed: cfg.Hooks.observed()}
 	if cfg.BaseURL != "" {
 		u, err := url.Parse(cfg.BaseURL)
 		if err != nil || !u.IsAbs() || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
@@ -330,7 +334,7 @@ func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 		base = t
 	}
 	own := &http.Client{
-		Transport:     authorizing{base: base, authorize: c.cfg.Authorize},
+		Transport:     authorizing{base: base, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate},
 		Jar:           jar,
 		Timeout:       c.cfg.AttemptTimeout,
 		CheckRedirect: sameOriginRedirect,
@@ -362,13 +366,20 @@ func sameOriginRedirect(req *http.Request, via []*http.Request) error {
 type authorizing struct {
 	base      http.RoundTripper
 	authorize func(*http.Request) error
+	propagate func(context.Context, http.Header)
 }
 
 func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
-	if a.authorize == nil {
+	if a.authorize == nil && a.propagate == nil {
 		return a.base.RoundTrip(req)
 	}
 	r := req.Clone(req.Context())
+	if a.propagate != nil {
+		a.propagate(r.Context(), r.Header)
+	}
+	if a.authorize == nil {
+		return a.base.RoundTrip(r)
+	}
 	if err := a.authorize(r); err != nil {
 		if req.Body != nil {
 			req.Body.Close()
@@ -523,30 +534,38 @@ func (c *Client) Do(ctx context.Context, op Op) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.run(ctx, p.scope, p.id, func(ctx context.Context) (*Result, error) {
-		key, err := c.mintKey(p.scope, p.id)
-		if err != nil {
-			return nil, err
-		}
-		now := c.now()
-		rec := p.record(key, c.newForm())
-		rec.State = StateInFlight
-		rec.Attempts = 1
-		rec.ExpiresAt = now.Add(c.cfg.Retention)
-		rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
-		stored, created, err := c.journal.Create(ctx, rec)
-		if err != nil {
-			return nil, c.createFailed(stored, err)
-		}
-		if !created {
-			return c.continueExisting(ctx, stored)
-		}
-		c.transition(Record{}, stored, Event{Kind: EventCreate})
-		d := c.newDriver(stored)
-		// in_flight, attempt 1, journaled: but not sent yet.
-		d.next, d.journaled, d.maybeApplied = stepSend, true, false
-		return d.run(ctx)
+	call := Call{Kind: CallDo, Scope: p.scope, ID: p.id, Method: p.method, URL: p.url}
+	return c.observe(ctx, call, func(ctx context.Context) (*Result, error) {
+		return c.run(ctx, p.scope, p.id, func(ctx context.Context) (*Result, error) { return c.create(ctx, p) })
 	})
+}
+
+// create journals a new operation in_flight, attempt 1, and drives it; or,
+// when the operation is journaled already, drives that.
+func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
+	key, err := c.mintKey(p.scope, p.id)
+	if err != nil {
+		return nil, err
+	}
+	now := c.now()
+	rec := p.record(key, c.newForm())
+	rec.Link = c.link(ctx)
+	rec.State = StateInFlight
+	rec.Attempts = 1
+	rec.ExpiresAt = now.Add(c.cfg.Retention)
+	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
+	stored, created, err := c.journal.Create(ctx, rec)
+	if err != nil {
+		return nil, c.createFailed(stored, err)
+	}
+	if !created {
+		return c.continueExisting(ctx, stored)
+	}
+	c.transition(Record{}, stored, Event{Kind: EventCreate})
+	d := c.newDriver(stored)
+	// in_flight, attempt 1, journaled: but not sent yet.
+	d.next, d.journaled, d.maybeApplied = stepSend, true, false
+	return d.run(ctx)
 }
 
 // Begin journals op as pending and returns its handle without sending it,
@@ -569,6 +588,7 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 	}
 	rec := p.record(key, c.newForm())
 	rec.State = StatePending
+	rec.Link = c.link(ctx)
 	stored, created, err := c.journal.Create(ctx, rec)
 	if err != nil {
 		return nil, c.createFailed(stored, err)

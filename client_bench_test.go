@@ -202,3 +202,42 @@ func (t *timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	defer func() { t.spent.Add(int64(time.Since(start))) }()
 	return t.base.RoundTrip(req)
 }
+
+// BenchmarkHooks measures what Config.Hooks cost: none set (every client
+// that does not trace), and every hook set to a function that does nothing
+// (the floor of any tracer), on a MemoryJournal at one caller so that the
+// client's own cost shows.
+//
+//	go test -run '^$' -bench 'Hooks$' -benchmem -count 5 .
+func BenchmarkHooks(b *testing.B) {
+	noop := idem.Hooks{
+		CallStart:   func(ctx context.Context, _ idem.Call) context.Context { return ctx },
+		CallEnd:     func(context.Context, idem.Call, idem.CallEnd) {},
+		Attempt:     func(context.Context, idem.AttemptInfo) {},
+		StatusCheck: func(context.Context, idem.StatusCheckInfo) {},
+		Propagate:   func(context.Context, http.Header) {},
+		Link:        func(context.Context) string { return "" },
+	}
+	for _, tc := range []struct {
+		name  string
+		hooks idem.Hooks
+	}{{"none", idem.Hooks{}}, {"noop", noop}} {
+		b.Run(tc.name, func(b *testing.B) {
+			srv := benchServer(b)
+			c, err := idem.New(idem.Config{Journal: idem.NewMemoryJournal(), BaseURL: srv.URL,
+				HTTPClient: &http.Client{Transport: benchTransport()}, Hooks: tc.hooks})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			b.ReportAllocs()
+			var i int
+			for b.Loop() {
+				i++
+				if _, err := c.Do(context.Background(), idem.Op{ID: fmt.Sprint("checkout/cart-", i), URL: "/orders", Body: benchBody}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -52,6 +52,11 @@ type driver struct {
 	// resends is the transport's re-sends as last journaled: the next
 	// write's event tells of those counted since.
 	resends int
+	// obs is the call's observation, when the client has hooks; unknown
+	// says the outcome was unknown to this call at some point, for
+	// CallEnd.Settled.
+	obs     *observation
+	unknown bool
 }
 
 type step uint8
@@ -104,6 +109,14 @@ func (c *Client) newDriver(rec Record) *driver {
 // It returns the Result of a settled operation, with an error matching
 // ErrRejected when the server refused it.
 func (d *driver) run(ctx context.Context) (*Result, error) {
+	if d.c.observed {
+		d.obs = observationFrom(ctx)
+	}
+	if d.obs != nil {
+		call := &d.obs.call
+		call.Key, call.Method, call.URL, call.Link = d.rec.Key, d.rec.Method, d.rec.URL, d.rec.Link
+		d.unknown = d.maybeApplied
+	}
 	d.c.hold(d.rec.Key, d.lease)
 	defer d.c.unhold(d.rec.Key)
 	defer d.releaseIfActive(ctx)
@@ -325,6 +338,12 @@ func (d *driver) settle(ctx context.Context, v Decision, resp *Response, cut boo
 	if err := d.write(outcomeCtx(ctx), next, dur, kind, detail); err != nil {
 		return d.journalFailed(err)
 	}
+	if d.obs != nil && d.unknown {
+		d.obs.end.Settled = SettledByResend
+		if kind == EventStatus {
+			d.obs.end.Settled = SettledByStatusCheck
+		}
+	}
 	return nil
 }
 
@@ -337,6 +356,7 @@ func joinNotes(a, b string) string {
 
 // markUnknown records that the outcome is unknown, and why.
 func (d *driver) markUnknown(ctx context.Context, reason string) error {
+	d.unknown = true
 	next := d.rec
 	next.State = StateUnknown
 	next.LastError = d.cause.Error()

@@ -61,6 +61,7 @@ type attempt struct {
 	written atomic.Bool
 	writes  atomic.Int32
 
+	start    time.Time      // when it started, for the Attempt hook
 	resp     *http.Response // nil when err says why there is none
 	body     []byte
 	cut      bool  // the body was longer than MaxResponseBytes
@@ -127,7 +128,11 @@ func (d *driver) setHeaders(h http.Header) {
 
 // beforeAttempt is retryablehttp's RequestLogHook: an attempt starts.
 func (rd *round) beforeAttempt(_ retryablehttp.Logger, _ *http.Request, _ int) {
-	rd.cur.Store(&attempt{})
+	a := &attempt{}
+	if rd.d.obs != nil {
+		a.start = rd.d.c.now()
+	}
+	rd.cur.Store(a)
 }
 
 // checkRetry is retryablehttp's CheckRetry: the attempt ended. It reads
@@ -156,11 +161,15 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	if written && v != Retry {
 		d.maybeApplied = true
 	}
+	if written && v != Succeeded && v != Rejected && v != KeyConflict {
+		d.unknown = true
+	}
 	if d.c.debugging() {
 		d.c.log.Debug("idem: attempt", "key", d.rec.Key, "scope", d.rec.Scope, "id", d.rec.ID,
 			"attempt", d.rec.Attempts, "written", written, "verdict", v.String(), "reason", a.decision.Reason)
 	}
 	if !v.retryable() || ctx.Err() != nil {
+		d.reportAttempt(ctx, a, written, 0)
 		return false, nil
 	}
 
@@ -187,8 +196,10 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 		rd.stop = ErrRetryBudgetExhausted
 	default:
 		rd.wait = wait
+		d.reportAttempt(ctx, a, written, wait)
 		return true, nil
 	}
+	d.reportAttempt(ctx, a, written, 0)
 	return false, nil
 }
 

@@ -35,7 +35,12 @@ func (d *driver) checkStatus(ctx context.Context) error {
 		}
 		d.checks++
 		d.replayed = false
+		var start time.Time
+		if d.obs != nil {
+			start = d.c.now()
+		}
 		st, err := d.c.status.CheckStatus(ctx, d.query(ctx))
+		d.reportCheck(ctx, start, st, err)
 		if err != nil {
 			var je errJournal
 			if errors.As(err, &je) {

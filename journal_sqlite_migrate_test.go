@@ -33,6 +33,7 @@ func TestSQLiteMigratesASchema1Journal(t *testing.T) {
 		assert.Empty(t, rec.KeyHeader, "%s: schema 1 did not journal the key's form", rec.ID)
 		assert.False(t, rec.KeyQuoted, rec.ID)
 		assert.Zero(t, rec.TransportResends, rec.ID)
+		assert.Empty(t, rec.Link, "%s: no link before schema 3", rec.ID)
 		assert.NotEmpty(t, rec.Key, rec.ID)
 		evs, err := j.History(ctx, rec.Key)
 		require.NoError(t, err)
@@ -53,22 +54,24 @@ func TestSQLiteMigratesASchema1Journal(t *testing.T) {
 	require.NotNil(t, settled.Response)
 	assert.Equal(t, 201, settled.Response.StatusCode)
 
-	// A record written now keeps its form, the default one included.
+	// A record written now keeps its form, the default one included, and its link.
 	for _, form := range []struct {
 		header string
 		quoted bool
 	}{{"Idempotency-Key", false}, {"X-Request-Key", true}} {
 		rec := testRecord("default", "new-"+form.header, []byte("x"))
 		rec.KeyHeader, rec.KeyQuoted = form.header, form.quoted
+		rec.Link = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 		_, _, err = j.Create(ctx, rec)
 		require.NoError(t, err)
 		got, err := j.Get(ctx, rec.Key)
 		require.NoError(t, err)
 		assert.Equal(t, form.header, got.KeyHeader)
 		assert.Equal(t, form.quoted, got.KeyQuoted)
+		assert.Equal(t, rec.Link, got.Link, "schema 3 keeps the link")
 	}
 	require.NoError(t, j.Close())
-	assert.Equal(t, 2, userVersion(t, path), "the journal was migrated to schema 2")
+	assert.Equal(t, 3, userVersion(t, path), "the journal was migrated to the current schema (3)")
 	openJournal(t, path) // and opens again as it is
 }
 

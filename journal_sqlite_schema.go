@@ -95,6 +95,10 @@ var journalSchema = []string{
 	// five columns. See packForm and packWhy.
 	`ALTER TABLE operations ADD COLUMN form INTEGER DEFAULT 2;
 	ALTER TABLE events ADD COLUMN why;`,
+
+	// 3: the link to the trace that created the operation (Record.Link),
+	// NULL when the client has no Hooks.Link.
+	`ALTER TABLE operations ADD COLUMN link TEXT;`,
 }
 
 // selectRecord reads a whole record; scanRecord reads its columns. The
@@ -107,13 +111,13 @@ const selectRecord = `SELECT o.id, o.key, o.scope, o.op_id, o.method, o.url,
 	(SELECT status FROM responses WHERE op = o.id), (SELECT header FROM responses WHERE op = o.id),
 	(SELECT body FROM responses WHERE op = o.id), (SELECT replayed FROM responses WHERE op = o.id),
 	o.last_error, o.note, o.created_at, o.updated_at, o.expires_at, o.version,
-	o.form, (SELECT value FROM dict WHERE id = (o.form >> 2) & 4294967295)
+	o.form, (SELECT value FROM dict WHERE id = (o.form >> 2) & 4294967295), o.link
 	FROM operations o`
 
 type scanner interface{ Scan(dest ...any) error }
 
 // recordColumns is the number of columns selectRecord reads.
-const recordColumns = 27
+const recordColumns = 28
 
 // scanRecord reads a row of selectRecord. It scans into plain interface
 // values and converts them itself: database/sql's conversions into typed
@@ -151,6 +155,7 @@ func scanRecord(s scanner) (int64, Record, error) {
 	r.CreatedAt, r.UpdatedAt, r.ExpiresAt = wire.FromMillis(asInt(v[21])), wire.FromMillis(asInt(v[22])), wire.FromMillis(asInt(v[23]))
 	r.Version = asInt(v[24])
 	unpackForm(&r, v[25], asString(v[26]))
+	r.Link = asString(v[27])
 	if len(r.Body) == 0 {
 		r.Body = nil
 	}
@@ -205,13 +210,13 @@ func (d *dict) insertRecord(tx *sqlitefile.Tx, r Record) (int64, error) {
 	}
 	res, err := tx.Exec(`INSERT INTO operations (key, scope, op_id, method, url, header, body, fingerprint,
 		state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-		created_at, updated_at, expires_at, version, form)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		created_at, updated_at, expires_at, version, form, link)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (scope, op_id) DO NOTHING`,
 		keyValue(r.Key), r.Scope, r.ID, r.Method, r.URL, header, wire.NonNil(r.Body),
 		fingerprintValue(r.Fingerprint), r.State, r.Attempts, wire.Millis(r.NextAttemptAt),
 		owner, r.Lease.Epoch, wire.NullMillis(r.Lease.ExpiresAt), nullString(r.LastError),
-		nullString(r.Note), wire.Millis(r.CreatedAt), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt), r.Version, form)
+		nullString(r.Note), wire.Millis(r.CreatedAt), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt), r.Version, form, nullString(r.Link))
 	if err != nil {
 		return 0, err
 	}

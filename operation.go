@@ -278,11 +278,14 @@ func (o *Operation) ID() string { return o.id }
 // Send drives the operation to a definitive answer, exactly as Do does for
 // an operation that is already journaled.
 func (o *Operation) Send(ctx context.Context) (*Result, error) {
-	return o.c.run(ctx, o.scope, o.id, func(ctx context.Context) (*Result, error) {
-		rec, err := o.c.journal.Get(ctx, o.key)
-		if err != nil {
-			return nil, err
-		}
-		return o.c.continueExisting(ctx, rec)
+	call := Call{Kind: CallSend, Scope: o.scope, ID: o.id, Key: o.key}
+	return o.c.observe(ctx, call, func(ctx context.Context) (*Result, error) {
+		return o.c.run(ctx, o.scope, o.id, func(ctx context.Context) (*Result, error) {
+			rec, err := o.c.journal.Get(ctx, o.key)
+			if err != nil {
+				return nil, err
+			}
+			return o.c.continueExisting(ctx, rec)
+		})
 	})
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+
+	"github.com/idemkit/idem/journal"
 	"sync"
 	"time"
 )
@@ -300,8 +302,8 @@ func (r *resumer) expireOverdue(ctx context.Context) error {
 		}
 		acquired, err := r.c.journal.Acquire(ctx, rec.Key, r.c.owner, r.c.cfg.LeaseDuration)
 		if err == nil {
-			d := r.c.newDriver(acquired)
-			f.res, f.err = d.run(ctx) // past retention: it expires without sending
+			// Past retention: it expires without sending.
+			f.res, f.err = r.c.observe(ctx, callOf(CallResume, acquired), r.c.newDriver(acquired).run)
 			r.finish(rec.Key, f.res, f.err)
 		} else if !errors.Is(err, ErrLeased) && !errors.Is(err, ErrNotActive) {
 			f.err = err
@@ -359,7 +361,7 @@ func (r *resumer) claimAndDrive(ctx context.Context, scope string, started time.
 					return
 				}
 				defer c.endFlight(op, f)
-				f.res, f.err = c.newDriver(rec).run(ctx)
+				f.res, f.err = c.observe(ctx, c.resumeCall(ctx, rec), c.newDriver(rec).run)
 				r.finish(rec.Key, f.res, f.err)
 			})
 		}
@@ -421,3 +423,25 @@ var keySeed = maphash.MakeSeed()
 
 // keyHash identifies a key among those of one Resume.
 func keyHash(key string) uint64 { return maphash.String(keySeed, key) }
+
+// resumeCall describes the call that drives a claimed record, with the
+// owner it was taken from when the claim was a take-over: read from the
+// claim's event, only when the client has hooks and the record had an
+// earlier lease.
+func (c *Client) resumeCall(ctx context.Context, rec Record) Call {
+	call := callOf(CallResume, rec)
+	if !c.observed || rec.Lease.Epoch < 2 {
+		return call
+	}
+	events, err := c.journal.History(ctx, rec.Key)
+	if err != nil {
+		return call
+	}
+	for i := len(events) - 1; i >= 0; i-- {
+		if events[i].Kind == EventClaim {
+			call.TakenFrom, _ = journal.TakenFrom(events[i])
+			break
+		}
+	}
+	return call
+}

@@ -60,6 +60,11 @@ type Record struct {
 	LastError string
 	// Note is an operator's note, set by the client's Reconcile.
 	Note string
+	// Link relates the operation to the call that created it (a W3C
+	// traceparent, from the client's Hooks.Link), so that the spans of a
+	// later call, Resume after a crash say, can link to that trace. Set
+	// when the record is created, never changed, never secret.
+	Link string
 
 	// CreatedAt and UpdatedAt are set by the journal.
 	CreatedAt time.Time
@@ -71,6 +76,9 @@ type Record struct {
 	// Version increments on every change; Update compares it.
 	Version int64
 }
+
+// MaxLinkLength is the longest Record.Link a journal accepts.
+const MaxLinkLength = 512
 
 // A Lease is a worker's exclusive right to drive an operation until
 // ExpiresAt. Epoch increments each time the record is claimed or acquired,

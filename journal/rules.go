@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -62,6 +63,9 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 	}
 	if rec.Response != nil {
 		return Record{}, Event{}, fmt.Errorf("%w: a new record has no response", ErrInvalidRecord)
+	}
+	if len(rec.Link) > MaxLinkLength {
+		return Record{}, Event{}, fmt.Errorf("%w: Link is %d bytes, the limit is %d", ErrInvalidRecord, len(rec.Link), MaxLinkLength)
 	}
 	now = TruncateTime(now)
 	out := CloneRecord(rec)
@@ -199,12 +203,28 @@ func ApplyClaim(stored Record, owner string, lease time.Duration, now time.Time,
 	switch prev := stored.Lease; {
 	case prev.Owner == "":
 	case prev.Held(now):
-		ev.Detail = fmt.Sprintf("taken over from %s: its owner is gone", prev.Owner)
+		ev.Detail = fmt.Sprintf(takenOver+"%s: its owner is gone", prev.Owner)
 	default:
-		ev.Detail = fmt.Sprintf("taken over from %s: its lease lapsed at %s", prev.Owner,
+		ev.Detail = fmt.Sprintf(takenOver+"%s: its lease lapsed at %s", prev.Owner,
 			prev.ExpiresAt.UTC().Format("2006-01-02T15:04:05.000Z"))
 	}
 	return out, ev, nil
+}
+
+const takenOver = "taken over from "
+
+// TakenFrom returns the owner a claim event took its operation's lease
+// from, when the claim was a take-over (ApplyClaim's event says so).
+func TakenFrom(ev Event) (owner string, ok bool) {
+	rest, ok := strings.CutPrefix(ev.Detail, takenOver)
+	if ev.Kind != EventClaim || !ok {
+		return "", false
+	}
+	i := strings.LastIndex(rest, ": its ")
+	if i < 0 {
+		return "", false
+	}
+	return rest[:i], true
 }
 
 // ApplyRenew extends stored's lease to now+lease if l (owner and epoch) is

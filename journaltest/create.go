@@ -3,6 +3,7 @@ package journaltest
 import (
 	"crypto/rand"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -250,6 +251,7 @@ func testCreateInvalid(t *testing.T, j idem.Journal) {
 			r.Lease = idem.Lease{Owner: "worker-1", ExpiresAt: time.Now().Add(-time.Second)}
 		}, idem.ErrInvalidRecord},
 		{"LeaseWithoutExpiry", func(r *idem.Record) { r.Lease = idem.Lease{Owner: "worker-1"} }, idem.ErrInvalidRecord},
+		{"LinkTooLong", func(r *idem.Record) { r.Link = strings.Repeat("x", idem.MaxLinkLength+1) }, idem.ErrInvalidRecord},
 		{"BodyTooLarge", func(r *idem.Record) {
 			r.Body = make([]byte, idem.DefaultMaxBodySize+1)
 			r.Fingerprint = fingerprint(r.Body)
@@ -364,5 +366,32 @@ func testCreateKeyWireForm(t *testing.T, j idem.Journal) {
 		stored := get(t, j, rec.Key)
 		assertRequest(t, rec, stored)
 		assert.Equal(t, 3, stored.TransportResends, "the re-sends are kept beside the form")
+	}
+}
+
+// testCreateLink: the link to the creating trace is stored as given (empty
+// too), read back by every read, kept by claims and never changed by an
+// update.
+func testCreateLink(t *testing.T, j idem.Journal) {
+	for _, link := range []string{"", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", strings.Repeat("l", idem.MaxLinkLength)} {
+		rec := newRecord("tenant-link")
+		rec.Link = link
+		got := create(t, j, rec)
+		assert.Equal(t, link, got.Link, "Create's copy")
+		assert.Equal(t, link, get(t, j, rec.Key).Link, "Get")
+
+		next := journal.CloneRecord(got)
+		next.State = idem.StateInFlight
+		next.Link = "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01"
+		assert.Equal(t, link, update(t, j, next, idem.Durable).Link, "Update's copy: the link never changes")
+		acquired := acquire(t, j, rec.Key, "worker-link", longLease)
+		assert.Equal(t, link, acquired.Link, "Acquire")
+		found, err := j.Lookup(t.Context(), rec.Scope, rec.ID)
+		require.NoError(t, err)
+		assert.Equal(t, link, found.Link, "Lookup")
+	}
+	for rec, err := range j.List(t.Context(), idem.Filter{Scope: "tenant-link"}) {
+		require.NoError(t, err)
+		assert.NotEqual(t, "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01", rec.Link, "List")
 	}
 }

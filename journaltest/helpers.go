@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,7 @@ func newRecord(scope string) idem.Record {
 		Body:        body,
 		Fingerprint: fingerprint(body),
 		KeyHeader:   "Idempotency-Key",
+		Link:        "00-" + strings.ReplaceAll(uuid.NewString(), "-", "") + "-00f067aa0ba902b7-01",
 		State:       idem.StatePending,
 	}
 }
@@ -201,6 +203,7 @@ func assertRequest(t *testing.T, want, got idem.Record) bool {
 	ok = assert.Equal(t, want.Fingerprint, got.Fingerprint, "Fingerprint") && ok
 	ok = assert.Equal(t, want.KeyHeader, got.KeyHeader, "KeyHeader") && ok
 	ok = assert.Equal(t, want.KeyQuoted, got.KeyQuoted, "KeyQuoted") && ok
+	ok = assert.Equal(t, want.Link, got.Link, "Link") && ok
 	return ok
 }
 

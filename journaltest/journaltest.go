@@ -86,6 +86,7 @@ var groups = []group{
 		{"DuplicateKey", testCreateDuplicateKey},
 		{"SameIDOtherScope", testCreateSameIDOtherScope},
 		{"KeyWireForm", testCreateKeyWireForm},
+		{"Link", testCreateLink},
 		{"Invalid", testCreateInvalid},
 	}},
 	{"Read", []subtest{

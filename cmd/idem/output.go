@@ -131,16 +131,18 @@ type jsonRecord struct {
 	Attempts int    `json:"attempts"`
 	// TransportResends are the times Go's HTTP transport sent an attempt
 	// again by itself; none is in Attempts.
-	TransportResends int        `json:"transport_resends,omitempty"`
-	StatusCode       int        `json:"status_code,omitempty"`
-	LastError        string     `json:"last_error,omitempty"`
-	Note             string     `json:"note,omitempty"`
-	CreatedAt        time.Time  `json:"created_at"`
-	UpdatedAt        time.Time  `json:"updated_at"`
-	NextAttemptAt    *time.Time `json:"next_attempt_at,omitempty"`
-	ExpiresAt        *time.Time `json:"expires_at,omitempty"`
-	Lease            *jsonLease `json:"lease,omitempty"`
-	Version          int64      `json:"version"`
+	TransportResends int    `json:"transport_resends,omitempty"`
+	StatusCode       int    `json:"status_code,omitempty"`
+	LastError        string `json:"last_error,omitempty"`
+	Note             string `json:"note,omitempty"`
+	// Link relates the operation to the trace that created it.
+	Link          string     `json:"link,omitempty"`
+	CreatedAt     time.Time  `json:"created_at"`
+	UpdatedAt     time.Time  `json:"updated_at"`
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	ExpiresAt     *time.Time `json:"expires_at,omitempty"`
+	Lease         *jsonLease `json:"lease,omitempty"`
+	Version       int64      `json:"version"`
 	// PastRetention: the operation may have reached the server, is not
 	// settled, and the server's key retention has passed: Resume marks it
 	// expired without sending anything.
@@ -219,7 +221,7 @@ func newJSONRecord(rec idem.Record, now time.Time) jsonRecord {
 	j := jsonRecord{
 		Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State.String(),
 		Method: rec.Method, URL: rec.URL, Attempts: rec.Attempts, TransportResends: rec.TransportResends,
-		LastError: rec.LastError, Note: rec.Note,
+		LastError: rec.LastError, Note: rec.Note, Link: rec.Link,
 		CreatedAt: utc(rec.CreatedAt), UpdatedAt: utc(rec.UpdatedAt),
 		NextAttemptAt: optTime(rec.NextAttemptAt), ExpiresAt: optTime(rec.ExpiresAt),
 		Version: rec.Version, PastRetention: pastRetention(rec, now),

@@ -158,6 +158,7 @@ func showText(w io.Writer, rec idem.Record, hist []idem.Event, withBody bool, no
 	field("lease", lease)
 	field("last error", rec.LastError)
 	field("note", rec.Note)
+	field("trace link", rec.Link)
 	field("version", strconv.FormatInt(rec.Version, 10))
 	if err := tw.Flush(); err != nil {
 		return err

@@ -216,3 +216,16 @@ var (
 	// ErrJournalClosed: the journal was closed.
 	ErrJournalClosed = journal.ErrJournalClosed
 )
+
+// CommitInfo describes one transaction a journal committed, for the
+// journals' commit hooks (SQLiteOnCommit): group commit shares one
+// transaction among the writes of many operations.
+type CommitInfo struct {
+	// Writes is the number of journal writes the transaction committed.
+	Writes int
+	// Durable reports that the commit waited for the disk (fsync).
+	Durable bool
+	// Duration is the time from the start of the batch to the end of the
+	// commit: the longest any of its writers waited.
+	Duration time.Duration
+}

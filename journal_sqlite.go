@@ -141,6 +141,23 @@ func SQLiteWALLimit(n int64) SQLiteOption {
 	return func(c *sqliteConfig) { c.file.WALLimit = n }
 }
 
+// SQLiteOnCommit calls fn after each transaction the journal commits, on
+// the committer's goroutine (keep it fast): how many writes it carried,
+// whether it waited for fsync, and how long its writers waited at most.
+// The otel module's metrics of commit latency and operations per commit
+// come from it.
+func SQLiteOnCommit(fn func(CommitInfo)) SQLiteOption {
+	return func(c *sqliteConfig) {
+		if fn == nil {
+			c.file.OnCommit = nil
+			return
+		}
+		c.file.OnCommit = func(cm sqlitefile.Commit) {
+			fn(CommitInfo{Writes: cm.Writes, Durable: cm.Durable, Duration: cm.Duration})
+		}
+	}
+}
+
 // OpenSQLite opens the journal file at path, creating it (mode 0600) if it
 // does not exist and migrating its schema if it is older than this build's.
 // It refuses, with a *FileError that names the path and what to do and

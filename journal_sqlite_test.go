@@ -603,3 +603,42 @@ func TestOpenSQLiteRefusesUnreadableFile(t *testing.T) {
 	assert.Contains(t, err.Error(), path)
 	assert.Contains(t, err.Error(), says)
 }
+
+func TestSQLiteOnCommitReportsEachCommit(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var commits []idem.CommitInfo
+	j := openJournal(t, filepath.Join(t.TempDir(), "ops.db"), idem.SQLiteOnCommit(func(c idem.CommitInfo) {
+		mu.Lock()
+		defer mu.Unlock()
+		commits = append(commits, c)
+	}))
+	srv, _, _ := countingServer(t)
+	c, _ := newClient(t, idem.Config{Journal: j, BaseURL: srv.URL})
+	const ops = 40
+	var wg sync.WaitGroup
+	for i := range ops {
+		wg.Go(func() {
+			_, err := c.Do(t.Context(), idem.Op{ID: fmt.Sprint("op-", i), URL: "/x"})
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	require.NoError(t, j.Sync(t.Context()))
+	mu.Lock()
+	defer mu.Unlock()
+	writes, durable := 0, 0
+	for _, cm := range commits {
+		assert.Positive(t, cm.Writes, "a commit carries writes")
+		assert.Positive(t, cm.Duration)
+		writes += cm.Writes
+		if cm.Durable {
+			durable++
+		}
+	}
+	s := j.Stats()
+	assert.EqualValues(t, s.Writes, writes, "every committed write is in one reported commit")
+	assert.EqualValues(t, s.DurableCommits, durable, "durable commits as the journal counted them")
+	assert.EqualValues(t, s.DurableCommits+s.DeferredCommits, len(commits), "one report per commit")
+	assert.GreaterOrEqual(t, writes, 2*ops, "an intent and an outcome per operation")
+}

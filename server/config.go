@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -81,6 +82,12 @@ type Config struct {
 	// header values; keys appear only as a short hash. Defaults to
 	// discarding everything.
 	Logger *slog.Logger
+
+	// OnOutcome is called once for each request with a keyed method, after
+	// its answer was written, with what the middleware did: for metrics and
+	// span attributes (the module github.com/idemkit/idem/otel uses it). It
+	// runs on the request's goroutine, with its context; keep it fast.
+	OnOutcome func(ctx context.Context, o Outcome)
 
 	// now is the clock; tests replace it.
 	now func() time.Time

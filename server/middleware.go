@@ -146,7 +146,8 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		m.serve(next, w, r)
+		o := m.serve(next, w, r)
+		m.report(r.Context(), o)
 	})
 }
 
@@ -161,14 +162,14 @@ type claimed struct {
 	hb        *heartbeat
 }
 
-func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) Outcome {
 	key, ok := m.readKey(w, r)
 	if !ok {
-		return
+		return Outcome{Kind: OutcomeKeyInvalid, Status: http.StatusBadRequest}
 	}
-	body, ok := m.readBody(w, r, key)
-	if !ok {
-		return
+	body, status := m.readBody(w, r, key)
+	if status != 0 {
+		return Outcome{Kind: OutcomeKeyInvalid, Key: key, Status: status}
 	}
 	scope := m.cfg.Scope(r)
 	fp := fingerprint(r.Method, target(r.URL), body)
@@ -187,20 +188,23 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		}
 		m.log(r.Context(), level, "idempotency claim failed; the request was not run", r, scope, key, slog.Any("error", err))
 		m.problemStoreFailed(w, key, "The idempotency key could not be recorded, so the request was not run; retry with the same key.")
-		return
+		return Outcome{Kind: OutcomeStoreUnavailable, Scope: scope, Key: key, Status: http.StatusServiceUnavailable, StoreFailed: true}
 	}
 	if !res.Claimed {
-		m.answerExisting(w, r, key, fp, &res.Entry)
-		return
+		o := m.answerExisting(w, r, key, fp, &res.Entry)
+		o.Scope = scope
+		return o
 	}
 	if res.TookOver {
 		m.log(r.Context(), slog.LevelWarn, "idempotency lock was stale; running the request again", r, scope, key,
 			slog.Time("created_at", res.Entry.CreatedAt))
 	}
-	m.execute(next, w, r, body, &claimed{
+	o := m.execute(next, w, r, body, &claimed{
 		scope: scope, key: key, method: r.Method, path: r.URL.Path,
 		token: res.Token, expiresAt: res.Entry.ExpiresAt,
 	}, lockedAt)
+	o.Scope, o.Key, o.TookOver = scope, key, res.TookOver
+	return o
 }
 
 // execute runs next under a claimed key, stores its response, then sends
@@ -210,7 +214,7 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // the request is in progress. The one exception is a run the middleware
 // itself told to stop that then failed (see interrupted): its key is left
 // to go stale, as a dead process's would.
-func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed, lockedAt time.Time) {
+func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed, lockedAt time.Time) Outcome {
 	// Storing and releasing must happen even if the client is gone: its
 	// retry is what the stored response is for.
 	bg := context.WithoutCancel(r.Context())
@@ -235,26 +239,31 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 	returned = true
 
 	resp := c.response()
+	ran := Outcome{Kind: OutcomeRan, Status: resp.Status}
 	if resp.Status >= 500 && m.cfg.StorePolicy == SkipServerErrors {
 		m.release(bg, cl, "a server error")
 		writeStored(w, resp, c.cookies(), false)
-		return
+		return ran
 	}
+	ran.Status = http.StatusConflict
 	if resp.Status >= 500 && cl.hb.wasTold() {
 		m.interrupted(bg, cl)
 		m.problemInProgress(w, cl.key, "The request was interrupted: its hold on the idempotency key could not be kept. Retry with the same key after the delay in Retry-After, or ask the status endpoint.")
-		return
+		return ran
 	}
 	switch m.store(bg, cl, resp) {
 	case stored:
 		writeStored(w, resp, c.cookies(), false)
+		ran.Status = resp.Status
 	case lockLost:
 		// Another request took the entry over while this one ran: its
 		// response, not this one, is what the key stands for.
 		m.problemInProgress(w, cl.key, "")
 	case storing:
 		m.problemInProgress(w, cl.key, "The request ran, and its response is being recorded; retry with the same key after the delay in Retry-After, or ask the status endpoint.")
+		ran.StoreFailed = true
 	}
+	return ran
 }
 
 // afterPanic ends the hold of a key whose handler panicked: by default the
@@ -365,14 +374,17 @@ func (m *Middleware) storeLater(life context.Context, cl *claimed, req CompleteR
 
 // answerExisting answers a request whose key is held by an entry it could
 // not claim.
-func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, key, fp string, e *Entry) {
+func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, key, fp string, e *Entry) Outcome {
 	switch {
 	case e.Fingerprint != fp:
 		m.problemKeyReused(w, r, key, e)
+		return Outcome{Kind: OutcomeKeyReused, Key: key, Status: http.StatusUnprocessableEntity}
 	case e.State == Completed && e.Response != nil:
 		writeStored(w, e.Response, nil, true)
+		return Outcome{Kind: OutcomeReplayed, Key: key, Status: e.Response.Status}
 	default:
 		m.problemInProgress(w, key, "")
+		return Outcome{Kind: OutcomeInProgress, Key: key, Status: http.StatusConflict}
 	}
 }
 

@@ -43,10 +43,10 @@ func (m *Middleware) readKey(w http.ResponseWriter, r *http.Request) (string, bo
 }
 
 // readBody reads the whole request body, which the fingerprint covers, or
-// answers 413 or 400.
-func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request, key string) ([]byte, bool) {
+// answers 413 or 400 and returns that status.
+func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request, key string) ([]byte, int) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return nil, true
+		return nil, 0
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.cfg.MaxBodyBytes))
 	var tooLarge *http.MaxBytesError
@@ -54,13 +54,13 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request, key string
 	case errors.As(err, &tooLarge):
 		writeProblem(w, wire.Problem{Type: wire.ProblemBodyTooLarge, Status: http.StatusRequestEntityTooLarge, Title: "Request body too large",
 			Detail: fmt.Sprintf("The request body is over %d bytes, the most this idempotent route accepts.", m.cfg.MaxBodyBytes), Key: key})
-		return nil, false
+		return nil, http.StatusRequestEntityTooLarge
 	case err != nil:
 		writeProblem(w, wire.Problem{Status: http.StatusBadRequest,
 			Detail: "The request body could not be read to the end; nothing was run.", Key: key})
-		return nil, false
+		return nil, http.StatusBadRequest
 	}
-	return body, true
+	return body, 0
 }
 
 // problemKeyReused answers a request whose key is held by an entry of

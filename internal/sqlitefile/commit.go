@@ -193,6 +193,10 @@ func (db *DB) lead() {
 // one unless buffered writes left one open, and commits it as its most
 // demanding write requires, or leaves it open if every write is buffered.
 func (db *DB) runBatch(reqs []*writeReq) {
+	var start time.Time
+	if db.opts.OnCommit != nil {
+		start = time.Now()
+	}
 	mode := Buffered
 	for _, r := range reqs {
 		mode = min(mode, r.mode)
@@ -270,6 +274,7 @@ func (db *DB) runBatch(reqs []*writeReq) {
 	db.stats.Writes += int64(ran)
 	db.stats.MaxBatch = max(db.stats.MaxBatch, len(reqs))
 	db.statsMu.Unlock()
+	db.txWrites += ran
 	if mode == Buffered && len(db.carried) > 0 && time.Since(db.openedAt) < db.opts.LingerDelay {
 		db.buffered.Store(true)
 		if !db.lingerArmed {
@@ -279,7 +284,12 @@ func (db *DB) runBatch(reqs []*writeReq) {
 		finish(nil)
 		return
 	}
-	finish(db.commit())
+	writes := db.txWrites
+	err := db.commit()
+	finish(err)
+	if err == nil && db.opts.OnCommit != nil {
+		db.opts.OnCommit(Commit{Writes: writes, Durable: db.syncFull || db.opts.SyncNormal, Duration: time.Since(start)})
+	}
 }
 
 // errTxFailed marks a failure that rolled back the whole transaction, not
@@ -380,7 +390,7 @@ func (db *DB) commit() error {
 		db.rollback()
 		return fmt.Errorf("commit: %w", db.classify(err))
 	}
-	db.inTx, db.carried, db.lingerArmed = false, nil, false
+	db.inTx, db.carried, db.lingerArmed, db.txWrites = false, nil, false, 0
 	db.buffered.Store(len(db.replay) > 0)
 	db.statsMu.Lock()
 	if db.syncFull || db.opts.SyncNormal {
@@ -425,7 +435,7 @@ func (db *DB) begin() error {
 // of the next transaction, which the linger timer begins if no write does.
 func (db *DB) rollback() {
 	_, _ = db.ctl.rollback.ExecContext(batchCtx)
-	db.inTx, db.lingerArmed = false, false
+	db.inTx, db.lingerArmed, db.txWrites = false, false, 0
 	if len(db.carried) > 0 {
 		db.replay = append(db.replay, db.carried...)
 		db.carried = nil

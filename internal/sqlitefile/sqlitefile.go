@@ -65,6 +65,20 @@ type Options struct {
 	// write (or a whole batch) is rolled back, before the next write runs:
 	// a cache of what writes inserted must be dropped then.
 	OnRollback func()
+	// OnCommit, if set, is called on the committer's goroutine after each
+	// commit, with what it carried.
+	OnCommit func(Commit)
+}
+
+// Commit describes one committed transaction, for Options.OnCommit.
+type Commit struct {
+	// Writes is the number of writes the transaction committed.
+	Writes int
+	// Durable reports that the commit waited for fsync.
+	Durable bool
+	// Duration is the time from the start of the batch that committed to
+	// the end of its commit: what its writers waited for, at most.
+	Duration time.Duration
 }
 
 func (o *Options) withDefaults() {
@@ -118,6 +132,7 @@ type DB struct {
 	// run again. buffered says either is not empty, for goroutines other
 	// than the leader.
 	inTx     bool
+	txWrites int // writes run in the open transaction, for OnCommit
 	openedAt time.Time
 	carried  []func(*Tx) error
 	replay   []func(*Tx) error

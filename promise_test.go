@@ -1212,6 +1212,47 @@ func TestResumeWaitFinishesWhatIsNotDueYet(t *testing.T) {
 	assert.Len(t, api.all(), 1)
 }
 
+// An operation a pass of ResumeWait leaves unsettled and a later pass
+// settles is counted once, where it ended: the report does not keep a
+// record of what it settled, only of what it may take up again.
+func TestResumeWaitCountsAnOperationOnceWhereItEnded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var api hitLog
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		api.add(r)
+		if n == 1 {
+			w.WriteHeader(http.StatusTooManyRequests) // refused before processing: not sent
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	policy := fastRetry()
+	policy.MaxAttempts = 1
+	policy.MaxBackoff = 100 * time.Millisecond
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy})
+	o, err := c.Begin(ctx, idem.Op{ID: "op", URL: "/orders"})
+	require.NoError(t, err)
+
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var progress []idem.ResumeReport
+	c2, _ := newClient(t, idem.Config{Journal: j, BaseURL: srv.URL, Retry: policy,
+		OnResumeProgress: func(r idem.ResumeReport) { progress = append(progress, r) }})
+	rep, err := c2.Resume(wctx, idem.ResumeWait())
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.Claimed, "one operation: %+v", rep)
+	assert.Equal(t, 1, rep.Succeeded)
+	assert.Zero(t, rep.Remaining(), "its first outcome (pending) no longer counts: %+v", rep)
+	require.Len(t, progress, 2, "one progress report per time it was driven")
+	assert.Equal(t, 1, progress[0].Pending)
+	assert.Equal(t, 1, progress[0].Claimed)
+	assert.Len(t, api.all(), 2)
+	rec, err := j.Get(ctx, o.Key())
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State)
+}
+
 // slowAnswer is the status endpoint, whose answer takes 400 ms to come back
 // (it was true when the server gave it).
 type slowAnswer struct{ next idem.StatusChecker }

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
-
-	"github.com/idemkit/idem/journal"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/journal"
 )
 
 // ResumeReport counts what Resume did: the operations it took up, by where
@@ -144,7 +144,7 @@ func (c *Client) Resume(ctx context.Context, opts ...ResumeOption) (ResumeReport
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r := &resumer{c: c, opts: o, prefix: c.resumePrefix(o), outcomes: map[uint64]outcome{}}
+	r := &resumer{c: c, opts: o, prefix: c.resumePrefix(o), unsettled: map[uint64]outcome{}}
 	err = r.run(ctx)
 	rep := r.report()
 	c.log.Info("idem: resume done", rep.logAttrs()...)
@@ -167,15 +167,24 @@ type resumer struct {
 	prefix string
 
 	mu sync.Mutex
-	// outcomes is where each operation taken up ended, by a hash of its
-	// key: eight bytes an operation, not the key's forty, for a Resume of
-	// a hundred thousand. counts tallies them, for a report that costs the
-	// same after the last operation as after the first.
-	outcomes map[uint64]outcome
-	counts   [outFailed + 1]int
-	busy     int
-	survey   survey
+	// unsettled is where each operation taken up and left unsettled
+	// (pending, unknown, failed) ended, by a hash of its key: a later pass
+	// of ResumeWait may take it up again, and its new outcome replaces the
+	// old in counts. A settled operation is never taken up again, so it is
+	// only counted: memory grows with what Resume could not settle, not
+	// with what it did. counts tallies the outcomes, claimed the distinct
+	// operations, for a report that costs the same after the last
+	// operation as after the first.
+	unsettled map[uint64]outcome
+	counts    [outFailed + 1]int
+	claimed   int
+	busy      int
+	survey    survey
 }
+
+// settled reports whether an operation that ended so can be taken up
+// again by the same Resume.
+func (o outcome) settled() bool { return o == outSucceeded || o == outRejected || o == outExpired }
 
 // run makes passes until nothing is left to do, or, with ResumeWait, until
 // nothing is left at all or ctx ends.
@@ -217,10 +226,15 @@ func (r *resumer) run(ctx context.Context) error {
 func (r *resumer) finish(key string, res *Result, err error) {
 	r.mu.Lock()
 	h, o := keyHash(key), outcomeOf(res, err)
-	if old, ok := r.outcomes[h]; ok {
+	if old, ok := r.unsettled[h]; ok {
 		r.counts[old]--
+		delete(r.unsettled, h)
+	} else {
+		r.claimed++
 	}
-	r.outcomes[h] = o
+	if !o.settled() {
+		r.unsettled[h] = o
+	}
 	r.counts[o]++
 	rep := r.reportLocked()
 	r.mu.Unlock()
@@ -239,7 +253,7 @@ func (r *resumer) report() ResumeReport {
 }
 
 func (r *resumer) reportLocked() ResumeReport {
-	rep := ResumeReport{Claimed: len(r.outcomes), Busy: r.busy,
+	rep := ResumeReport{Claimed: r.claimed, Busy: r.busy,
 		Succeeded: r.counts[outSucceeded], Rejected: r.counts[outRejected], Pending: r.counts[outPending],
 		Unknown: r.counts[outUnknown], Expired: r.counts[outExpired], Failed: r.counts[outFailed]}
 	rep.Leased, rep.NotDue, rep.NextDue = r.survey.leased, r.survey.notDue, r.survey.nextDue
@@ -284,10 +298,13 @@ func (r *resumer) active(ctx context.Context, fn func(Record) error) error {
 // One leased by a live owner elsewhere is left to it.
 func (r *resumer) expireOverdue(ctx context.Context) error {
 	now := r.c.now()
-	var overdue []Record
+	// Only what finding them again takes, not whole records with their
+	// bodies: a journal may hold many.
+	type found struct{ key, scope, id string }
+	var overdue []found
 	err := r.active(ctx, func(rec Record) error {
 		if rec.State != StatePending && !rec.ExpiresAt.IsZero() && now.After(rec.ExpiresAt) {
-			overdue = append(overdue, rec)
+			overdue = append(overdue, found{rec.Key, rec.Scope, rec.ID})
 		}
 		return nil
 	})
@@ -295,16 +312,16 @@ func (r *resumer) expireOverdue(ctx context.Context) error {
 		return err
 	}
 	for _, rec := range overdue {
-		op := scopeID{rec.Scope, rec.ID}
+		op := scopeID{rec.scope, rec.id}
 		f, leader := r.c.startFlight(op)
 		if !leader {
 			continue // a call of this client drives it, and will expire it
 		}
-		acquired, err := r.c.journal.Acquire(ctx, rec.Key, r.c.owner, r.c.cfg.LeaseDuration)
+		acquired, err := r.c.journal.Acquire(ctx, rec.key, r.c.owner, r.c.cfg.LeaseDuration)
 		if err == nil {
 			// Past retention: it expires without sending.
 			f.res, f.err = r.c.observe(ctx, callOf(CallResume, acquired), r.c.newDriver(acquired).run)
-			r.finish(rec.Key, f.res, f.err)
+			r.finish(rec.key, f.res, f.err)
 		} else if !errors.Is(err, ErrLeased) && !errors.Is(err, ErrNotActive) {
 			f.err = err
 			r.c.endFlight(op, f)
@@ -386,7 +403,7 @@ func (r *resumer) look(ctx context.Context) (survey, error) {
 	var s survey
 	err := r.active(ctx, func(rec Record) error {
 		r.mu.Lock()
-		_, taken := r.outcomes[keyHash(rec.Key)]
+		_, taken := r.unsettled[keyHash(rec.Key)]
 		r.mu.Unlock()
 		switch {
 		case rec.Lease.Held(now) && rec.Lease.Owner != r.c.owner:

@@ -162,6 +162,20 @@
 // server keeps failing), or waits for the rest with ResumeWait, and reports
 // what it left alone and why.
 //
+// # Watching it
+//
+// Config.Hooks follow every call (Do, Send, and each operation Resume
+// drives), attempt and status check, with what tracing and metrics need
+// and nothing a trace must not hold: no body, no header value, no
+// credential. Hooks.Propagate adds the trace context to each request on
+// the wire only (it is neither journaled nor fingerprinted), and
+// Hooks.Link journals a link to the trace that created an operation, so
+// that the spans of a Resume after a crash relate to it. SQLiteOnCommit
+// reports each journal commit, and server.Config.OnOutcome what the
+// middleware did with each request. The module github.com/idemkit/idem/otel
+// implements all of them with OpenTelemetry; a client without hooks pays a
+// nil check for each. OnTransition reports each journaled state change.
+//
 // # Server side
 //
 // Package server is the counterpart middleware: it honours keys (one

@@ -8,8 +8,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,23 +31,29 @@ import (
 // every status check that it never saw the key (the unknown ones never
 // reached it), so an unknown
 // operation costs a status check and a send. Reported: ops/s of each, their
-// ratio, and the peak Go heap in use while Resume runs (sampled every 20
-// ms), which must not grow with n.
+// ratio, and the memory Resume holds while it runs, which must not grow
+// with n: the peak of the live heap (what the last GC found reachable,
+// sampled every 20 ms) and the peak resident set of the process less its
+// resident set before Resume (the Do phase and the seeding ran before, in
+// the same process).
 //
 //	go test -run '^$' -bench ResumeAtScale -benchtime 1x -count 3 .
 func BenchmarkResumeAtScale(b *testing.B) {
 	for _, n := range []int{2_000, 10_000, 100_000} {
 		b.Run(fmt.Sprintf("operations=%d", n), func(b *testing.B) {
 			srv := resumeServer(b)
-			var doRate, resumeRate, peak float64
+			var doRate, resumeRate, peak, rss float64
 			for range b.N {
-				d, r, p := resumeAtScaleOnce(b, srv.URL, n)
-				doRate, resumeRate, peak = doRate+d, resumeRate+r, max(peak, p)
+				d, r, p, m := resumeAtScaleOnce(b, srv.URL, n)
+				doRate, resumeRate, peak, rss = doRate+d, resumeRate+r, max(peak, p), max(rss, m)
 			}
 			b.ReportMetric(doRate/float64(b.N), "do-ops/s")
 			b.ReportMetric(resumeRate/float64(b.N), "resume-ops/s")
 			b.ReportMetric(resumeRate/doRate, "resume/do")
-			b.ReportMetric(peak/(1<<20), "peak-heap-MiB")
+			b.ReportMetric(peak/(1<<20), "peak-live-heap-MiB")
+			if rss > 0 {
+				b.ReportMetric(rss/(1<<20), "rss-growth-MiB")
+			}
 		})
 	}
 }
@@ -73,7 +82,7 @@ func resumeServer(b *testing.B) *httptest.Server {
 	return srv
 }
 
-func resumeAtScaleOnce(b *testing.B, url string, n int) (doRate, resumeRate, peakHeap float64) {
+func resumeAtScaleOnce(b *testing.B, url string, n int) (doRate, resumeRate, peakHeap, rssGrowth float64) {
 	b.StopTimer()
 	dir := b.TempDir()
 	newClient := func(j idem.Journal) *idem.Client {
@@ -122,18 +131,22 @@ func resumeAtScaleOnce(b *testing.B, url string, n int) (doRate, resumeRate, pea
 	defer c.Close()
 
 	runtime.GC()
-	var peak atomic.Uint64
+	rss0 := residentBytes()
+	var peak, peakRSS atomic.Uint64
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
 	go func() {
 		defer close(sampled)
-		var ms runtime.MemStats
+		live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 		t := time.NewTicker(20 * time.Millisecond)
 		defer t.Stop()
 		for {
-			runtime.ReadMemStats(&ms)
-			if ms.HeapInuse > peak.Load() {
-				peak.Store(ms.HeapInuse)
+			metrics.Read(live)
+			if v := live[0].Value.Uint64(); v > peak.Load() {
+				peak.Store(v)
+			}
+			if v := residentBytes(); v > peakRSS.Load() {
+				peakRSS.Store(v)
 			}
 			select {
 			case <-stop:
@@ -155,7 +168,24 @@ func resumeAtScaleOnce(b *testing.B, url string, n int) (doRate, resumeRate, pea
 	if rep.Succeeded != n {
 		b.Fatalf("Resume settled %d of %d operations: %+v", rep.Succeeded, n, rep)
 	}
-	return doRate, float64(n) / elapsed.Seconds(), float64(peak.Load())
+	if rss0 > 0 && peakRSS.Load() > rss0 {
+		rssGrowth = float64(peakRSS.Load() - rss0)
+	}
+	return doRate, float64(n) / elapsed.Seconds(), float64(peak.Load()), rssGrowth
+}
+
+// residentBytes is the process's resident set size, or 0 where
+// /proc/self/statm does not tell it.
+func residentBytes() uint64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	var size, resident uint64
+	if _, err := fmt.Sscan(string(b), &size, &resident); err != nil {
+		return 0
+	}
+	return resident * uint64(os.Getpagesize())
 }
 
 // seedUnsettled journals n operations to url/orders as a crashed
@@ -185,4 +215,93 @@ func seedUnsettled(b *testing.B, j idem.Journal, url string, n int) {
 	if b.Failed() {
 		b.FailNow()
 	}
+}
+
+// BenchmarkResumeNeighbour: while one client Resumes a journal of n
+// unsettled operations (ResumeConcurrency 8), a second client on its own
+// handle of the same journal file (its own connections and write lock
+// requests, as another process has) does fresh Do from one caller.
+// Reported: the neighbour's ops/s and p99 during the Resume against the
+// same neighbour alone just before, in the same run: a Resume must not
+// starve the application's new work of the journal's write lock.
+//
+//	go test -run '^$' -bench ResumeNeighbour -benchtime 1x -count 3 .
+func BenchmarkResumeNeighbour(b *testing.B) {
+	const n = 5_000
+	srv := resumeServer(b)
+	var alone, during, p99Alone, p99During float64
+	for range b.N {
+		b.StopTimer()
+		dir := b.TempDir()
+		path := filepath.Join(dir, "ops.db")
+		open := func() (*idem.SQLiteJournal, *idem.Client) {
+			j, err := idem.OpenSQLite(path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.URL + "/idempotency"),
+				ResumeConcurrency: 8, HTTPClient: &http.Client{Transport: benchTransport()}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return j, c
+		}
+		jr, resumer := open()
+		seedUnsettled(b, jr, srv.URL, n)
+		jn, neighbour := open()
+
+		// The neighbour's Do, one caller, until stop; returns ops/s and p99.
+		var seq atomic.Int64
+		work := func(stop <-chan struct{}) (float64, float64) {
+			var lat []time.Duration
+			start := time.Now()
+			for {
+				select {
+				case <-stop:
+					elapsed := time.Since(start)
+					slices.Sort(lat)
+					if len(lat) == 0 {
+						return 0, 0
+					}
+					return float64(len(lat)) / elapsed.Seconds(), float64(lat[(len(lat)-1)*99/100]) / float64(time.Microsecond)
+				default:
+				}
+				t0 := time.Now()
+				if _, err := neighbour.Do(context.Background(), idem.Op{ID: fmt.Sprint("new-", seq.Add(1)), URL: "/orders", Body: benchBody}); err != nil {
+					b.Error(err)
+				}
+				lat = append(lat, time.Since(t0))
+			}
+		}
+		stop := make(chan struct{})
+		time.AfterFunc(2*time.Second, func() { close(stop) })
+		a, pa := work(stop)
+
+		b.StartTimer()
+		stop = make(chan struct{})
+		resumed := make(chan error, 1)
+		go func() {
+			rep, err := resumer.Resume(context.Background())
+			if err == nil && rep.Succeeded != n {
+				err = fmt.Errorf("Resume settled %d of %d: %+v", rep.Succeeded, n, rep)
+			}
+			close(stop)
+			resumed <- err
+		}()
+		d, pd := work(stop)
+		if err := <-resumed; err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		alone, during, p99Alone, p99During = alone+a, during+d, p99Alone+pa, p99During+pd
+		_ = neighbour.Close()
+		_ = resumer.Close()
+		_ = jn.Close()
+		_ = jr.Close()
+	}
+	k := float64(b.N)
+	b.ReportMetric(alone/k, "alone-ops/s")
+	b.ReportMetric(during/k, "during-ops/s")
+	b.ReportMetric(during/alone, "during/alone")
+	b.ReportMetric(p99During/p99Alone, "p99-during/alone")
 }

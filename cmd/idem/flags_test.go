@@ -98,31 +98,8 @@ func TestHeaderEnvList(t *testing.T) {
 
 func TestOutputHelpers(t *testing.T) {
 	t.Parallel()
-	assert.Equal(t, "abc", cut("abc", 3))
-	assert.Equal(t, "ab…", cut("abcd", 3))
-	assert.Equal(t, "héllo wo…", cut("héllo world", 9))
-	assert.Equal(t, "abcdef", cutMiddle("abcdef", 6))
-	assert.Equal(t, "ab…fg", cutMiddle("abcdefg", 5))
 	assert.Equal(t, "-", clean(""))
 	assert.Equal(t, "a?b?c", clean("a\tb\x1bc"))
-
-	for d, want := range map[time.Duration]string{
-		-time.Second:                      "0s",
-		42 * time.Second:                  "42s",
-		5*time.Minute + 3*time.Second:     "5m03s",
-		3*time.Hour + 7*time.Minute:       "3h07m",
-		47*time.Hour + 59*time.Minute:     "47h59m",
-		12*24*time.Hour + 4*time.Hour + 1: "12d04h",
-	} {
-		assert.Equal(t, want, formatAge(d), d.String())
-	}
-	assert.Equal(t, "512 B", formatBytes(512))
-	assert.Equal(t, "1.5 KiB", formatBytes(1536))
-	assert.Equal(t, "3.0 MiB", formatBytes(3<<20))
-
-	assert.True(t, isText([]byte("line\n\ttab\r\n")))
-	assert.False(t, isText([]byte{0xff}))
-	assert.False(t, isText([]byte("bell\x07")))
 
 	assert.Equal(t, "operation not found", oneLine("idem: operation not found"))
 	assert.Equal(t, "journal /x: unusable path", oneLine("idem journal /x: unusable path"))

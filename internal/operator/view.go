@@ -2,8 +2,10 @@ package operator
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -177,4 +179,42 @@ func IsCredentialHeader(name string) bool {
 		}
 	}
 	return false
+}
+
+// ParseAge parses a non-negative age: a Go duration such as 90m or 36h, or
+// days such as 7d or 1d12h.
+func ParseAge(v string) (time.Duration, error) {
+	s := strings.TrimSpace(v)
+	bad := func(why string) error {
+		return fmt.Errorf("bad duration %q: %s (want a Go duration such as 90m or 36h, or days such as 7d)", v, why)
+	}
+	if s == "" {
+		return 0, bad("empty")
+	}
+	if strings.HasPrefix(s, "-") {
+		return 0, bad("negative")
+	}
+	var total time.Duration
+	if i := strings.IndexByte(s, 'd'); i >= 0 {
+		days, err := strconv.ParseFloat(s[:i], 64)
+		if err != nil || s[:i] == "" || math.IsNaN(days) || math.IsInf(days, 0) || days < 0 {
+			return 0, bad("the number of days does not parse")
+		}
+		if days*24*float64(time.Hour) > math.MaxInt64/2 {
+			return 0, bad("too long")
+		}
+		total = time.Duration(days * 24 * float64(time.Hour))
+		s = s[i+1:]
+		if s == "" {
+			return total, nil
+		}
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, bad(strings.TrimPrefix(err.Error(), "time: "))
+	}
+	if d < 0 || total > math.MaxInt64-d {
+		return 0, bad("out of range")
+	}
+	return total + d, nil
 }

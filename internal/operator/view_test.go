@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestFormatting(t *testing.T) {
@@ -48,5 +49,33 @@ func TestIsCredentialHeader(t *testing.T) {
 	}
 	for _, name := range []string{"Content-Type", "X-Request-Id", "Idempotency-Key", "Accept", "X-Tenant"} {
 		assert.False(t, IsCredentialHeader(name), name)
+	}
+}
+
+func TestParseAge(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{
+		"0s":     0,
+		"0":      0,
+		"90m":    90 * time.Minute,
+		"36h":    36 * time.Hour,
+		"7d":     7 * 24 * time.Hour,
+		"0d":     0,
+		"1.5d":   36 * time.Hour,
+		"1d12h":  36 * time.Hour,
+		" 2d ":   48 * time.Hour,
+		"1h30m":  90 * time.Minute,
+		"250ms":  250 * time.Millisecond,
+		"365d":   365 * 24 * time.Hour,
+		"1d1ms":  24*time.Hour + time.Millisecond,
+		"10d10h": 250 * time.Hour,
+	} {
+		got, err := ParseAge(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "7x", "d", "xd", "-1h", "-7d", "7dd", "1d-1h", "NaNd", "Infd", "1e300d", "7 d", "h"} {
+		_, err := ParseAge(in)
+		assert.Error(t, err, in)
 	}
 }

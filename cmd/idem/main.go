@@ -226,7 +226,7 @@ type command struct {
 
 // commands lists the subcommands in the order help shows them.
 var commands = []*command{lsCommand, showCommand, statsCommand, reconcileCommand, cancelCommand,
-	resumeCommand, pruneCommand, probeCommand}
+	resumeCommand, pruneCommand, uiCommand, probeCommand}
 
 func lookupCommand(name string) *command {
 	for _, c := range commands {

@@ -110,7 +110,9 @@ func TestTimelineEdges(t *testing.T) {
 		{Version: 2, At: now, Kind: idem.EventAnswer, From: idem.StateInFlight, To: idem.StateSucceeded, Attempt: 1, StatusCode: 201}}
 	tl := newTimeline(rec, hist, now.Add(time.Hour))
 	require.NotNil(t, tl)
-	require.Len(t, tl.Boxes, 2, "the state and the attempt")
+	require.Len(t, tl.Boxes, 3, "the state, the attempt, the settled state's cap")
 	assert.Greater(t, tl.Boxes[1].W, 0.0)
 	assert.Equal(t, tl.Boxes[0].X+tl.Boxes[0].W, tl.Marks[1].X, "a settled operation ends with its last event, not now")
+	assert.Equal(t, "state-succeeded", tl.Boxes[2].Class)
+	assert.Equal(t, tl.Marks[1].X, tl.Boxes[2].X)
 }

@@ -57,8 +57,9 @@ const (
 	tlTop      = 8.0
 	tlLaneH    = 26.0
 	tlBoxH     = 18.0
-	tlMinGap   = 16.0 // events at the same millisecond
-	tlGapPerLn = 14.0 // per e-fold of the gap in milliseconds
+	tlMinGap   = 36.0 // events at the same millisecond
+	tlGapPerLn = 20.0 // per e-fold of the gap in milliseconds
+	tlEndCap   = 70.0 // the settled state after the last event
 )
 
 // Lanes, top to bottom.
@@ -203,6 +204,24 @@ func newTimeline(rec idem.Record, hist []idem.Event, now time.Time) *timeline {
 		default:
 			tl.Marks = append(tl.Marks, tlMark{X: xs[i], Y: laneY(laneEvents) + tlBoxH/2, Class: "event event-" + ev.Kind.String(),
 				Label: ev.Kind.String(), Title: title})
+		}
+	}
+	// A settled operation ends in its state, drawn as a cap.
+	if !open {
+		last := hist[len(hist)-1]
+		box(laneState, xs[len(xs)-1], xs[len(xs)-1]+tlEndCap, "state-"+last.To.String(), last.To.String(),
+			fmt.Sprintf("%s since %s", last.To, stamp(last.At)))
+		tl.Width += tlEndCap
+	}
+	// A mark's label shows when it fits before the next mark of its lane.
+	for i := range tl.Marks {
+		for j := i + 1; j < len(tl.Marks); j++ {
+			if tl.Marks[j].Y == tl.Marks[i].Y {
+				if !fits(tl.Marks[i].Label, tl.Marks[j].X-tl.Marks[i].X-8) {
+					tl.Marks[i].Label = ""
+				}
+				break
+			}
 		}
 	}
 	// Ticks: the first event's time, and the time since it of the last.

@@ -21,7 +21,9 @@ import (
 func TestLivePartsFollowTheJournal(t *testing.T) {
 	t.Parallel()
 	path, keys := fixtureJournal(t)
-	srv, c := server(t, Config{Journal: openJournal(t, path)})
+	// A stopped clock: the ages shown do not move between two fetches.
+	now := time.Now()
+	srv, c := server(t, Config{Journal: openJournal(t, path), Now: func() time.Time { return now }})
 
 	page := get(t, c, srv.URL+"/ops?state=pending")
 	assert.Contains(t, page.body, `<div id="live" data-src="/live/ops?state=pending">`)

@@ -281,9 +281,19 @@ func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 			yield(Record{}, err)
 			return
 		}
+		var after int64 = -1
+		if f.After != "" {
+			e, ok := m.byKey[f.After]
+			if !ok {
+				m.mu.Unlock()
+				yield(Record{}, journal.CursorNotFound(f.After))
+				return
+			}
+			after = e.seq
+		}
 		var match []*memEntry
 		for _, e := range m.byKey {
-			if f.Match(e.rec) {
+			if e.seq > after && f.Match(e.rec) {
 				match = append(match, e)
 			}
 		}

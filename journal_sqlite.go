@@ -607,6 +607,13 @@ func (j *SQLiteJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 		}
 		q += ` ORDER BY o.id LIMIT ` + fmt.Sprint(listPage)
 		var after int64
+		if f.After != "" {
+			var err error
+			if after, err = j.rowID(ctx, f.After); err != nil {
+				yield(Record{}, err)
+				return
+			}
+		}
 		for {
 			page, last, err := j.listPage(ctx, q, append([]any{after}, args...))
 			if err != nil {
@@ -624,6 +631,20 @@ func (j *SQLiteJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 			after = last
 		}
 	}
+}
+
+// rowID is the position in List's order of the record with the given
+// key: its row id.
+func (j *SQLiteJournal) rowID(ctx context.Context, key string) (int64, error) {
+	if err := j.beforeRead(ctx); err != nil {
+		return 0, err
+	}
+	var id int64
+	err := j.db.Reader.QueryRowContext(ctx, `SELECT id FROM operations WHERE key = ?`, keyValue(key)).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, journal.CursorNotFound(key)
+	}
+	return id, j.db.Classify(err)
 }
 
 func (j *SQLiteJournal) listPage(ctx context.Context, q string, args []any) ([]Record, int64, error) {

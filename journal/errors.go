@@ -44,6 +44,13 @@ var (
 // the (scope, id) that what names, such as "key 0190…" or "tenant-a/cart-42".
 func NotFound(what string) error { return fmt.Errorf("%w: %s", ErrNotFound, what) }
 
+// CursorNotFound is the error a journal's List yields when Filter.After
+// names no record: it matches ErrNotFound and says what to do.
+func CursorNotFound(key string) error {
+	return NotFound(fmt.Sprintf("key %s, the record to list after (Filter.After), is no longer in the journal "+
+		"(pruned since it was read?); list again from the start", key))
+}
+
 // FingerprintMismatch is the error a journal's Create returns, with the
 // existing record, when the operation ID is taken by another request: it
 // matches ErrFingerprintMismatch and names the record that holds the ID.

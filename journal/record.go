@@ -178,9 +178,19 @@ type Filter struct {
 	States []State
 	// CreatedBefore, when not zero, restricts to records created before it.
 	CreatedBefore time.Time
+	// After, when not empty, is the key of a record: List starts after
+	// that record in its order (creation order), whether or not the record
+	// matches the rest of the filter. It is a cursor for paging through a
+	// journal without holding it: pass the key of the last record seen to
+	// get the next page. When no record has that key (it was pruned since),
+	// List yields one error matching ErrNotFound and nothing else, rather
+	// than guess where the page was.
+	After string
 }
 
-// Match reports whether rec passes the filter.
+// Match reports whether rec passes the filter's Scope, States and
+// CreatedBefore. It does not consider After, which is a position in
+// List's order rather than a property of the record.
 func (f Filter) Match(rec Record) bool {
 	if f.Scope != "" && rec.Scope != f.Scope {
 		return false

@@ -133,6 +133,8 @@ var groups = []group{
 		{"EarlyBreak", testListEarlyBreak},
 		{"Thousand", testListThousand},
 		{"WritesDuringIteration", testListWrites},
+		{"PagedAfter", testListAfter},
+		{"AfterUnknownKey", testListAfterUnknown},
 	}},
 	{"Count", []subtest{
 		{"ScopeState", testCount},

@@ -386,6 +386,13 @@ func (j *Journal) List(ctx context.Context, f idem.Filter) iter.Seq2[idem.Record
 			states = append(states, int16(s))
 		}
 		var after int64
+		if f.After != "" {
+			var err error
+			if after, err = j.rowID(ctx, f.After); err != nil {
+				yield(idem.Record{}, err)
+				return
+			}
+		}
 		for {
 			page, last, err := j.listPage(ctx, f, states, after)
 			if err != nil {
@@ -403,6 +410,22 @@ func (j *Journal) List(ctx context.Context, f idem.Filter) iter.Seq2[idem.Record
 			after = last
 		}
 	}
+}
+
+// rowID is the position in List's order of the record with the given
+// key: its id.
+func (j *Journal) rowID(ctx context.Context, key string) (int64, error) {
+	done, err := j.enter(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	var id int64
+	err = j.pool.QueryRow(ctx, `SELECT id FROM `+j.q.operations+` WHERE key = $1`, key).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, journal.CursorNotFound(key)
+	}
+	return id, classify(ctx, err)
 }
 
 func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, after int64) ([]idem.Record, int64, error) {

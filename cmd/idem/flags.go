@@ -5,16 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/operator"
 	"github.com/idemkit/idem/internal/wire"
 )
 
@@ -98,48 +97,12 @@ func (a *ageFlag) String() string {
 }
 
 func (a *ageFlag) Set(v string) error {
-	d, err := parseAge(v)
+	d, err := operator.ParseAge(v)
 	if err != nil {
 		return err
 	}
 	a.d, a.set = d, true
 	return nil
-}
-
-func parseAge(v string) (time.Duration, error) {
-	s := strings.TrimSpace(v)
-	bad := func(why string) error {
-		return fmt.Errorf("bad duration %q: %s (want a Go duration such as 90m or 36h, or days such as 7d)", v, why)
-	}
-	if s == "" {
-		return 0, bad("empty")
-	}
-	if strings.HasPrefix(s, "-") {
-		return 0, bad("negative")
-	}
-	var total time.Duration
-	if i := strings.IndexByte(s, 'd'); i >= 0 {
-		days, err := strconv.ParseFloat(s[:i], 64)
-		if err != nil || s[:i] == "" || math.IsNaN(days) || math.IsInf(days, 0) || days < 0 {
-			return 0, bad("the number of days does not parse")
-		}
-		if days*24*float64(time.Hour) > math.MaxInt64/2 {
-			return 0, bad("too long")
-		}
-		total = time.Duration(days * 24 * float64(time.Hour))
-		s = s[i+1:]
-		if s == "" {
-			return total, nil
-		}
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, bad(strings.TrimPrefix(err.Error(), "time: "))
-	}
-	if d < 0 || total > math.MaxInt64-d {
-		return 0, bad("out of range")
-	}
-	return total + d, nil
 }
 
 // headerEnv is one --header-env NAME=ENV: header NAME takes the value of

@@ -4,41 +4,12 @@ import (
 	"flag"
 	"net/url"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
 )
-
-func TestParseAge(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]time.Duration{
-		"0s":     0,
-		"0":      0,
-		"90m":    90 * time.Minute,
-		"36h":    36 * time.Hour,
-		"7d":     7 * 24 * time.Hour,
-		"0d":     0,
-		"1.5d":   36 * time.Hour,
-		"1d12h":  36 * time.Hour,
-		" 2d ":   48 * time.Hour,
-		"1h30m":  90 * time.Minute,
-		"250ms":  250 * time.Millisecond,
-		"365d":   365 * 24 * time.Hour,
-		"1d1ms":  24*time.Hour + time.Millisecond,
-		"10d10h": 250 * time.Hour,
-	} {
-		got, err := parseAge(in)
-		require.NoError(t, err, in)
-		assert.Equal(t, want, got, in)
-	}
-	for _, in := range []string{"", "7x", "d", "xd", "-1h", "-7d", "7dd", "1d-1h", "NaNd", "Infd", "1e300d", "7 d", "h"} {
-		_, err := parseAge(in)
-		assert.Error(t, err, in)
-	}
-}
 
 func TestParseInterspersed(t *testing.T) {
 	t.Parallel()
@@ -98,31 +69,8 @@ func TestHeaderEnvList(t *testing.T) {
 
 func TestOutputHelpers(t *testing.T) {
 	t.Parallel()
-	assert.Equal(t, "abc", cut("abc", 3))
-	assert.Equal(t, "ab…", cut("abcd", 3))
-	assert.Equal(t, "héllo wo…", cut("héllo world", 9))
-	assert.Equal(t, "abcdef", cutMiddle("abcdef", 6))
-	assert.Equal(t, "ab…fg", cutMiddle("abcdefg", 5))
 	assert.Equal(t, "-", clean(""))
 	assert.Equal(t, "a?b?c", clean("a\tb\x1bc"))
-
-	for d, want := range map[time.Duration]string{
-		-time.Second:                      "0s",
-		42 * time.Second:                  "42s",
-		5*time.Minute + 3*time.Second:     "5m03s",
-		3*time.Hour + 7*time.Minute:       "3h07m",
-		47*time.Hour + 59*time.Minute:     "47h59m",
-		12*24*time.Hour + 4*time.Hour + 1: "12d04h",
-	} {
-		assert.Equal(t, want, formatAge(d), d.String())
-	}
-	assert.Equal(t, "512 B", formatBytes(512))
-	assert.Equal(t, "1.5 KiB", formatBytes(1536))
-	assert.Equal(t, "3.0 MiB", formatBytes(3<<20))
-
-	assert.True(t, isText([]byte("line\n\ttab\r\n")))
-	assert.False(t, isText([]byte{0xff}))
-	assert.False(t, isText([]byte("bell\x07")))
 
 	assert.Equal(t, "operation not found", oneLine("idem: operation not found"))
 	assert.Equal(t, "journal /x: unusable path", oneLine("idem journal /x: unusable path"))

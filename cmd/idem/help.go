@@ -54,8 +54,9 @@ Run 'idem help COMMAND' for one command's flags.
 Exit status: 0 success; 1 error (missing or foreign journal, unknown
 operation, illegal state change, ...); 2 usage error (unknown command or
 flag, missing argument, bad state name or duration, probe without
---yes); 3 resume left operations unsettled; 4 probe: usable with changes;
-5 probe: not safe. Errors are one line on stderr, prefixed "idem: ".
+--yes, ui on a non-loopback address without a token); 3 resume left
+operations unsettled; 4 probe: usable with changes; 5 probe: not safe.
+Errors are one line on stderr, prefixed "idem: ".
 `)
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/operator"
 )
 
 // Column widths of the ls table, in runes; show prints everything whole.
@@ -93,12 +94,12 @@ func listTable(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now t
 		}
 		n++
 		state := rec.State.String()
-		if pastRetention(rec, now) {
+		if operator.PastRetention(rec, now) {
 			state += "*"
 			overdue++
 		}
-		row(tw, rec.Key, cutMiddle(rec.Scope, lsScopeWidth), cutMiddle(rec.ID, lsIDWidth), state,
-			strconv.Itoa(rec.Attempts), formatAge(now.Sub(rec.CreatedAt)), cut(lastError(rec), lsErrorWidth))
+		row(tw, rec.Key, operator.CutMiddle(rec.Scope, lsScopeWidth), operator.CutMiddle(rec.ID, lsIDWidth), state,
+			strconv.Itoa(rec.Attempts), operator.FormatAge(now.Sub(rec.CreatedAt)), operator.Cut(operator.LastError(rec), lsErrorWidth))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -108,20 +109,8 @@ func listTable(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now t
 		return err
 	}
 	if overdue > 0 {
-		_, err := fmt.Fprintf(e.stdout, "* %s (%d operation(s))\n", pastRetentionNote, overdue)
+		_, err := fmt.Fprintf(e.stdout, "* %s (%d operation(s))\n", operator.PastRetentionNote, overdue)
 		return err
 	}
 	return nil
-}
-
-// lastError is the record's last error, or its note when an operator
-// settled it.
-func lastError(rec idem.Record) string {
-	switch {
-	case rec.Note == "":
-		return rec.LastError
-	case rec.LastError == "":
-		return rec.Note
-	}
-	return rec.LastError + ": " + rec.Note
 }

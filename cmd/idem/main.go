@@ -1,9 +1,10 @@
 // Command idem is the operator's tool for an idem journal: the local SQLite
 // file in which the idem SDK records every state-changing HTTP operation
 // (its idempotency key, the exact request, its state and history) before
-// sending it. It lists and inspects operations, resumes the unfinished ones,
-// records an operator's decision about those whose outcome could not be
-// confirmed, withdraws pending ones, and prunes settled ones. It also
+// sending it. It lists and inspects operations (also in a web view, "idem
+// ui"), resumes the unfinished ones, records an operator's decision about
+// those whose outcome could not be confirmed, withdraws pending ones, and
+// prunes settled ones. It also
 // probes an API, before idem is trusted with it, for what it does with
 // idempotency keys.
 //
@@ -122,6 +123,29 @@
 // operations wait for an operator and are kept. With --dry-run it only
 // counts them.
 //
+//	idem ui [--listen ADDR] [--allow-writes] [--token-env NAME]
+//
+// Serves a web view of the journal and prints its URL: the number of
+// operations by state and by scope with the oldest unsettled one; a list
+// filtered by state, scope, age (older than D) and text in the operation
+// ID, paged through the journal 100 at a time without loading it; and
+// each operation's page, with its request and response (credential
+// headers hidden; bodies as text when they are UTF-8 text, else as a hex
+// dump, both cut short when long) and a timeline of its attempts, waits
+// and status checks drawn from its history. The pages update every 2
+// seconds while the application writes the journal. It is read-only
+// unless --allow-writes: then an unknown or expired operation can be
+// reconciled (as succeeded or rejected, with a note) and a pending one
+// canceled from its page, with the rules and errors of reconcile and
+// cancel; every such form carries a per-process CSRF token. --listen
+// defaults to 127.0.0.1 on a free port; without a token the view answers
+// only requests addressed to a loopback name. Any other address needs a
+// token: --token-env NAME reads it from environment variable NAME, and
+// every request must then carry it (Authorization: Bearer TOKEN, or the
+// log-in form's session cookie); the token is never printed. A
+// non-loopback --listen without --token-env is a usage error. Ctrl-C
+// stops it.
+//
 //	idem probe --url URL [--method M] [--body JSON | --body-file F] [--other-body B]
 //	           [--header-env NAME=ENV ...] [--key-header NAME] [--status-url TEMPLATE]
 //	           [--other-url URL] [--other-method M] [--max-requests N] [--json] --yes
@@ -160,7 +184,7 @@
 //	   variable, a journal or network failure
 //	2  usage error: an unknown command or flag, a missing argument or
 //	   required flag (probe's --yes included), a bad state name, duration
-//	   or URL
+//	   or URL, a non-loopback ui --listen without --token-env
 //	3  resume finished, but operations remain unsettled (pending, unknown,
 //	   expired or failed), or it was stopped by --timeout or a signal
 //	4  probe: the API is usable with idem configured as the report says
@@ -226,7 +250,7 @@ type command struct {
 
 // commands lists the subcommands in the order help shows them.
 var commands = []*command{lsCommand, showCommand, statsCommand, reconcileCommand, cancelCommand,
-	resumeCommand, pruneCommand, probeCommand}
+	resumeCommand, pruneCommand, uiCommand, probeCommand}
 
 func lookupCommand(name string) *command {
 	for _, c := range commands {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/operator"
 	"github.com/idemkit/idem/internal/wire"
 )
 
@@ -43,73 +43,6 @@ func clean(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// cut shortens s to n runes, replacing its end with an ellipsis.
-func cut(s string, n int) string {
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	r := []rune(s)
-	return string(r[:n-1]) + "…"
-}
-
-// cutMiddle shortens s to n runes, replacing its middle with an ellipsis:
-// for names whose end tells them apart, such as "checkout/cart-42".
-func cutMiddle(s string, n int) string {
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	r := []rune(s)
-	head := (n - 1) / 2
-	tail := n - 1 - head
-	return string(r[:head]) + "…" + string(r[len(r)-tail:])
-}
-
-// formatAge prints a duration with its two largest units: 42s, 5m03s,
-// 3h07m, 12d04h.
-func formatAge(d time.Duration) string {
-	if d < 0 {
-		d = 0
-	}
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d/time.Second))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
-	default:
-		return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
-	}
-}
-
-// formatTime prints a journal time in UTC with milliseconds, and how long
-// ago it was (or is to come).
-func formatTime(t, now time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	s := t.UTC().Format("2006-01-02 15:04:05.000Z07:00")
-	if d := now.Sub(t); d >= 0 {
-		return s + " (" + formatAge(d) + " ago)"
-	} else {
-		return s + " (in " + formatAge(-d) + ")"
-	}
-}
-
-// isText reports whether b prints safely as text on a terminal: UTF-8
-// without control characters other than tab and line breaks.
-func isText(b []byte) bool {
-	if !utf8.Valid(b) {
-		return false
-	}
-	for _, r := range string(b) {
-		if unicode.IsControl(r) && r != '\n' && r != '\r' && r != '\t' {
-			return false
-		}
-	}
-	return true
 }
 
 // writeJSON writes v as one line of JSON.
@@ -224,7 +157,7 @@ func newJSONRecord(rec idem.Record, now time.Time) jsonRecord {
 		LastError: rec.LastError, Note: rec.Note, Link: rec.Link,
 		CreatedAt: utc(rec.CreatedAt), UpdatedAt: utc(rec.UpdatedAt),
 		NextAttemptAt: optTime(rec.NextAttemptAt), ExpiresAt: optTime(rec.ExpiresAt),
-		Version: rec.Version, PastRetention: pastRetention(rec, now),
+		Version: rec.Version, PastRetention: operator.PastRetention(rec, now),
 	}
 	if rec.Response != nil {
 		j.StatusCode = rec.Response.StatusCode
@@ -245,25 +178,3 @@ func jsonBody(b []byte) (body *string, encoding string) {
 	s := base64.StdEncoding.EncodeToString(b)
 	return &s, "base64"
 }
-
-// sortedHeader returns h's names in order.
-func sortedHeader(h http.Header) []string {
-	names := make([]string, 0, len(h))
-	for k := range h {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	return names
-}
-
-// pastRetention reports whether rec may have reached the server, is not
-// settled, and the server's key retention (ExpiresAt) has passed at now:
-// the next Resume marks it expired without sending anything, as no status
-// check can settle it any more. This is the test Resume applies.
-func pastRetention(rec idem.Record, now time.Time) bool {
-	return (rec.State == idem.StateInFlight || rec.State == idem.StateUnknown) &&
-		!rec.ExpiresAt.IsZero() && now.After(rec.ExpiresAt)
-}
-
-// pastRetentionNote says what pastRetention means.
-const pastRetentionNote = "past the server's retention: Resume marks it expired without sending"

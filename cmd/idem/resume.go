@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/operator"
 	"github.com/idemkit/idem/internal/wire"
 )
 
@@ -268,7 +269,7 @@ func summaryLine(rep idem.ResumeReport, now time.Time) string {
 		rep.Busy, rep.Leased, rep.NotDue)
 	if rep.NotDue > 0 && !rep.NextDue.IsZero() {
 		line += fmt.Sprintf(" (the next due at %s, in %s)", rep.NextDue.UTC().Format("2006-01-02 15:04:05.000Z07:00"),
-			formatAge(rep.NextDue.Sub(now)))
+			operator.FormatAge(rep.NextDue.Sub(now)))
 	}
 	return line
 }

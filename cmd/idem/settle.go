@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
-	"strings"
-	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/operator"
 )
 
 var reconcileCommand = &command{
@@ -29,21 +29,18 @@ process is driving. The operation is named as for "idem show".`,
 			if err := wantArgs("reconcile", args, "KEY or SCOPE/ID"); err != nil {
 				return err
 			}
-			if as == "" {
+			state, err := operator.ParseOutcome(as)
+			switch {
+			case errors.Is(err, operator.ErrNoOutcome):
 				return usagef("reconcile: --as succeeded|rejected is required")
+			case err != nil:
+				return usagef("reconcile: --as %v", err)
 			}
-			state, err := idem.ParseState(as)
-			if err != nil || (state != idem.StateSucceeded && state != idem.StateRejected) {
-				return usagef("reconcile: --as %q: an operation is reconciled as succeeded or rejected", as)
-			}
-			if strings.TrimSpace(note) == "" {
+			if operator.CheckNote(note) != nil {
 				return usagef("reconcile: --note is required: say what the decision is based on")
 			}
-			return settle(ctx, e, args[0], func(c *idem.Client, rec idem.Record) (string, error) {
-				if err := c.Reconcile(ctx, rec.Key, state, note); err != nil {
-					return "", err
-				}
-				return fmt.Sprintf("reconciled %s (%s/%s) as %s, was %s", rec.Key, rec.Scope, rec.ID, state, rec.State), nil
+			return settle(ctx, e, args[0], func(j idem.Journal, rec idem.Record) (string, error) {
+				return operator.Reconcile(ctx, j, rec, state, note, e.now())
 			})
 		}
 	},
@@ -63,36 +60,22 @@ show".`,
 			if err := wantArgs("cancel", args, "KEY or SCOPE/ID"); err != nil {
 				return err
 			}
-			return settle(ctx, e, args[0], func(c *idem.Client, rec idem.Record) (string, error) {
-				if err := c.Cancel(ctx, rec.Key); err != nil {
-					return "", err
-				}
-				return fmt.Sprintf("canceled %s (%s/%s)", rec.Key, rec.Scope, rec.ID), nil
+			return settle(ctx, e, args[0], func(j idem.Journal, rec idem.Record) (string, error) {
+				return operator.Cancel(ctx, j, rec, e.now())
 			})
 		}
 	},
 }
 
 // settle finds the operation that arg names and applies an operator's
-// change to it through a client, which enforces what may change.
-func settle(ctx context.Context, e *env, arg string, change func(*idem.Client, idem.Record) (string, error)) error {
+// change to it (package operator holds the rules, shared with idem ui).
+func settle(ctx context.Context, e *env, arg string, change func(idem.Journal, idem.Record) (string, error)) error {
 	return withJournal(e, func(j *idem.SQLiteJournal) error {
 		rec, err := resolve(ctx, e, j, arg)
 		if err != nil {
 			return err
 		}
-		// The client's operator calls do not check leases: refuse to
-		// change an operation that a live process is driving.
-		if now := e.now(); rec.Lease.Held(now) {
-			return fmt.Errorf("operation %s (%s/%s) is %s and being driven by %s until %s; wait for it to stop, then look again",
-				rec.Key, rec.Scope, rec.ID, rec.State, rec.Lease.Owner, rec.Lease.ExpiresAt.UTC().Format(time.RFC3339))
-		}
-		c, err := idem.New(idem.Config{Journal: j})
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		msg, err := change(c, rec)
+		msg, err := change(j, rec)
 		if err != nil {
 			return err
 		}

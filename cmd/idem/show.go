@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/internal/operator"
 )
 
 var showCommand = &command{
@@ -128,7 +128,7 @@ func showText(w io.Writer, rec idem.Record, hist []idem.Event, withBody bool, no
 	tw := newTable(w)
 	field := func(name, value string) { row(tw, name, value) }
 	field("key", rec.Key)
-	field("key header", keyFormText(rec))
+	field("key header", operator.KeyFormText(rec))
 	field("scope", rec.Scope)
 	field("id", rec.ID)
 	field("state", rec.State.String())
@@ -140,17 +140,17 @@ func showText(w io.Writer, rec idem.Record, hist []idem.Event, withBody bool, no
 		attempts += fmt.Sprintf(", and %d re-send(s) by Go's HTTP transport on its own (a reused connection died before any reply; each may have reached the server)", n)
 	}
 	field("attempts", attempts)
-	field("created", formatTime(rec.CreatedAt, now))
-	field("updated", formatTime(rec.UpdatedAt, now))
-	expires := formatTime(rec.ExpiresAt, now)
-	if pastRetention(rec, now) {
-		expires += ": " + pastRetentionNote
+	field("created", operator.FormatTime(rec.CreatedAt, now))
+	field("updated", operator.FormatTime(rec.UpdatedAt, now))
+	expires := operator.FormatTime(rec.ExpiresAt, now)
+	if operator.PastRetention(rec, now) {
+		expires += ": " + operator.PastRetentionNote
 	}
 	field("expires", expires)
-	field("next attempt", formatTime(rec.NextAttemptAt, now))
+	field("next attempt", operator.FormatTime(rec.NextAttemptAt, now))
 	lease := "none"
 	if rec.Lease.Owner != "" {
-		lease = fmt.Sprintf("%s, epoch %d, until %s", rec.Lease.Owner, rec.Lease.Epoch, formatTime(rec.Lease.ExpiresAt, now))
+		lease = fmt.Sprintf("%s, epoch %d, until %s", rec.Lease.Owner, rec.Lease.Epoch, operator.FormatTime(rec.Lease.ExpiresAt, now))
 		if !rec.Lease.Held(now) {
 			lease += " (expired)"
 		}
@@ -199,52 +199,10 @@ func printHistory(w io.Writer, hist []idem.Event) error {
 			status = strconv.Itoa(ev.StatusCode)
 		}
 		row(tw, "  "+strconv.FormatInt(ev.Version, 10), ev.At.UTC().Format("2006-01-02 15:04:05.000Z07:00"),
-			ev.Kind.String(), stateChange(ev), strconv.Itoa(ev.Attempt), status, ev.Owner, eventWhy(ev, prevError))
+			ev.Kind.String(), operator.StateChange(ev), strconv.Itoa(ev.Attempt), status, ev.Owner, operator.EventWhy(ev, prevError))
 		prevError = ev.Error
 	}
 	return tw.Flush()
-}
-
-// stateChange is "from → to", "→ to" for the creation, or "=" when the
-// state stayed.
-func stateChange(ev idem.Event) string {
-	switch {
-	case ev.From == 0:
-		return "→ " + ev.To.String()
-	case ev.From == ev.To:
-		return "="
-	}
-	return ev.From.String() + " → " + ev.To.String()
-}
-
-// eventWhy is the event's Detail, followed by the record's error (or the
-// operator's note) when the event set it and the detail does not already
-// say it: a status check's detail says what the check answered, or why it
-// failed, which is what its error repeats.
-func eventWhy(ev idem.Event, prevError string) string {
-	why := ev.Detail
-	if ev.Kind == idem.EventStatus && why != "" {
-		return why
-	}
-	if e := ev.Error; e != "" && e != prevError && !strings.Contains(why, e) {
-		if why != "" {
-			why += "; "
-		}
-		why += e
-	}
-	return why
-}
-
-// keyFormText says how the record's key goes on the wire.
-func keyFormText(rec idem.Record) string {
-	if rec.KeyHeader == "" {
-		return "not journaled (sent in the resuming client's form)"
-	}
-	form := "bare token"
-	if rec.KeyQuoted {
-		form = "quoted: an RFC 8941 sf-string"
-	}
-	return fmt.Sprintf("%s: %s (%s)", rec.KeyHeader, wire.FormatKey(rec.Key, rec.KeyQuoted), form)
 }
 
 func printHeader(w io.Writer, h http.Header) {
@@ -252,7 +210,7 @@ func printHeader(w io.Writer, h http.Header) {
 		fmt.Fprintln(w, "  (none)")
 		return
 	}
-	for _, name := range sortedHeader(h) {
+	for _, name := range operator.SortedHeader(h) {
 		for _, v := range h[name] {
 			fmt.Fprintf(w, "  %s: %s\n", clean(name), clean(v))
 		}
@@ -267,7 +225,7 @@ func printBody(w io.Writer, label string, b []byte, withBody bool) {
 		fmt.Fprintf(w, "%s: empty\n", label)
 	case !withBody:
 		fmt.Fprintf(w, "%s: %d bytes (--body prints it)\n", label, len(b))
-	case isText(b):
+	case operator.IsText(b):
 		fmt.Fprintf(w, "%s: %d bytes:\n%s", label, len(b), b)
 		if b[len(b)-1] != '\n' {
 			fmt.Fprintln(w)

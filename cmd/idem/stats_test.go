@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/operator"
 )
 
 func TestStats(t *testing.T) {
@@ -17,15 +18,15 @@ func TestStats(t *testing.T) {
 
 	r := idemOn(t, path, "stats", "--json")
 	requireOK(t, r)
-	var s stats
+	var s operator.Stats
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &s))
 	assert.Equal(t, len(recs), s.Total)
 	assert.Equal(t, map[string]int{"pending": 1, "in_flight": 1, "unknown": 1, "succeeded": 2, "rejected": 1,
 		"expired": 1, "canceled": 1}, s.ByState)
 	require.Len(t, s.ByScope, 2)
-	assert.Equal(t, scopeCount{Scope: "default", Total: 5,
+	assert.Equal(t, operator.ScopeCount{Scope: "default", Total: 5,
 		ByState: map[string]int{"pending": 1, "in_flight": 1, "unknown": 1, "succeeded": 1, "canceled": 1}}, s.ByScope[0])
-	assert.Equal(t, scopeCount{Scope: "tenant-b", Total: 3,
+	assert.Equal(t, operator.ScopeCount{Scope: "tenant-b", Total: 3,
 		ByState: map[string]int{"rejected": 1, "expired": 1, "succeeded": 1}}, s.ByScope[1])
 	// The oldest unsettled operation is the first one journaled: pending.
 	require.NotNil(t, s.OldestUnsettled)
@@ -61,7 +62,7 @@ func TestStatsAllSettled(t *testing.T) {
 
 	r := idemOn(t, path, "stats", "--json")
 	requireOK(t, r)
-	var s stats
+	var s operator.Stats
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &s))
 	assert.Nil(t, s.OldestUnsettled)
 	assert.Equal(t, 1, s.ByState["succeeded"])

@@ -45,6 +45,7 @@ const (
 	MarkupScope  = `tenant"><b id=pwned3>`
 	MarkupHeader = `"><script>window.pwned=4</script>`
 	MarkupBody   = `</pre></textarea><script>window.pwned=5</script><img src=x onerror="window.pwned=6">`
+	MarkupLink   = `"><script>window.pwned=10</script>`
 )
 
 // BytesID and BytesBody hold a NUL and bytes that are not UTF-8.
@@ -141,7 +142,7 @@ func Build(t testing.TB, path string) Fixture {
 		State: idem.StateInFlight, Attempts: 1, ExpiresAt: time.Now().Add(24 * time.Hour)}, nil)
 	f.Keys[HostileBytes] = put(t, j, idem.Record{Scope: "bytes\x00\xff", ID: BytesID, Body: BytesBody,
 		Header: http.Header{"X-Bin": {"\x00\xff<script>window.pwned=9</script>"}, "Authorization": {"Bearer secret-in-journal"}},
-		State:  idem.StateInFlight, Attempts: 1, ExpiresAt: time.Now().Add(24 * time.Hour)},
+		Link:   MarkupLink, State: idem.StateInFlight, Attempts: 1, ExpiresAt: time.Now().Add(24 * time.Hour)},
 		&idem.Response{StatusCode: 200, Body: BytesBody,
 			Header: http.Header{"Content-Type": {"text/html"}, "X-Evil": {MarkupHeader}, "Set-Cookie": {"session=secret-cookie"}}})
 	f.Keys[HostileLong] = put(t, j, idem.Record{Scope: "default", ID: LongID, Body: []byte(strings.Repeat("x", 3<<20/4)),

@@ -39,6 +39,7 @@ func TestPagesEscapeHostileContent(t *testing.T) {
 	assert.Contains(t, a.body, "&#34;&gt;&lt;script&gt;window.pwned=4&lt;/script&gt;")
 	a = get(t, c, srv.URL+"/op?key="+keys[uitest.HostileBytes])
 	assert.Contains(t, a.body, `&#34;bytes/\x00\xff\xfe&lt;script&gt;window.pwned=7&lt;/script&gt;&#34;`, "the ID, Go-quoted")
+	assert.Contains(t, a.body, `<td id="link">&#34;&gt;&lt;script&gt;window.pwned=10&lt;/script&gt;</td>`, "the trace link, escaped")
 	assert.Contains(t, a.body, "not text: a hex dump")
 	assert.Contains(t, a.body, "00 ff fe 3c 73 63 72 69", "the body's bytes in hex")
 	assert.Contains(t, a.body, "(a credential: not shown)")

@@ -297,6 +297,7 @@ type opPage struct {
 	Created, Updated        string
 	Expires, NextAttempt    string
 	Lease, LastError, Note  string
+	Link                    string // the trace that created it (Record.Link)
 	Version                 int64
 	PastRetention           bool
 	Header                  []headerLine
@@ -368,7 +369,7 @@ func (h *Handler) opPage(r *http.Request, key string) (opPage, int, error) {
 		Fingerprint: rec.Fingerprint, Attempts: strconv.Itoa(rec.Attempts),
 		Created: operator.FormatTime(rec.CreatedAt, now), Updated: operator.FormatTime(rec.UpdatedAt, now),
 		Expires: operator.FormatTime(rec.ExpiresAt, now), NextAttempt: operator.FormatTime(rec.NextAttemptAt, now),
-		Lease: "none", LastError: visible(rec.LastError, maxValue), Note: visible(rec.Note, maxValue), Version: rec.Version,
+		Lease: "none", LastError: visible(rec.LastError, maxValue), Note: visible(rec.Note, maxValue), Link: visible(rec.Link, maxValue), Version: rec.Version,
 		PastRetention: operator.PastRetention(rec, now),
 		Header:        headerLines(rec.Header), Body: newBody(rec.Body),
 		Timeline: newTimeline(rec, hist, now),

@@ -21,6 +21,12 @@ import (
 //
 // The zero value is not usable; call NewMemoryJournal. A MemoryJournal is
 // safe for concurrent use.
+//
+// A stored record is never changed in place: every write stores a new one
+// (the rules return copies), so a record read under the lock may be copied
+// for the caller, and a leased write's rules applied to it, after the lock
+// is released. The lock is held only to look up, check and swap, which is
+// what many goroutines calling at once wait for.
 type MemoryJournal struct {
 	mu      sync.Mutex
 	closed  bool
@@ -40,7 +46,14 @@ type scopeID struct{ scope, id string }
 type memEntry struct {
 	seq     int64 // insertion order, for List
 	rec     Record
+	gen     uint64 // counts the writes of rec, for Update's compare-and-swap
 	history []Event
+}
+
+// set stores rec as e's record.
+func (e *memEntry) set(rec Record) {
+	e.rec = rec
+	e.gen++
 }
 
 var _ Journal = (*MemoryJournal)(nil)
@@ -76,27 +89,30 @@ func (m *MemoryJournal) lock(ctx context.Context) error {
 
 // Create implements Journal.
 func (m *MemoryJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
-	if err := m.lock(ctx); err != nil {
-		return Record{}, false, err
-	}
-	defer m.mu.Unlock()
-	if e, ok := m.byOp[scopeID{rec.Scope, rec.ID}]; ok {
-		if e.rec.Fingerprint != rec.Fingerprint {
-			return journal.CloneRecord(e.rec), false, journal.FingerprintMismatch(e.rec)
-		}
-		return journal.CloneRecord(e.rec), false, nil
-	}
 	out, ev, err := journal.NewRecord(rec, m.now(), m.maxBody)
 	if err != nil {
 		return Record{}, false, err
 	}
+	if err := m.lock(ctx); err != nil {
+		return Record{}, false, err
+	}
+	if e, ok := m.byOp[scopeID{rec.Scope, rec.ID}]; ok {
+		existing := e.rec
+		m.mu.Unlock()
+		if existing.Fingerprint != rec.Fingerprint {
+			return journal.CloneRecord(existing), false, journal.FingerprintMismatch(existing)
+		}
+		return journal.CloneRecord(existing), false, nil
+	}
 	if _, ok := m.byKey[out.Key]; ok {
+		m.mu.Unlock()
 		return Record{}, false, fmt.Errorf("%w: %s", ErrDuplicateKey, out.Key)
 	}
 	m.seq++
 	e := &memEntry{seq: m.seq, rec: out, history: []Event{ev}}
 	m.byKey[out.Key] = e
 	m.byOp[scopeID{out.Scope, out.ID}] = e
+	m.mu.Unlock()
 	return journal.CloneRecord(out), true, nil
 }
 
@@ -105,12 +121,16 @@ func (m *MemoryJournal) Get(ctx context.Context, key string) (Record, error) {
 	if err := m.lock(ctx); err != nil {
 		return Record{}, err
 	}
-	defer m.mu.Unlock()
 	e, ok := m.byKey[key]
+	var rec Record
+	if ok {
+		rec = e.rec
+	}
+	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound("key " + key)
 	}
-	return journal.CloneRecord(e.rec), nil
+	return journal.CloneRecord(rec), nil
 }
 
 // Lookup implements Journal.
@@ -118,12 +138,16 @@ func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 	if err := m.lock(ctx); err != nil {
 		return Record{}, err
 	}
-	defer m.mu.Unlock()
 	e, ok := m.byOp[scopeID{scope, id}]
+	var rec Record
+	if ok {
+		rec = e.rec
+	}
+	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound(scope + "/" + id)
 	}
-	return journal.CloneRecord(e.rec), nil
+	return journal.CloneRecord(rec), nil
 }
 
 // Update implements Journal. Durability is ignored: nothing is durable here.
@@ -131,21 +155,48 @@ func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, wh
 	if err := journal.CheckDurability(d); err != nil {
 		return Record{}, err
 	}
-	if err := m.lock(ctx); err != nil {
-		return Record{}, err
+	for {
+		if err := m.lock(ctx); err != nil {
+			return Record{}, err
+		}
+		e, ok := m.byKey[rec.Key]
+		if !ok {
+			m.mu.Unlock()
+			return Record{}, journal.NotFound("key " + rec.Key)
+		}
+		if rec.Lease.Owner == "" {
+			// An unleased write's rules ask whether the lease's owner
+			// is gone, which the lock guards.
+			out, ev, err := journal.ApplyUpdate(e.rec, rec, m.now(), why, m.ownerGone)
+			if err == nil {
+				e.set(out)
+				e.history = append(e.history, ev)
+			}
+			m.mu.Unlock()
+			if err != nil {
+				return Record{}, err
+			}
+			return journal.CloneRecord(out), nil
+		}
+		stored, gen := e.rec, e.gen
+		m.mu.Unlock()
+		// A leased write's rules need nothing but the stored record.
+		out, ev, err := journal.ApplyUpdate(stored, rec, m.now(), why, nil)
+		if err != nil {
+			return Record{}, err
+		}
+		if err := m.lock(ctx); err != nil {
+			return Record{}, err
+		}
+		if m.byKey[rec.Key] != e || e.gen != gen {
+			m.mu.Unlock()
+			continue // written (or pruned) meanwhile: judge the write again
+		}
+		e.set(out)
+		e.history = append(e.history, ev)
+		m.mu.Unlock()
+		return journal.CloneRecord(out), nil
 	}
-	defer m.mu.Unlock()
-	e, ok := m.byKey[rec.Key]
-	if !ok {
-		return Record{}, journal.NotFound("key " + rec.Key)
-	}
-	out, ev, err := journal.ApplyUpdate(e.rec, rec, m.now(), why, m.ownerGone)
-	if err != nil {
-		return Record{}, err
-	}
-	e.rec = out
-	e.history = append(e.history, ev)
-	return journal.CloneRecord(out), nil
 }
 
 // Claim implements Journal.
@@ -174,7 +225,7 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 		if err != nil {
 			return nil, err
 		}
-		e.rec = rec
+		e.set(rec)
 		e.history = append(e.history, ev)
 		out = append(out, journal.CloneRecord(rec))
 	}
@@ -195,7 +246,7 @@ func (m *MemoryJournal) Acquire(ctx context.Context, key, owner string, lease ti
 	if err != nil {
 		return journal.CloneRecord(e.rec), err
 	}
-	e.rec = rec
+	e.set(rec)
 	e.history = append(e.history, ev)
 	return journal.CloneRecord(rec), nil
 }
@@ -213,8 +264,8 @@ func (m *MemoryJournal) Renew(ctx context.Context, held map[string]Lease, lease 
 		if !ok {
 			continue
 		}
-		var renewed bool
-		if e.rec, renewed = journal.ApplyRenew(e.rec, l, lease, now); renewed {
+		if rec, renewed := journal.ApplyRenew(e.rec, l, lease, now); renewed {
+			e.set(rec)
 			n++
 		}
 	}
@@ -269,7 +320,7 @@ func (m *MemoryJournal) Release(ctx context.Context, key string, l Lease) error 
 	if err != nil {
 		return err
 	}
-	e.rec = rec
+	e.set(rec)
 	return nil
 }
 

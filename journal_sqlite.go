@@ -75,6 +75,7 @@ type FileError = sqlitefile.Error
 type SQLiteJournal struct {
 	db      *sqlitefile.DB
 	dict    *dict
+	copies  *copies
 	owners  *liveness.Dir
 	maxBody int
 	now     func() time.Time
@@ -173,13 +174,13 @@ func OpenSQLite(path string, opts ...SQLiteOption) (*SQLiteJournal, error) {
 	cfg.file.AppID = journalAppID
 	cfg.file.Migrations = journalSchema
 	cfg.file.Closed = ErrJournalClosed
-	d := &dict{}
-	cfg.file.OnRollback = d.forget
+	d, cp := &dict{}, &copies{}
+	cfg.file.OnRollback = func() { d.forget(); cp.forget() }
 	db, err := sqlitefile.Open(context.Background(), path, cfg.file)
 	if err != nil {
 		return nil, err
 	}
-	j := &SQLiteJournal{db: db, dict: d, owners: liveness.New(db.Path() + "-owners"),
+	j := &SQLiteJournal{db: db, dict: d, copies: cp, owners: liveness.New(db.Path() + "-owners"),
 		maxBody: cfg.maxBody, now: time.Now}
 	// Processes that ended without anyone needing their leases leave their
 	// lock files behind; forget those no active record refers to.
@@ -253,6 +254,7 @@ func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, e
 			return err
 		}
 		out, created = nr, true
+		j.copies.put(id, nr)
 		return nil
 	})
 	if err != nil && !errors.Is(err, ErrFingerprintMismatch) {
@@ -314,17 +316,37 @@ func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability, wh
 	}
 	var out Record
 	err := j.db.Write(ctx, fileMode(d), func(tx *sqlitefile.Tx) error {
+		now := j.now()
+		if c, ok := j.copies.get(rec.Key); ok && c.rec.Version == rec.Version {
+			// Judged against the copy; written only if the row still is it.
+			next, ev, err := journal.ApplyUpdate(c.rec, rec, now, why, j.owners.Gone)
+			if err == nil {
+				wrote, err := j.updateFromCopy(tx, c.id, c.rec, next, ev)
+				if err != nil {
+					return err
+				}
+				if wrote {
+					j.copies.put(c.id, next)
+					if !tx.Replay() {
+						out = next
+					}
+					return nil
+				}
+			}
+			j.copies.drop(rec.Key) // stale, or refused: read the row
+		}
 		id, stored, err := j.lockedGet(tx, rec.Key)
 		if err != nil {
 			return err
 		}
-		next, ev, err := journal.ApplyUpdate(stored, rec, j.now(), why, j.owners.Gone)
+		next, ev, err := journal.ApplyUpdate(stored, rec, now, why, j.owners.Gone)
 		if err != nil {
 			return err
 		}
 		if err := j.dict.storeRecord(tx, id, stored, next); err != nil {
 			return err
 		}
+		j.copies.put(id, next)
 		if !tx.Replay() { // a replayed write's caller has its answer
 			out = next
 		}
@@ -487,6 +509,7 @@ func (j *SQLiteJournal) Acquire(ctx context.Context, key, owner string, lease ti
 		if err := j.dict.storeRecord(tx, id, stored, claimed); err != nil {
 			return err
 		}
+		j.copies.put(id, claimed)
 		return j.dict.insertEvent(tx, id, ev)
 	})
 	return out, err

@@ -229,38 +229,54 @@ func (d *dict) insertRecord(tx *sqlitefile.Tx, r Record) (int64, error) {
 // storeRecord writes the mutable fields of next over the row id, whose
 // stored copy is old, and its response when it changed.
 func (d *dict) storeRecord(tx *sqlitefile.Tx, id int64, old, next Record) error {
+	_, err := d.storeRecordIf(tx, id, old, next, "")
+	return err
+}
+
+// storeRecordIf is storeRecord with more conditions on the row (a WHERE
+// clause to add, and its arguments): it reports whether the row met them
+// and was written; when it did not, nothing was.
+func (d *dict) storeRecordIf(tx *sqlitefile.Tx, id int64, old, next Record, cond string, args ...any) (bool, error) {
 	owner, err := d.intern(tx, []byte(next.Lease.Owner))
 	if err != nil {
-		return err
+		return false, err
+	}
+	res, err := tx.Exec(`UPDATE operations SET state = ?, attempts = ?, next_attempt_at = ?, lease_owner = ?,
+		lease_epoch = ?, lease_expires_at = ?, last_error = ?, note = ?, updated_at = ?, expires_at = ?,
+		version = ? WHERE id = ?`+cond,
+		append([]any{next.State, next.Attempts, wire.Millis(next.NextAttemptAt), owner, next.Lease.Epoch,
+			wire.NullMillis(next.Lease.ExpiresAt), nullString(next.LastError), nullString(next.Note),
+			wire.Millis(next.UpdatedAt), wire.NullMillis(next.ExpiresAt), next.Version, id}, args...)...)
+	if err != nil {
+		return false, err
+	}
+	if cond != "" {
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return false, err
+		}
 	}
 	if next.TransportResends != old.TransportResends {
 		form, err := d.packForm(tx, next)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if _, err := tx.Exec(`UPDATE operations SET form = ? WHERE id = ?`, form, id); err != nil {
-			return err
+			return false, err
 		}
 	}
-	_, err = tx.Exec(`UPDATE operations SET state = ?, attempts = ?, next_attempt_at = ?, lease_owner = ?,
-		lease_epoch = ?, lease_expires_at = ?, last_error = ?, note = ?, updated_at = ?, expires_at = ?,
-		version = ? WHERE id = ?`,
-		next.State, next.Attempts, wire.Millis(next.NextAttemptAt), owner, next.Lease.Epoch,
-		wire.NullMillis(next.Lease.ExpiresAt), nullString(next.LastError), nullString(next.Note),
-		wire.Millis(next.UpdatedAt), wire.NullMillis(next.ExpiresAt), next.Version, id)
-	if err != nil || sameResponse(old.Response, next.Response) {
-		return err
+	if sameResponse(old.Response, next.Response) {
+		return true, nil
 	}
 	if next.Response == nil {
 		_, err = tx.Exec(`DELETE FROM responses WHERE op = ?`, id)
-		return err
+		return err == nil, err
 	}
 	resp := next.Response
 	_, err = tx.Exec(`INSERT INTO responses (op, status, header, body, replayed) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (op) DO UPDATE SET status = excluded.status, header = excluded.header,
 		body = excluded.body, replayed = excluded.replayed`,
 		id, resp.StatusCode, wire.EncodeHeader(resp.Header), wire.NonNil(resp.Body), resp.Replayed)
-	return err
+	return err == nil, err
 }
 
 func sameResponse(a, b *Response) bool {

@@ -642,3 +642,73 @@ func TestSQLiteOnCommitReportsEachCommit(t *testing.T) {
 	assert.EqualValues(t, s.DurableCommits+s.DeferredCommits, len(commits), "one report per commit")
 	assert.GreaterOrEqual(t, writes, 2*ops, "an intent and an outcome per operation")
 }
+
+// The journal judges an Update against its own copy of the row it wrote
+// last, and writes only if the row still is that copy. Another handle of
+// the file (another process) that changed the row, or a renewal that
+// extended the lease, must make it read the row instead: the write is then
+// judged against what is stored, as if there were no copy.
+func TestSQLiteUpdateAfterAnotherHandleChangedTheRow(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "ops.db")
+	a := openJournal(t, path)
+	b := openJournal(t, path)
+
+	// Another handle's write: a's copy is stale, and a's write, made from
+	// the version a knew, is refused rather than written over b's.
+	rec := testRecord("default", "changed-elsewhere", []byte("x"))
+	rec.State, rec.Attempts = idem.StateInFlight, 1
+	rec.Lease = idem.Lease{Owner: "worker-a", ExpiresAt: time.Now().Add(time.Minute)}
+	created, _, err := a.Create(ctx, rec)
+	require.NoError(t, err)
+	byB := created
+	byB.Attempts = 2
+	byB.LastError = "written by b"
+	_, err = b.Update(ctx, byB, idem.Durable, idem.Event{Kind: idem.EventSend})
+	require.NoError(t, err)
+	byA := created
+	byA.State = idem.StateSucceeded
+	byA.Response = &idem.Response{StatusCode: 201}
+	_, err = a.Update(ctx, byA, idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	require.ErrorIs(t, err, idem.ErrConflict, "a's copy was stale: the write is judged against the stored row")
+	stored, err := a.Get(ctx, rec.Key)
+	require.NoError(t, err)
+	assert.Equal(t, "written by b", stored.LastError)
+	assert.Equal(t, idem.StateInFlight, stored.State)
+	assert.Nil(t, stored.Response)
+
+	// A renewal extends the lease without a new version: a's next write
+	// from the current version goes through, and does not take the
+	// renewal back.
+	rec2 := testRecord("default", "renewed", []byte("y"))
+	rec2.State, rec2.Attempts = idem.StateInFlight, 1
+	rec2.Lease = idem.Lease{Owner: "worker-a", ExpiresAt: time.Now().Add(time.Minute)}
+	created2, _, err := a.Create(ctx, rec2)
+	require.NoError(t, err)
+	n, err := b.Renew(ctx, map[string]idem.Lease{rec2.Key: created2.Lease}, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	next := created2
+	next.Attempts = 2
+	updated, err := a.Update(ctx, next, idem.Durable, idem.Event{Kind: idem.EventSend})
+	require.NoError(t, err)
+	assert.True(t, updated.Lease.ExpiresAt.After(time.Now().Add(50*time.Minute)), "the renewal's expiry stands: %s", updated.Lease.ExpiresAt)
+	stored, err = b.Get(ctx, rec2.Key)
+	require.NoError(t, err)
+	assert.Equal(t, 2, stored.Attempts)
+	assert.Equal(t, updated.Lease.ExpiresAt, stored.Lease.ExpiresAt)
+
+	// And the copy follows a's own writes: two updates in a row from a.
+	next = updated
+	next.State = idem.StateSucceeded
+	next.Response = &idem.Response{StatusCode: 201, Body: []byte("done")}
+	done, err := a.Update(ctx, next, idem.Deferred, idem.Event{Kind: idem.EventAnswer})
+	require.NoError(t, err)
+	stored, err = b.Get(ctx, rec2.Key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, stored.State)
+	assert.Equal(t, done.Version, stored.Version)
+	require.NotNil(t, stored.Response)
+	assert.Equal(t, "done", string(stored.Response.Body))
+}

@@ -25,7 +25,10 @@ import (
 // handler in the same benchmark, in alternating rounds (about 20 of each,
 // the same number of requests in every round), so that a machine whose
 // load changes during the run slows both sides alike: x-none is the
-// configuration's req/s divided by the plain handler's over those rounds.
+// configuration's req/s divided by the plain handler's over those rounds,
+// cpu-x-none the plain handler's CPU time per request divided by the
+// configuration's (what x-none tends to when both are bound by the CPU,
+// and steadier when other processes take it).
 // req/s, cpu-µs/req (the CPU time of the whole process, client and server,
 // per request), B/req and allocs/req (the process's, the loopback client's
 // included) are the configuration's own rounds only.
@@ -141,14 +144,17 @@ func benchServer(b *testing.B, h, baseline http.Handler) {
 		defer base.srv.Close()
 		rounds = min(benchRounds, b.N)
 	}
-	var took, baseTook, cpu time.Duration
+	var took, baseTook, cpu, baseCPU time.Duration
 	var allocs, bytes uint64
 	var ms runtime.MemStats
 	b.ResetTimer()
 	for i := range rounds {
 		n := b.N/rounds + btoi(i < b.N%rounds)
 		if base != nil {
+			c0, _ := processCPU()
 			baseTook += base.run(b, n)
+			c1, _ := processCPU()
+			baseCPU += c1 - c0
 		}
 		runtime.ReadMemStats(&ms)
 		allocs0, bytes0 := ms.Mallocs, ms.TotalAlloc
@@ -172,6 +178,9 @@ func benchServer(b *testing.B, h, baseline http.Handler) {
 	b.ReportMetric(float64(allocs)/float64(b.N), "allocs/req")
 	if base != nil {
 		b.ReportMetric(baseTook.Seconds()/took.Seconds(), "x-none")
+		if cpu > 0 {
+			b.ReportMetric(baseCPU.Seconds()/cpu.Seconds(), "cpu-x-none")
+		}
 	}
 }
 

@@ -5,10 +5,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem/server"
 )
@@ -18,22 +21,34 @@ import (
 // each store. Every request carries a new key, so each one claims, runs and
 // completes (the cost of a first request, not of a replay).
 //
-//	go test -run '^$' -bench Middleware -benchtime 5s ./server
+// Each configuration with the middleware is measured against the plain
+// handler in the same benchmark, in alternating rounds (about 20 of each,
+// the same number of requests in every round), so that a machine whose
+// load changes during the run slows both sides alike: x-none is the
+// configuration's req/s divided by the plain handler's over those rounds,
+// cpu-x-none the plain handler's CPU time per request divided by the
+// configuration's (what x-none tends to when both are bound by the CPU,
+// and steadier when other processes take it).
+// req/s, cpu-µs/req (the CPU time of the whole process, client and server,
+// per request), B/req and allocs/req (the process's, the loopback client's
+// included) are the configuration's own rounds only.
+//
+//	go test -run '^$' -bench BenchmarkMiddleware -benchtime 3s -count 3 ./server
 func BenchmarkMiddleware(b *testing.B) {
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"order_id":"ord_1"}`))
 	})
-	b.Run("none", func(b *testing.B) { benchServer(b, handler) })
+	b.Run("none", func(b *testing.B) { benchServer(b, handler, nil) })
 	b.Run("memory", func(b *testing.B) {
-		benchServer(b, withMiddleware(b, server.NewMemoryStore(), handler))
+		benchServer(b, withMiddleware(b, server.NewMemoryStore(), handler), handler)
 	})
 	b.Run("sqlite", func(b *testing.B) {
-		benchServer(b, withMiddleware(b, benchSQLite(b), handler))
+		benchServer(b, withMiddleware(b, benchSQLite(b), handler), handler)
 	})
 	b.Run("sqlite-deferred-completes", func(b *testing.B) {
-		benchServer(b, withMiddleware(b, benchSQLite(b, server.SQLiteDeferCompletes()), handler))
+		benchServer(b, withMiddleware(b, benchSQLite(b, server.SQLiteDeferCompletes()), handler), handler)
 	})
 }
 
@@ -55,34 +70,160 @@ func withMiddleware(b *testing.B, store server.Store, h http.Handler) http.Handl
 	return mw.Handler(h)
 }
 
-func benchServer(b *testing.B, h http.Handler) {
+// benchClients is the number of concurrent clients: a server has many at
+// once, and 32 lets group commit share fsyncs as it would in production.
+const benchClients = 32
+
+// benchRounds is the number of rounds of each side when a configuration is
+// compared with the plain handler.
+const benchRounds = 20
+
+// benchTarget is one loopback server and its clients' transport.
+type benchTarget struct {
+	srv    *httptest.Server
+	client *http.Client
+	next   *atomic.Int64 // the last key sent, shared by every target
+}
+
+func newBenchTarget(h http.Handler, next *atomic.Int64) *benchTarget {
 	srv := httptest.NewServer(h)
-	defer srv.Close()
 	client := srv.Client()
 	client.Transport.(*http.Transport).MaxIdleConnsPerHost = 256
+	return &benchTarget{srv: srv, client: client, next: next}
+}
+
+// run sends n requests from benchClients goroutines and returns how long
+// they took.
+func (t *benchTarget) run(b *testing.B, n int) time.Duration {
+	var left atomic.Int64
+	left.Store(int64(n))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range benchClients {
+		wg.Go(func() {
+			for left.Add(-1) >= 0 {
+				if !t.send(b) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start)
+}
+
+func (t *benchTarget) send(b *testing.B) bool {
+	const body = `{"item":"book","quantity":1}`
+	req, _ := http.NewRequest(http.MethodPost, t.srv.URL+"/orders", strings.NewReader(body))
+	req.Header.Set("Idempotency-Key", "bench-"+strconv.FormatInt(t.next.Add(1), 10))
+	resp, err := t.client.Do(req)
+	if err != nil {
+		b.Error(err)
+		return false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		b.Errorf("status %d", resp.StatusCode)
+		return false
+	}
+	return true
+}
+
+// benchServer sends b.N requests to h. With a baseline, it also sends as
+// many to the baseline, in alternating rounds, and reports h's throughput
+// as a multiple of the baseline's (x-none).
+func benchServer(b *testing.B, h, baseline http.Handler) {
 	var next atomic.Int64
-	body := `{"item":"book","quantity":1}`
-	// A server has many clients at once: 16 per CPU lets group commit
-	// share fsyncs as it would in production.
-	b.SetParallelism(16)
-	b.ReportAllocs()
+	t := newBenchTarget(h, &next)
+	defer t.srv.Close()
+	var base *benchTarget
+	rounds := 1
+	if baseline != nil {
+		base = newBenchTarget(baseline, &next)
+		defer base.srv.Close()
+		rounds = min(benchRounds, b.N)
+	}
+	var took, baseTook, cpu, baseCPU time.Duration
+	var allocs, bytes uint64
+	var ms runtime.MemStats
 	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
-			req.Header.Set("Idempotency-Key", "bench-"+strconv.FormatInt(next.Add(1), 10))
-			resp, err := client.Do(req)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusCreated {
-				b.Errorf("status %d", resp.StatusCode)
-				return
-			}
+	for i := range rounds {
+		n := b.N/rounds + btoi(i < b.N%rounds)
+		if base != nil {
+			c0, _ := processCPU()
+			baseTook += base.run(b, n)
+			c1, _ := processCPU()
+			baseCPU += c1 - c0
 		}
+		runtime.ReadMemStats(&ms)
+		allocs0, bytes0 := ms.Mallocs, ms.TotalAlloc
+		cpu0, _ := processCPU()
+		took += t.run(b, n)
+		cpu1, ok := processCPU()
+		runtime.ReadMemStats(&ms)
+		allocs, bytes = allocs+ms.Mallocs-allocs0, bytes+ms.TotalAlloc-bytes0
+		if ok {
+			cpu += cpu1 - cpu0
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/took.Seconds(), "req/s")
+	if cpu > 0 {
+		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/req")
+	}
+	// The configuration's own rounds only, unlike -benchmem's B/op and
+	// allocs/op, which would count the baseline's requests too.
+	b.ReportMetric(float64(bytes)/float64(b.N), "B/req")
+	b.ReportMetric(float64(allocs)/float64(b.N), "allocs/req")
+	if base != nil {
+		b.ReportMetric(baseTook.Seconds()/took.Seconds(), "x-none")
+		if cpu > 0 {
+			b.ReportMetric(baseCPU.Seconds()/cpu.Seconds(), "cpu-x-none")
+		}
+	}
+}
+
+func btoi(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// BenchmarkMiddlewareServe calls the handler directly, without a server or
+// a network in the way, so that cpu-µs/op (the process's CPU time per
+// request, steadier than ns/op on a shared machine), B/op and allocs/op
+// are what the middleware adds to a request over the plain handler (none),
+// with a memory store; the request and its recorder are built in both.
+func BenchmarkMiddlewareServe(b *testing.B) {
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"order_id":"ord_1"}`))
 	})
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")
+	serve := func(b *testing.B, h http.Handler) {
+		var next atomic.Int64
+		b.ReportAllocs()
+		cpu0, ok := processCPU()
+		defer func() {
+			if cpu1, _ := processCPU(); ok {
+				b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N)/1000, "cpu-µs/op")
+			}
+		}()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"item":"book","quantity":1}`))
+				req.Header.Set("Idempotency-Key", "bench-"+strconv.FormatInt(next.Add(1), 10))
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				if rec.Code != http.StatusCreated {
+					b.Errorf("status %d", rec.Code)
+					return
+				}
+			}
+		})
+	}
+	b.Run("none", func(b *testing.B) { serve(b, handler) })
+	b.Run("memory", func(b *testing.B) { serve(b, withMiddleware(b, server.NewMemoryStore(), handler)) })
 }

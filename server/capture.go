@@ -53,8 +53,10 @@ func (c *capture) Write(p []byte) (int, error) {
 
 // response returns what the handler wrote, as it is stored: with the
 // Content-Type net/http would have sniffed, and without Set-Cookie, which
-// belongs to the caller that got the first response only.
-func (c *capture) response() *StoredResponse {
+// belongs to the caller that got the first response only and is returned
+// apart. The header is the copy taken when the status was set, which
+// nothing else holds: it is the stored response's own.
+func (c *capture) response() (resp *StoredResponse, cookies []string) {
 	if !c.wroteHeader {
 		c.WriteHeader(http.StatusOK)
 	}
@@ -63,13 +65,10 @@ func (c *capture) response() *StoredResponse {
 	if _, set := h["Content-Type"]; !set && len(body) > 0 && bodyAllowed(c.status) {
 		h.Set("Content-Type", http.DetectContentType(body))
 	}
-	stored := h.Clone()
-	stored.Del("Set-Cookie")
-	return &StoredResponse{Status: c.status, Header: stored, Body: body}
+	cookies = h["Set-Cookie"]
+	delete(h, "Set-Cookie")
+	return &StoredResponse{Status: c.status, Header: h, Body: body}, cookies
 }
-
-// cookies returns the Set-Cookie values the handler wrote.
-func (c *capture) cookies() []string { return c.sentHeader.Values("Set-Cookie") }
 
 func bodyAllowed(status int) bool {
 	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified

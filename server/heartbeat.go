@@ -39,7 +39,9 @@ type heartbeat struct {
 	lose       context.CancelCauseFunc
 
 	// ctx is canceled by stop, so that a renewal in flight does not hold
-	// up the end of a request or Close.
+	// up the end of a request or Close. Like the watchdog, it is made by
+	// the first renewal (under mu): a handler that answers within
+	// LockTimeout/3, as most do, costs one timer and nothing else.
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -53,25 +55,46 @@ type heartbeat struct {
 	told     bool      // the handler's context was canceled
 	deadline time.Time // when the watchdog fires, unless a renewal succeeds
 	timer    *time.Timer
-	watchdog *time.Timer
+	watchdog *time.Timer    // nil until the first renewal
 	running  sync.WaitGroup // renewals and watchdog firings in progress
 }
 
 // startHeartbeat starts renewing the lock that token holds on (scope, key).
 // lockedAt is when the lock was last known fresh, in this process's time:
 // the moment before the claim was sent. lose cancels the handler's context.
+//
+// It arms one timer, for the first renewal. The watchdog, due at 2/3 of
+// LockTimeout from lockedAt, is armed by that first renewal before it
+// calls the store: it fires at the same moment as if it had been armed
+// here, and a handler that finishes before the first renewal, as most do,
+// never needs it. The first renewal comes after LockTimeout/3, or at the
+// watchdog's due time if that is sooner (a claim that took that long).
 func (m *Middleware) startHeartbeat(scope, key string, token int64, lockedAt time.Time, lose context.CancelCauseFunc) *heartbeat {
 	hb := &heartbeat{
 		m: m, scope: scope, key: key, token: token,
 		every: m.cfg.LockTimeout / 3, bound: 2 * m.cfg.LockTimeout / 3, lose: lose,
 	}
-	hb.ctx, hb.cancel = context.WithCancel(context.Background())
 	hb.mu.Lock()
 	hb.deadline = lockedAt.Add(hb.bound)
-	hb.timer = time.AfterFunc(hb.every, hb.beat)
-	hb.watchdog = time.AfterFunc(time.Until(hb.deadline), hb.expire)
+	hb.timer = time.AfterFunc(min(hb.every, time.Until(hb.deadline)), hb.beat)
 	hb.mu.Unlock()
 	return hb
+}
+
+// arm makes, on the first renewal, what only a handler that runs past
+// LockTimeout/3 needs: the watchdog and the renewals' context. It reports
+// false, arming nothing, once the heartbeat stopped.
+func (hb *heartbeat) arm() (context.Context, bool) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if hb.stopped {
+		return nil, false
+	}
+	if hb.watchdog == nil {
+		hb.ctx, hb.cancel = context.WithCancel(context.Background())
+		hb.watchdog = time.AfterFunc(time.Until(hb.deadline), hb.expire)
+	}
+	return hb.ctx, true
 }
 
 // enter registers a renewal or a firing of the watchdog, unless the
@@ -97,6 +120,10 @@ func (hb *heartbeat) beat() {
 		return
 	}
 	defer hb.running.Done()
+	rctx, ok := hb.arm()
+	if !ok {
+		return
+	}
 	hb.op.Lock()
 	if hb.isStopped() {
 		hb.op.Unlock()
@@ -108,7 +135,7 @@ func (hb *heartbeat) beat() {
 	hb.mu.Lock()
 	limit := max(time.Until(hb.deadline), hb.every)
 	hb.mu.Unlock()
-	ctx, cancel := context.WithTimeout(hb.ctx, limit)
+	ctx, cancel := context.WithTimeout(rctx, limit)
 	err := hb.m.cfg.Store.Renew(ctx, hb.scope, hb.key, hb.token, hb.m.cfg.now())
 	cancel()
 	hb.op.Unlock()
@@ -185,20 +212,25 @@ func (hb *heartbeat) complete(ctx context.Context, req CompleteRequest) error {
 	return err
 }
 
-// halt stops the timers; renewals in progress see stopped and end.
-func (hb *heartbeat) halt() {
+// halt stops the timers; renewals in progress see stopped and end. It
+// returns the renewals' context's cancel, nil if no renewal began.
+func (hb *heartbeat) halt() context.CancelFunc {
 	hb.mu.Lock()
+	defer hb.mu.Unlock()
 	hb.stopped = true
 	hb.timer.Stop()
-	hb.watchdog.Stop()
-	hb.mu.Unlock()
+	if hb.watchdog != nil {
+		hb.watchdog.Stop()
+	}
+	return hb.cancel
 }
 
 // stop ends the heartbeat and waits for a renewal in progress, canceling
 // it, so that no renewal outlives the request or Close. It may be called
 // more than once.
 func (hb *heartbeat) stop() {
-	hb.halt()
-	hb.cancel()
+	if cancel := hb.halt(); cancel != nil {
+		cancel()
+	}
 	hb.running.Wait()
 }

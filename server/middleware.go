@@ -118,6 +118,32 @@ func (m *Middleware) Sweep(ctx context.Context) (int, error) {
 
 type keyContextKey struct{}
 
+// keyContext carries the key for KeyFromContext: context.WithValue's
+// work, without boxing the key into an interface on every request.
+type keyContext struct {
+	context.Context
+	key string
+}
+
+func (c *keyContext) Value(k any) any {
+	if _, ok := k.(keyContextKey); ok {
+		return c.key
+	}
+	return c.Context.Value(k)
+}
+
+// bodyReader is the handler's request body: the body the middleware read,
+// from its start.
+type bodyReader struct{ bytes.Reader }
+
+func newBodyReader(body []byte) *bodyReader {
+	b := new(bodyReader)
+	b.Reset(body)
+	return b
+}
+
+func (*bodyReader) Close() error { return nil }
+
 // KeyFromContext returns the idempotency key of the request being handled,
 // as the middleware put it in the handler's request context. Store it with
 // the application's own record under a UNIQUE constraint on (tenant, key):
@@ -218,12 +244,12 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 	// Storing and releasing must happen even if the client is gone: its
 	// retry is what the stored response is for.
 	bg := context.WithoutCancel(r.Context())
-	hctx, cancel := context.WithCancelCause(context.WithValue(bg, keyContextKey{}, cl.key))
+	hctx, cancel := context.WithCancelCause(&keyContext{Context: bg, key: cl.key})
 	defer cancel(context.Canceled)
 	hr := r.WithContext(hctx)
-	hr.Body = io.NopCloser(bytes.NewReader(body))
+	hr.Body = newBodyReader(body)
 	hr.ContentLength = int64(len(body))
-	hr.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	hr.GetBody = func() (io.ReadCloser, error) { return newBodyReader(body), nil }
 
 	cl.hb = m.startHeartbeat(cl.scope, cl.key, cl.token, lockedAt, cancel)
 	c := newCapture()
@@ -238,11 +264,11 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 	next.ServeHTTP(c, hr)
 	returned = true
 
-	resp := c.response()
+	resp, cookies := c.response()
 	ran := Outcome{Kind: OutcomeRan, Status: resp.Status}
 	if resp.Status >= 500 && m.cfg.StorePolicy == SkipServerErrors {
 		m.release(bg, cl, "a server error")
-		writeStored(w, resp, c.cookies(), false)
+		writeStored(w, resp, cookies, false)
 		return ran
 	}
 	ran.Status = http.StatusConflict
@@ -253,7 +279,7 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 	}
 	switch m.store(bg, cl, resp) {
 	case stored:
-		writeStored(w, resp, c.cookies(), false)
+		writeStored(w, resp, cookies, false)
 		ran.Status = resp.Status
 	case lockLost:
 		// Another request took the entry over while this one ran: its
@@ -389,11 +415,13 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, key,
 }
 
 // writeStored sends a stored response, with the Set-Cookie values of the
-// first response only, and the replay mark on a replay.
+// first response only, and the replay mark on a replay. resp is the
+// caller's own (a store keeps its own copy, and hands out copies): its
+// header's values go to w as they are.
 func writeStored(w http.ResponseWriter, resp *StoredResponse, cookies []string, replayed bool) {
 	h := w.Header()
 	for k, v := range resp.Header {
-		h[k] = append([]string(nil), v...)
+		h[k] = v
 	}
 	if len(cookies) > 0 {
 		h["Set-Cookie"] = cookies

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"encoding/binary"
+	"net/http"
 	"sync"
 	"time"
 )
@@ -12,17 +14,32 @@ import (
 // It is safe for concurrent use. Create it with NewMemoryStore.
 type MemoryStore struct {
 	mu        sync.Mutex
-	entries   map[scopedKey]*Entry
+	entries   map[scopedKey]memEntry
 	lastToken int64
 }
 
 type scopedKey struct{ scope, key string }
 
+// memEntry is an Entry as the store keeps it, in the map itself: the
+// response is one encoded byte slice (encodeResponse) rather than a header
+// map of string slices. Every entry stays live for the retention, and the
+// garbage collector marks each live entry on every cycle: a header map is a
+// handful of objects with pointers to scan, a byte slice one object with
+// none.
+type memEntry struct {
+	fingerprint, method, path string
+	state                     EntryState
+	token                     int64
+	createdAt, lockedAt       time.Time
+	expiresAt                 time.Time
+	response                  []byte // encodeResponse; nil while in progress
+}
+
 var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{entries: make(map[scopedKey]*Entry)}
+	return &MemoryStore{entries: make(map[scopedKey]memEntry)}
 }
 
 // Claim implements Store.
@@ -35,22 +52,22 @@ func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) (ClaimResult,
 	k := scopedKey{req.Scope, req.Key}
 	e, ok := s.entries[k]
 	switch {
-	case !ok || e.expired(req.Now):
+	case !ok || !e.expiresAt.After(req.Now):
 		s.lastToken++
-		e = &Entry{
-			Scope: req.Scope, Key: req.Key, Fingerprint: req.Fingerprint,
-			Method: req.Method, Path: req.Path, State: InProgress, Token: s.lastToken,
-			CreatedAt: req.Now, LockedAt: req.Now, ExpiresAt: req.ExpiresAt,
+		e = memEntry{
+			fingerprint: req.Fingerprint, method: req.Method, path: req.Path, state: InProgress, token: s.lastToken,
+			createdAt: req.Now, lockedAt: req.Now, expiresAt: req.ExpiresAt,
 		}
 		s.entries[k] = e
-		return ClaimResult{Claimed: true, Token: e.Token, Entry: *e}, nil
-	case e.takeable(&req):
+		return ClaimResult{Claimed: true, Token: e.token, Entry: e.entry(k)}, nil
+	case e.state == InProgress && e.fingerprint == req.Fingerprint && e.lockedAt.Before(req.StaleBefore):
 		s.lastToken++
-		e.Token, e.LockedAt = s.lastToken, req.Now
-		e.ExpiresAt = later(e.ExpiresAt, req.ExpiresAt)
-		return ClaimResult{Claimed: true, TookOver: true, Token: e.Token, Entry: *e}, nil
+		e.token, e.lockedAt = s.lastToken, req.Now
+		e.expiresAt = later(e.expiresAt, req.ExpiresAt)
+		s.entries[k] = e
+		return ClaimResult{Claimed: true, TookOver: true, Token: e.token, Entry: e.entry(k)}, nil
 	}
-	return ClaimResult{Entry: e.copy()}, nil
+	return ClaimResult{Entry: e.entry(k)}, nil
 }
 
 // Complete implements Store.
@@ -58,13 +75,18 @@ func (s *MemoryStore) Complete(ctx context.Context, req CompleteRequest) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	// Encoded outside the lock: it copies the response, which the caller
+	// may change once Complete has returned.
+	resp := encodeResponse(req.Response)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.entries[scopedKey{req.Scope, req.Key}]
-	if !ok || e.State != InProgress || e.Token != req.Token {
+	k := scopedKey{req.Scope, req.Key}
+	e, ok := s.entries[k]
+	if !ok || e.state != InProgress || e.token != req.Token {
 		return ErrLockLost
 	}
-	e.State, e.Response, e.ExpiresAt = Completed, req.Response.Clone(), req.ExpiresAt
+	e.state, e.response, e.expiresAt = Completed, resp, req.ExpiresAt
+	s.entries[k] = e
 	return nil
 }
 
@@ -77,7 +99,7 @@ func (s *MemoryStore) Release(ctx context.Context, scope, key string, token int6
 	defer s.mu.Unlock()
 	k := scopedKey{scope, key}
 	e, ok := s.entries[k]
-	if !ok || e.State != InProgress || e.Token != token {
+	if !ok || e.state != InProgress || e.token != token {
 		return ErrLockLost
 	}
 	delete(s.entries, k)
@@ -91,11 +113,13 @@ func (s *MemoryStore) Renew(ctx context.Context, scope, key string, token int64,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.entries[scopedKey{scope, key}]
-	if !ok || e.State != InProgress || e.Token != token {
+	k := scopedKey{scope, key}
+	e, ok := s.entries[k]
+	if !ok || e.state != InProgress || e.token != token {
 		return ErrLockLost
 	}
-	e.LockedAt = now
+	e.lockedAt = now
+	s.entries[k] = e
 	return nil
 }
 
@@ -106,11 +130,12 @@ func (s *MemoryStore) Get(ctx context.Context, scope, key string, now time.Time)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.entries[scopedKey{scope, key}]
-	if !ok || e.expired(now) {
+	k := scopedKey{scope, key}
+	e, ok := s.entries[k]
+	if !ok || !e.expiresAt.After(now) {
 		return Entry{}, ErrNotFound
 	}
-	return e.copy(), nil
+	return e.entry(k), nil
 }
 
 // Sweep implements Store.
@@ -122,7 +147,7 @@ func (s *MemoryStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	defer s.mu.Unlock()
 	n := 0
 	for k, e := range s.entries {
-		if e.expired(now) {
+		if !e.expiresAt.After(now) {
 			delete(s.entries, k)
 			n++
 		}
@@ -138,10 +163,73 @@ func (s *MemoryStore) Len() int {
 	return len(s.entries)
 }
 
-func (e *Entry) copy() Entry {
-	c := *e
-	c.Response = e.Response.Clone()
-	return c
+// entry returns e as an Entry of its own, the response decoded.
+func (e *memEntry) entry(k scopedKey) Entry {
+	return Entry{
+		Scope: k.scope, Key: k.key, Fingerprint: e.fingerprint, Method: e.method, Path: e.path,
+		State: e.state, Token: e.token, CreatedAt: e.createdAt, LockedAt: e.lockedAt, ExpiresAt: e.expiresAt,
+		Response: decodeResponse(e.response),
+	}
+}
+
+// encodeResponse packs a response into one byte slice: the status, the
+// number of header fields, each field's name and values, then the body,
+// every length and count a uvarint.
+func encodeResponse(r *StoredResponse) []byte {
+	n := 2*binary.MaxVarintLen64 + len(r.Body)
+	for k, vs := range r.Header {
+		n += 2*binary.MaxVarintLen64 + len(k)
+		for _, v := range vs {
+			n += binary.MaxVarintLen64 + len(v)
+		}
+	}
+	b := make([]byte, 0, n)
+	b = binary.AppendUvarint(b, uint64(r.Status))
+	b = binary.AppendUvarint(b, uint64(len(r.Header)))
+	for k, vs := range r.Header {
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return append(b, r.Body...)
+}
+
+// decodeResponse reads what encodeResponse wrote into a response of the
+// caller's own (nil for nil), its header's values sharing one backing
+// array.
+func decodeResponse(b []byte) *StoredResponse {
+	if b == nil {
+		return nil
+	}
+	next := func() int {
+		v, n := binary.Uvarint(b)
+		b = b[n:]
+		return int(v)
+	}
+	str := func() string {
+		n := next()
+		s := string(b[:n])
+		b = b[n:]
+		return s
+	}
+	r := &StoredResponse{Status: next()}
+	if fields := next(); fields > 0 {
+		r.Header = make(http.Header, fields)
+		for range fields {
+			k := str()
+			vs := make([]string, next())
+			for i := range vs {
+				vs[i] = str()
+			}
+			r.Header[k] = vs
+		}
+	}
+	r.Body = append([]byte{}, b...)
+	return r
 }
 
 func later(a, b time.Time) time.Time {

@@ -250,3 +250,34 @@ func TestHooksLinkTooLongIsNotJournaled(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, rec.Link)
 }
+
+func TestHooksTellTheCallThatExpiredAnOperation(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			http.Error(w, "down", http.StatusBadGateway)
+			return
+		}
+		dropConn(w) // applied, answer lost
+	})
+	policy := fastRetry()
+	policy.MaxStatusChecks = 1
+	var log hookLog
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.URL + "/status"),
+		Retry: policy, Retention: 50 * time.Millisecond, Hooks: log.hooks()})
+	op := idem.Op{ID: "op", URL: "/orders"}
+	_, err := c.Do(t.Context(), op)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	time.Sleep(100 * time.Millisecond) // past the server's retention
+	_, err = c.Do(t.Context(), op)
+	require.ErrorIs(t, err, idem.ErrNeedsReconciliation)
+	_, err = c.Do(t.Context(), op)
+	require.ErrorIs(t, err, idem.ErrNeedsReconciliation)
+
+	require.Len(t, log.ends, 3)
+	assert.False(t, log.ends[0].Expired, "left unknown")
+	assert.Equal(t, idem.StateExpired, log.ends[1].State)
+	assert.True(t, log.ends[1].Expired, "this call expired it")
+	assert.Equal(t, idem.StateExpired, log.ends[2].State)
+	assert.False(t, log.ends[2].Expired, "this call found it expired")
+}

@@ -14,7 +14,7 @@ import (
 // added here, after a look at what it holds.
 var allowedKeys = map[attribute.Key]bool{
 	"http.request.method": true, "http.response.status_code": true, "server.address": true, "server.port": true,
-	"error.type": true,
+	"error.type":           true,
 	"idem.operation.scope": true, "idem.key.hash": true, "idem.call": true, "idem.lease.taken_from": true,
 	"idem.state": true, "idem.attempts": true, "idem.status_checks": true, "idem.settled_by": true,
 	"idem.replayed": true, "idem.expired": true,
@@ -22,7 +22,7 @@ var allowedKeys = map[attribute.Key]bool{
 	"idem.status_check": true, "idem.status.state": true, "idem.status.stored_status_code": true,
 	"idem.status.replay": true, "idem.status.retry_after_ms": true,
 	"idem.journal.durable": true,
-	"idem.outcome": true, "idem.took_over": true, "idem.store_failed": true,
+	"idem.outcome":         true, "idem.took_over": true, "idem.store_failed": true,
 }
 
 // assertNothingSecret reads back every attribute of every span (its

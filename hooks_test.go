@@ -281,3 +281,18 @@ func TestHooksTellTheCallThatExpiredAnOperation(t *testing.T) {
 	assert.Equal(t, idem.StateExpired, log.ends[2].State)
 	assert.False(t, log.ends[2].Expired, "this call found it expired")
 }
+
+func TestHooksFollowSendFromTheStart(t *testing.T) {
+	t.Parallel()
+	srv, _, _ := countingServer(t)
+	var log hookLog
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Hooks: log.hooks()})
+	o, err := c.Begin(context.WithValue(t.Context(), hookCtxKey{}, "app"), idem.Op{ID: "checkout/begun", Method: "PUT", URL: "/orders/1"})
+	require.NoError(t, err)
+	_, err = o.Send(t.Context())
+	require.NoError(t, err)
+	require.Len(t, log.starts, 1)
+	assert.Equal(t, idem.Call{Kind: idem.CallSend, Scope: "default", ID: "checkout/begun", Key: o.Key(),
+		Method: "PUT", URL: srv.URL + "/orders/1", Link: "link-of-app"}, log.starts[0],
+		"Send's call names the journaled request and link when it starts")
+}

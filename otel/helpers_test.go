@@ -31,15 +31,15 @@ type telemetry struct {
 	mp     *sdkmetric.MeterProvider
 
 	mu sync.Mutex
-	// traceparents are the traceparent headers the server received, by
+	// headers are the headers of the requests the server received, by
 	// route ("POST /orders", "GET /idempotency/{key}").
-	traceparents map[string][]string
+	headers map[string][]http.Header
 }
 
 func newTelemetry(t *testing.T) *telemetry {
 	t.Helper()
 	tel := &telemetry{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader(),
-		traceparents: map[string][]string{}}
+		headers: map[string][]http.Header{}}
 	tel.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tel.spans))
 	tel.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(tel.reader))
 	t.Cleanup(func() {
@@ -75,7 +75,7 @@ func (tel *telemetry) serverSpans(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rt := route(r)
 		tel.mu.Lock()
-		tel.traceparents[rt] = append(tel.traceparents[rt], r.Header.Get("Traceparent"))
+		tel.headers[rt] = append(tel.headers[rt], r.Header.Clone())
 		tel.mu.Unlock()
 		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := tracer.Start(ctx, rt, trace.WithSpanKind(trace.SpanKindServer))
@@ -84,11 +84,18 @@ func (tel *telemetry) serverSpans(next http.Handler) http.Handler {
 	})
 }
 
-func (tel *telemetry) traceparentsOf(rt string) []string {
+// headerOf returns the values of header name on the requests to route.
+func (tel *telemetry) headerOf(rt, name string) []string {
 	tel.mu.Lock()
 	defer tel.mu.Unlock()
-	return append([]string(nil), tel.traceparents[rt]...)
+	var values []string
+	for _, h := range tel.headers[rt] {
+		values = append(values, h.Get(name))
+	}
+	return values
 }
+
+func (tel *telemetry) traceparentsOf(rt string) []string { return tel.headerOf(rt, "Traceparent") }
 
 // startServer starts the orders test server behind the idempotency
 // middleware with the server hooks, in server spans.

@@ -22,6 +22,29 @@ const (
 	spanStatusCheck = "idem.status_check"
 )
 
+// clientKind is made once: an option made per span is an allocation.
+var clientKind = trace.WithSpanKind(trace.SpanKindClient)
+
+// callSpanNames are the names of calls' spans, made once.
+var callSpanNames = func() map[idem.CallKind]map[string]string {
+	names := map[idem.CallKind]map[string]string{}
+	for _, k := range []idem.CallKind{idem.CallDo, idem.CallSend, idem.CallResume} {
+		names[k] = map[string]string{}
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+			http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace, "_OTHER"} {
+			names[k][m] = "idem." + k.String() + " " + m
+		}
+	}
+	return names
+}()
+
+func callSpanName(k idem.CallKind, m string) string {
+	if n, ok := callSpanNames[k][m]; ok {
+		return n
+	}
+	return "idem." + k.String() + " " + m
+}
+
 // ClientHooks returns hooks for idem.Config.Hooks that trace each call and
 // record the client's metrics (see the package documentation for what each
 // span and instrument holds).
@@ -99,7 +122,7 @@ func (c *client) callStart(ctx context.Context, call idem.Call) context.Context 
 		attrs = append(attrs, keyTakenFrom.String(call.TakenFrom))
 		c.metrics.takeover(ctx, call)
 	}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...)}
+	opts := []trace.SpanStartOption{clientKind, trace.WithAttributes(attrs...)}
 	// A call that starts from the journal (Send, Resume) links to the
 	// call that created the operation, in another trace, maybe another
 	// process that died.
@@ -107,7 +130,7 @@ func (c *client) callStart(ctx context.Context, call idem.Call) context.Context 
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 		st.linked = true
 	}
-	ctx, st.span = c.tracer.Start(ctx, "idem."+call.Kind.String()+" "+m, opts...)
+	ctx, st.span = c.tracer.Start(ctx, callSpanName(call.Kind, m), opts...)
 	return context.WithValue(ctx, callStateKey{}, st)
 }
 
@@ -181,7 +204,7 @@ func (c *client) requestSpan(ctx context.Context, name string, start time.Time) 
 			return span, st
 		}
 	}
-	_, span := c.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start))
+	_, span := c.tracer.Start(ctx, name, clientKind, trace.WithTimestamp(start))
 	return span, st
 }
 
@@ -262,7 +285,7 @@ func (c *client) propagate(ctx context.Context, h http.Header) {
 		if info, ok := idem.OperationFrom(ctx); ok && info.StatusCheck {
 			name = spanStatusCheck
 		}
-		_, st.pending = c.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient))
+		_, st.pending = c.tracer.Start(ctx, name, clientKind)
 	}
 	span := st.pending
 	st.mu.Unlock()

@@ -114,6 +114,7 @@ func TestHappyCall(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, rec2.Fingerprint, rec.Fingerprint, "the fingerprint is a client's without otel")
 	assert.Empty(t, rec2.Link)
+	tel.waitSpans(t, 4) // the plain request's server span: its outcome was reported
 
 	// Metrics.
 	ok := []attribute.KeyValue{attribute.String("idem.state", "succeeded"), attribute.String("idem.operation.scope", "default"),
@@ -294,4 +295,30 @@ func TestDefaultsAreTheGlobals(t *testing.T) {
 	spans := tel.waitSpans(t, 3)
 	assert.True(t, isChildOf(one(t, spans, "POST /orders"), one(t, spans, "idem.attempt")), "the global propagator sent traceparent")
 	assert.Equal(t, int64(1), tel.count(t, "idem.client.operations"))
+}
+
+// A Do that finds its operation journaled by an earlier call links its
+// span to the call that created it.
+func TestDoOfAJournaledOperationLinksItsCreator(t *testing.T) {
+	t.Parallel()
+	tel := newTelemetry(t)
+	srv := tel.startServer(t)
+	policy := fastRetry()
+	policy.MaxStatusChecks = 1
+	c, _ := newClient(t, srv, tel.clientHooks(), func(cfg *idem.Config) { cfg.Retry = policy })
+	srv.Inject(testserver.DropAfterCommit)
+	srv.InjectStatus(testserver.StatusDown)
+	op := orderOp("checkout/cart-twice", 1)
+	_, err := c.Do(t.Context(), op)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	_, err = c.Do(t.Context(), op)
+	require.NoError(t, err)
+
+	calls := named(tel.spans.Ended(), "idem.do POST")
+	require.Len(t, calls, 2)
+	assert.Empty(t, calls[0].Links(), "the creator has no link to itself")
+	require.Len(t, calls[1].Links(), 1)
+	assert.Equal(t, calls[0].SpanContext().SpanID(), calls[1].Links()[0].SpanContext.SpanID())
+	assert.Equal(t, calls[0].SpanContext().TraceID(), calls[1].Links()[0].SpanContext.TraceID())
+	assert.Equal(t, "status_check", attrs(calls[1])["idem.settled_by"].AsString())
 }

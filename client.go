@@ -596,7 +596,8 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 	if created {
 		c.transition(Record{}, stored, Event{Kind: EventCreate})
 	}
-	return &Operation{c: c, key: stored.Key, scope: stored.Scope, id: stored.ID}, nil
+	return &Operation{c: c, key: stored.Key, scope: stored.Scope, id: stored.ID,
+		method: stored.Method, url: stored.URL, link: stored.Link}, nil
 }
 
 // createFailed reports a refused Create: a fingerprint mismatch comes as an

@@ -447,6 +447,9 @@ func (d *driver) park(ctx context.Context, cause error, dur Durability) error {
 	if err := d.write(outcomeCtx(ctx), next, dur, EventExpire, ""); err != nil {
 		return d.journalFailed(err)
 	}
+	if d.obs != nil {
+		d.obs.end.Expired = true
+	}
 	return opError(d.rec, cause)
 }
 

@@ -99,6 +99,11 @@ type CallEnd struct {
 	Settled Settlement
 	// Replayed is the answer's: the server answered from its store of keys.
 	Replayed bool
+	// Expired reports that this call moved the operation to expired (its
+	// retention passed unconfirmed, or the server did not honour its key),
+	// as opposed to finding it expired already: a count of expirations
+	// counts these.
+	Expired bool
 }
 
 // Settlement says how an operation whose outcome was unknown got its

@@ -250,3 +250,49 @@ func TestHooksLinkTooLongIsNotJournaled(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, rec.Link)
 }
+
+func TestHooksTellTheCallThatExpiredAnOperation(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			http.Error(w, "down", http.StatusBadGateway)
+			return
+		}
+		dropConn(w) // applied, answer lost
+	})
+	policy := fastRetry()
+	policy.MaxStatusChecks = 1
+	var log hookLog
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.URL + "/status"),
+		Retry: policy, Retention: 50 * time.Millisecond, Hooks: log.hooks()})
+	op := idem.Op{ID: "op", URL: "/orders"}
+	_, err := c.Do(t.Context(), op)
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	time.Sleep(100 * time.Millisecond) // past the server's retention
+	_, err = c.Do(t.Context(), op)
+	require.ErrorIs(t, err, idem.ErrNeedsReconciliation)
+	_, err = c.Do(t.Context(), op)
+	require.ErrorIs(t, err, idem.ErrNeedsReconciliation)
+
+	require.Len(t, log.ends, 3)
+	assert.False(t, log.ends[0].Expired, "left unknown")
+	assert.Equal(t, idem.StateExpired, log.ends[1].State)
+	assert.True(t, log.ends[1].Expired, "this call expired it")
+	assert.Equal(t, idem.StateExpired, log.ends[2].State)
+	assert.False(t, log.ends[2].Expired, "this call found it expired")
+}
+
+func TestHooksFollowSendFromTheStart(t *testing.T) {
+	t.Parallel()
+	srv, _, _ := countingServer(t)
+	var log hookLog
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Hooks: log.hooks()})
+	o, err := c.Begin(context.WithValue(t.Context(), hookCtxKey{}, "app"), idem.Op{ID: "checkout/begun", Method: "PUT", URL: "/orders/1"})
+	require.NoError(t, err)
+	_, err = o.Send(t.Context())
+	require.NoError(t, err)
+	require.Len(t, log.starts, 1)
+	assert.Equal(t, idem.Call{Kind: idem.CallSend, Scope: "default", ID: "checkout/begun", Key: o.Key(),
+		Method: "PUT", URL: srv.URL + "/orders/1", Link: "link-of-app"}, log.starts[0],
+		"Send's call names the journaled request and link when it starts")
+}

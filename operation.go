@@ -264,6 +264,9 @@ type Operation struct {
 	key   string
 	scope string
 	id    string
+	// The journaled request's method and URL and the link journaled with
+	// it, immutable: Send's hooks see them from the start.
+	method, url, link string
 }
 
 // Key returns the operation's idempotency key.
@@ -278,7 +281,7 @@ func (o *Operation) ID() string { return o.id }
 // Send drives the operation to a definitive answer, exactly as Do does for
 // an operation that is already journaled.
 func (o *Operation) Send(ctx context.Context) (*Result, error) {
-	call := Call{Kind: CallSend, Scope: o.scope, ID: o.id, Key: o.key}
+	call := Call{Kind: CallSend, Scope: o.scope, ID: o.id, Key: o.key, Method: o.method, URL: o.url, Link: o.link}
 	return o.c.observe(ctx, call, func(ctx context.Context) (*Result, error) {
 		return o.c.run(ctx, o.scope, o.id, func(ctx context.Context) (*Result, error) {
 			rec, err := o.c.journal.Get(ctx, o.key)

@@ -60,6 +60,7 @@ type config struct {
 	mw          server.Config
 	sqliteStore bool
 	addr        string
+	wrap        func(http.Handler) http.Handler
 }
 
 // Option configures Start.
@@ -81,6 +82,19 @@ func WithRetention(d time.Duration) Option { return func(c *config) { c.mw.Reten
 
 // WithStorePolicy sets the middleware's StorePolicy.
 func WithStorePolicy(p server.StorePolicy) Option { return func(c *config) { c.mw.StorePolicy = p } }
+
+// WithOnOutcome sets the middleware's OnOutcome.
+func WithOnOutcome(fn func(context.Context, server.Outcome)) Option {
+	return func(c *config) { c.mw.OnOutcome = fn }
+}
+
+// WithWrap puts wrap's handler in front of every route, before the fault
+// layer, where an application's HTTP instrumentation (otelhttp, say) sits:
+// it sees every request as it arrived, and its request context is the one
+// the middleware and OnOutcome get.
+func WithWrap(wrap func(http.Handler) http.Handler) Option {
+	return func(c *config) { c.wrap = wrap }
+}
 
 // WithRetryAfter sets the Retry-After of the middleware's 409 and 503.
 func WithRetryAfter(d time.Duration) Option { return func(c *config) { c.mw.RetryAfter = d } }
@@ -122,7 +136,11 @@ func Start(t testing.TB, opts ...Option) *Server {
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", http.HandlerFunc(s.serveOrders(mw.Handler(slowable(app.Handler(), s.stop)))))
 	mux.Handle("GET /idempotency/{key}", http.HandlerFunc(s.serveStatus(mw.StatusHandler())))
-	s.srv = httptest.NewUnstartedServer(mux)
+	var h http.Handler = mux
+	if cfg.wrap != nil {
+		h = cfg.wrap(mux)
+	}
+	s.srv = httptest.NewUnstartedServer(h)
 	if cfg.addr != "" {
 		l, err := net.Listen("tcp", cfg.addr)
 		if err != nil {

@@ -3,6 +3,7 @@ package testserver_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem/internal/testserver"
 	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/server"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -373,4 +375,46 @@ func TestCloseEndsHeldRequests(t *testing.T) {
 	wg.Wait()
 	_, err := post(context.Background(), c, s, "k2", order)
 	assert.Error(t, err, "a closed server refuses connections")
+}
+
+// The wrapper sees every request, the middleware runs with the wrapper's
+// request context, and OnOutcome gets it: as an application's HTTP
+// instrumentation and the otel module's server hooks would.
+func TestWrapAndOnOutcome(t *testing.T) {
+	type mark struct{}
+	var mu sync.Mutex
+	var paths []string
+	var outcomes []string
+	s := testserver.Start(t,
+		testserver.WithWrap(func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				paths = append(paths, r.Method+" "+r.URL.Path)
+				mu.Unlock()
+				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), mark{}, "wrapped")))
+			})
+		}),
+		testserver.WithOnOutcome(func(ctx context.Context, o server.Outcome) {
+			mu.Lock()
+			defer mu.Unlock()
+			outcomes = append(outcomes, fmt.Sprintf("%v %d %v", o.Kind, o.Status, ctx.Value(mark{})))
+		}))
+	c := fresh(s)
+	mustPost(t, c, s, "k1")
+	mustPost(t, c, s, "k1")
+	resp, err := c.Get(s.StatusURL + "/k1")
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+
+	// OnOutcome runs once the answer is written, which the client may read
+	// first: wait for it.
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(outcomes) == 2
+	}, 5*time.Second, time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"POST /orders", "POST /orders", "GET /idempotency/k1"}, paths)
+	assert.Equal(t, []string{"ran 201 wrapped", "replayed 201 wrapped"}, outcomes, "with the wrapper's request context")
 }

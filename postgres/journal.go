@@ -46,7 +46,8 @@ import (
 // Go, and every change is sent with the commit in one pipeline. A write the
 // rules refuse fails only its caller. Should the batch's transaction fail
 // as a whole (a deadlock with another process, say), its writes are run
-// again one by one.
+// again one by one. One batch runs at a time, and a second beside it only
+// while many writes (32) wait for the first: see secondBatch.
 //
 // A batch of creates and of updates of rows this journal wrote last (Do's
 // path: the intent, then the outcome) takes one round trip: the journal
@@ -79,7 +80,7 @@ type Journal struct {
 	mu       sync.Mutex
 	closed   bool
 	queue    []*writeReq
-	leading  bool
+	running  int             // commit goroutines
 	gone     map[string]bool // owners known gone: final, names are never reused
 	mine     map[string]*pgxpool.Conn
 	draining sync.WaitGroup

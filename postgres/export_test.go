@@ -1,9 +1,13 @@
 package postgres
 
 import (
+	"context"
+
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
 )
 
 // For the naive journal of journal_bench_test.go, BenchmarkDo's baseline:
@@ -21,4 +25,12 @@ var ScanRecord = scanRecord
 // exists.
 func (j *Journal) QueueInsert(b *pgx.Batch, rec idem.Record, ev idem.Event) *pgx.QueuedQuery {
 	return j.q.queueInsert(b, rec, ev)
+}
+
+// MigrateJournalTo migrates the journal's tables in schema up to version,
+// as an older idem left them: for the tests of later migrations.
+func MigrateJournalTo(ctx context.Context, pool *pgxpool.Pool, schema string, version int) error {
+	k := journalKind
+	k.Migrations = k.Migrations[:version]
+	return pgschema.Migrate(ctx, pool, schema, k)
 }

@@ -46,7 +46,8 @@ import (
 // Go, and every change is sent with the commit in one pipeline. A write the
 // rules refuse fails only its caller. Should the batch's transaction fail
 // as a whole (a deadlock with another process, say), its writes are run
-// again one by one.
+// again one by one. One batch runs at a time, and a second beside it only
+// while many writes (32) wait for the first: see secondBatch.
 //
 // A batch of creates and of updates of rows this journal wrote last (Do's
 // path: the intent, then the outcome) takes one round trip: the journal
@@ -79,7 +80,7 @@ type Journal struct {
 	mu       sync.Mutex
 	closed   bool
 	queue    []*writeReq
-	leading  bool
+	running  int             // commit goroutines
 	gone     map[string]bool // owners known gone: final, names are never reused
 	mine     map[string]*pgxpool.Conn
 	draining sync.WaitGroup
@@ -533,8 +534,11 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 // pruneChunk is how many records Prune deletes per transaction.
 const pruneChunk = 500
 
-// Prune implements idem.Journal. Events go with their operation (ON DELETE
-// CASCADE).
+// Prune implements idem.Journal. Each chunk of operations and their events
+// is deleted in one transaction, the events by a statement of their own:
+// it sees every event committed before it ran, including one written by a
+// transaction the delete of its operation had waited for, which a single
+// statement's snapshot would not.
 func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
 	done, err := j.enter(ctx)
 	if err != nil {
@@ -543,15 +547,28 @@ func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
 	defer done()
 	total := 0
 	for {
-		tag, err := j.pool.Exec(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
-			SELECT id FROM `+j.q.operations+` WHERE state IN (4, 5, 7) AND updated_at < $1 ORDER BY id LIMIT $2)`,
-			wire.Millis(before), pruneChunk)
+		var ids []int64
+		err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+			ids = ids[:0]
+			rows, err := tx.Query(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
+				SELECT id FROM `+j.q.operations+` WHERE state IN (4, 5, 7) AND updated_at < $1 ORDER BY id LIMIT $2)
+				RETURNING id`, wire.Millis(before), pruneChunk)
+			if err != nil {
+				return err
+			}
+			if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(ids) == 0 {
+				return err
+			}
+			// Planned for these ids each time (not prepared): the generic
+			// plan of op = ANY($1), made on a small table, would scan it.
+			_, err = tx.Exec(ctx, `DELETE FROM `+j.q.table("events")+` WHERE op = ANY($1)`, pgx.QueryExecModeExec, ids)
+			return err
+		})
 		if err != nil {
 			return total, classify(ctx, err)
 		}
-		n := int(tag.RowsAffected())
-		total += n
-		if n < pruneChunk {
+		total += len(ids)
+		if len(ids) < pruneChunk {
 			return total, nil
 		}
 	}

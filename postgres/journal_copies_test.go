@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
@@ -103,6 +104,39 @@ func TestWritesWithoutReadingSeeOthersChanges(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "w2", got.Lease.Owner)
 		assert.Equal(t, 0, got.Attempts)
+	})
+
+	// The other writer commits while j1's write waits for the row's lock:
+	// j1's statement read the row before that commit, and must check the
+	// fence again on the row as the other left it, not overwrite it.
+	t.Run("updated by another while the write waits", func(t *testing.T) {
+		rec := create(t)
+		pool := pgtest.Pool(t)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // committed below
+		_, err = tx.Exec(ctx, `UPDATE `+pgschema.Ident(schema)+`.operations SET attempts = 1, version = version + 1 WHERE key = $1`, rec.Key)
+		require.NoError(t, err)
+		stale := rec
+		stale.Attempts = 2
+		errc := make(chan error, 1)
+		go func() {
+			_, err := j1.Update(ctx, stale, idem.Durable, idem.Event{Kind: idem.EventSend})
+			errc <- err
+		}()
+		// Until j1's update waits for the row's lock.
+		require.Eventually(t, func() bool {
+			var waiting bool
+			err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE%' || $1 || '%')`, schema).Scan(&waiting)
+			return err == nil && waiting
+		}, 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, tx.Commit(ctx))
+		require.ErrorIs(t, <-errc, idem.ErrConflict, "judged against the row as the other left it")
+		got, err := j1.Get(ctx, rec.Key)
+		require.NoError(t, err)
+		assert.Equal(t, int64(2), got.Version)
+		assert.Equal(t, 1, got.Attempts, "the other's write stands")
 	})
 
 	t.Run("pruned", func(t *testing.T) {

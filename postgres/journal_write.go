@@ -61,7 +61,9 @@ const batchTimeout = 30 * time.Second
 // none running: it commits every write queued by then, then at once every
 // write queued meanwhile, and so on until none is left, with no goroutine
 // to wake between two batches. A writer that arrives during a batch waits
-// for the next one.
+// for the next one, unless secondBatch writes are waiting by then: a second
+// goroutine then commits them at once, on a connection of its own, while
+// the first batch runs (see secondBatch).
 func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	done, err := j.enter(ctx)
 	if err != nil {
@@ -71,8 +73,10 @@ func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	w.ctx, w.done = ctx, make(chan struct{})
 	j.mu.Lock()
 	j.queue = append(j.queue, w)
-	start := !j.leading
-	j.leading = true
+	start := j.running == 0 || (j.running < maxRunning && len(j.queue) >= secondBatch)
+	if start {
+		j.running++
+	}
 	j.mu.Unlock()
 	if start {
 		go j.commit()
@@ -81,14 +85,35 @@ func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	return w.err
 }
 
+// Two batches at most run at once, and the second only while secondBatch
+// writes or more are waiting for the first to end. A batch spends much of
+// its time where the next one could run beside it: waiting for its
+// commit's WAL flush, and, on a busy machine, for the one server process
+// that runs it to be scheduled. With many writers, a second batch takes the
+// writes that would wait for the first, and both commits share a flush.
+// With few, nothing changes: at 16 callers, never more than 16 writes are
+// in wait, and a batch commits all of them as before (0.25 commits per
+// operation). Measured at 64 callers in one session (10 alternating
+// rounds): 2.18x the naive journal with one batch at a time, 2.71x with
+// this rule (0.073 and 0.077 commits per operation); 2.60x with a second
+// batch from 16 waiting writes (0.103), 2.48x with three batches (0.127).
+const (
+	maxRunning  = 2
+	secondBatch = 32
+)
+
 // commit runs batches of the oldest writes queued, up to maxBatch each,
-// until the queue is empty.
+// until the queue is empty. A second goroutine (see secondBatch) stops
+// after a batch when the other is still running and fewer than secondBatch
+// writes wait: those wait for the other, as one batch.
 func (j *Journal) commit() {
-	for {
+	for first := true; ; first = false {
 		j.mu.Lock()
-		if len(j.queue) == 0 {
-			j.leading = false
-			j.queue = nil
+		if len(j.queue) == 0 || (!first && j.running > 1 && len(j.queue) < secondBatch) {
+			j.running--
+			if len(j.queue) == 0 {
+				j.queue = nil
+			}
 			j.mu.Unlock()
 			return
 		}

@@ -1,0 +1,80 @@
+package postgres_test
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+	"github.com/idemkit/idem/postgres/internal/pgtest"
+)
+
+// TestJournalMigratesFromVersion1: a journal that an idem with the first
+// schema wrote (events with a foreign key to their operation) opens,
+// migrated, with its records and history as they were; its Prune deletes
+// the events of what it prunes, as the foreign key's cascade did, and new
+// writes work.
+func TestJournalMigratesFromVersion1(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Pool(t), pgtest.Schema(t)
+	require.NoError(t, postgres.MigrateJournalTo(ctx, pool, schema, 1))
+	s := pgschema.Ident(schema)
+	// A settled operation with two events and an active one with one, as
+	// version 1 holds them.
+	old := time.Now().Add(-48 * time.Hour).UnixMilli()
+	_, err := pool.Exec(ctx, `
+		INSERT INTO `+s+`.operations (key, scope, op_id, method, url, body, fingerprint, key_quoted, resends, state,
+			attempts, next_attempt_at, lease_epoch, resp_status, resp_body, resp_replayed, created_at, updated_at, version)
+		VALUES ('k-done', 'shop', 'done', 'POST', 'http://x/orders', '\x7b7d', 'fp1', false, 0, 4,
+			1, 0, 1, 201, '\x7b7d', false, `+itoa(old)+`, `+itoa(old)+`, 2),
+		('k-live', 'shop', 'live', 'POST', 'http://x/orders', '\x7b7d', 'fp2', false, 0, 1,
+			0, 0, 0, NULL, NULL, NULL, `+itoa(old)+`, `+itoa(old)+`, 1);
+		INSERT INTO `+s+`.events (op, version, at, kind, to_state, attempt)
+		SELECT id, 1, created_at, 1, 2, 1 FROM `+s+`.operations WHERE key = 'k-done'
+		UNION ALL SELECT id, 2, updated_at, 3, 4, 1 FROM `+s+`.operations WHERE key = 'k-done'
+		UNION ALL SELECT id, 1, created_at, 1, 1, 0 FROM `+s+`.operations WHERE key = 'k-live'`)
+	require.NoError(t, err)
+	var fks int
+	fkCount := `SELECT count(*) FROM pg_constraint WHERE conrelid = '` + s + `.events'::regclass AND contype = 'f'`
+	require.NoError(t, pool.QueryRow(ctx, fkCount).Scan(&fks))
+	require.Equal(t, 1, fks, "version 1 has the foreign key")
+
+	_, err = postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
+	require.ErrorIs(t, err, postgres.ErrNotMigrated, "version 1 is older than this build")
+	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema))
+	require.NoError(t, err)
+	defer j.Close()
+	require.NoError(t, pool.QueryRow(ctx, fkCount).Scan(&fks))
+	assert.Zero(t, fks, "migrated: no foreign key")
+
+	done, err := j.Get(ctx, "k-done")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, done.State)
+	require.NotNil(t, done.Response)
+	assert.Equal(t, 201, done.Response.StatusCode)
+	h, err := j.History(ctx, "k-done")
+	require.NoError(t, err)
+	assert.Len(t, h, 2, "the history is kept")
+
+	rec := newRecord("shop")
+	_, created, err := j.Create(ctx, rec)
+	require.NoError(t, err)
+	assert.True(t, created, "new writes work")
+
+	n, err := j.Prune(ctx, time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "the settled operation is pruned")
+	var events int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.events e
+		WHERE NOT EXISTS (SELECT 1 FROM `+s+`.operations o WHERE o.id = e.op)`).Scan(&events))
+	assert.Zero(t, events, "Prune deleted the pruned operation's events")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.events`).Scan(&events))
+	assert.Equal(t, 2, events, "and kept the others'")
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

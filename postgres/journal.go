@@ -70,6 +70,7 @@ type Journal struct {
 	schema   string
 	maxBody  int
 	maxBatch int
+	onCommit func(idem.CommitInfo) // OnCommit's, or nil
 	liveness bool
 	now      func() time.Time
 
@@ -140,7 +141,7 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 		return nil, classify(ctx, err)
 	}
 	j := &Journal{ownersOID: ownersOID, pool: pool, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
-		liveness: cfg.liveness, now: time.Now, q: newQueries(cfg.schema),
+		liveness: cfg.liveness, onCommit: cfg.onCommit, now: time.Now, q: newQueries(cfg.schema),
 		gone: map[string]bool{}, mine: map[string]*pgxpool.Conn{}, copies: map[string]rowCopy{}}
 	return j, nil
 }

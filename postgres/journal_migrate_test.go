@@ -15,10 +15,10 @@ import (
 )
 
 // TestJournalMigratesFromVersion1: a journal that an idem with the first
-// schema wrote (events with a foreign key to their operation) opens,
-// migrated, with its records and history as they were; its Prune deletes
-// the events of what it prunes, as the foreign key's cascade did, and new
-// writes work.
+// schema wrote (events with a foreign key to their operation, no link to
+// the creating trace) opens, migrated, with its records and history as
+// they were; its Prune deletes the events of what it prunes, as the
+// foreign key's cascade did, and new writes work, their link kept.
 func TestJournalMigratesFromVersion1(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Pool(t), pgtest.Schema(t)
@@ -55,6 +55,7 @@ func TestJournalMigratesFromVersion1(t *testing.T) {
 	done, err := j.Get(ctx, "k-done")
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateSucceeded, done.State)
+	assert.Empty(t, done.Link, "no link before version 3")
 	require.NotNil(t, done.Response)
 	assert.Equal(t, 201, done.Response.StatusCode)
 	h, err := j.History(ctx, "k-done")
@@ -62,9 +63,13 @@ func TestJournalMigratesFromVersion1(t *testing.T) {
 	assert.Len(t, h, 2, "the history is kept")
 
 	rec := newRecord("shop")
+	rec.Link = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	_, created, err := j.Create(ctx, rec)
 	require.NoError(t, err)
 	assert.True(t, created, "new writes work")
+	got, err := j.Get(ctx, rec.Key)
+	require.NoError(t, err)
+	assert.Equal(t, rec.Link, got.Link, "version 3 keeps the link")
 
 	n, err := j.Prune(ctx, time.Now().Add(-time.Hour))
 	require.NoError(t, err)

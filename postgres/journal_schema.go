@@ -74,9 +74,12 @@ var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migration
 	// without). Prune deletes the events of the operations it deletes (ON
 	// DELETE CASCADE did).
 	`ALTER TABLE events DROP CONSTRAINT events_op_fkey;`,
+	// 3: the link to the trace that created the operation (Record.Link),
+	// NULL when the client has no Hooks.Link.
+	`ALTER TABLE operations ADD COLUMN link text;`,
 }}
 
 // recordColumns are the columns scanRecord reads, in its order.
 const recordColumns = `id, key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 	resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at,
-	resp_status, resp_header, resp_body, resp_replayed, last_error, note, created_at, updated_at, expires_at, version`
+	resp_status, resp_header, resp_body, resp_replayed, last_error, note, created_at, updated_at, expires_at, version, link`

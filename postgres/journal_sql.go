@@ -63,8 +63,8 @@ func newQueries(schema string) queries {
 	q.insert = `WITH ins AS (
 		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-			created_at, updated_at, expires_at, version)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)
+			created_at, updated_at, expires_at, version, link)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26)
 		ON CONFLICT (scope, op_id) DO NOTHING RETURNING id)
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins`
@@ -78,17 +78,17 @@ func newQueries(schema string) queries {
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[],
 			$8::text[], $9::text[], $10::boolean[], $11::integer[], $12::smallint[], $13::integer[], $14::bigint[],
 			$15::text[], $16::bigint[], $17::bigint[], $18::text[], $19::text[], $20::bigint[], $21::bigint[],
-			$22::bigint[], $23::bigint[], $24::smallint[], $25::text[])
+			$22::bigint[], $23::bigint[], $24::smallint[], $25::text[], $26::text[])
 		AS v(key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted, resends, state,
 			attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note, created_at,
-			updated_at, expires_at, version, ev_kind, ev_detail)
+			updated_at, expires_at, version, ev_kind, ev_detail, link)
 	), ins AS (
 		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-			created_at, updated_at, expires_at, version)
+			created_at, updated_at, expires_at, version, link)
 		SELECT key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-			created_at, updated_at, expires_at, version FROM v
+			created_at, updated_at, expires_at, version, link FROM v
 		ON CONFLICT DO NOTHING RETURNING id, key, version, updated_at, state, attempts, last_error, lease_owner
 	), ev AS (
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
@@ -129,7 +129,7 @@ func (q queries) queueInsert(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.Qu
 		r.Fingerprint, nullString(r.KeyHeader), r.KeyQuoted, r.TransportResends, int16(r.State), r.Attempts,
 		wire.Millis(r.NextAttemptAt), nullString(r.Lease.Owner), r.Lease.Epoch, wire.NullMillis(r.Lease.ExpiresAt),
 		nullString(r.LastError), nullString(r.Note), wire.Millis(r.CreatedAt), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt),
-		r.Version, int16(ev.Kind), nullString(ev.Detail))
+		r.Version, int16(ev.Kind), nullString(ev.Detail), nullString(r.Link))
 }
 
 // queueStore queues the write of r's mutable fields over the row id.
@@ -162,7 +162,7 @@ type createColumns struct {
 	key, scope, opID, method, url, fingerprint []string
 	header, body                               [][]byte
 	keyHeader, leaseOwner, lastError, note     []*string
-	evDetail                                   []*string
+	evDetail, link                             []*string
 	keyQuoted                                  []bool
 	resends, attempts                          []int32
 	state, evKind                              []int16
@@ -183,6 +183,7 @@ func (c *createColumns) add(r idem.Record, ev idem.Event) {
 	c.created, c.updated = append(c.created, wire.Millis(r.CreatedAt)), append(c.updated, wire.Millis(r.UpdatedAt))
 	c.expires, c.version = append(c.expires, nullMillisPtr(r.ExpiresAt)), append(c.version, r.Version)
 	c.evKind, c.evDetail = append(c.evKind, int16(ev.Kind)), append(c.evDetail, nullPtr(ev.Detail))
+	c.link = append(c.link, nullPtr(r.Link))
 }
 
 // queueInsertMany queues the insert of the creates in c, which returns the
@@ -190,7 +191,7 @@ func (c *createColumns) add(r idem.Record, ev idem.Event) {
 func (q queries) queueInsertMany(b *pgx.Batch, c *createColumns) *pgx.QueuedQuery {
 	return b.Queue(q.insertMany, c.key, c.scope, c.opID, c.method, c.url, c.header, c.body, c.fingerprint,
 		c.keyHeader, c.keyQuoted, c.resends, c.state, c.attempts, c.next, c.leaseOwner, c.epoch, c.leaseExpires,
-		c.lastError, c.note, c.created, c.updated, c.expires, c.version, c.evKind, c.evDetail)
+		c.lastError, c.note, c.created, c.updated, c.expires, c.version, c.evKind, c.evDetail, c.link)
 }
 
 // queueLease queues the write of r's lease alone (Release: no event).
@@ -223,6 +224,7 @@ func scanRecord(row pgx.Row) (int64, idem.Record, error) {
 		id                              int64
 		header, body                    []byte
 		keyHeader, owner, lastErr, note *string
+		link                            *string
 		keyQuoted                       bool
 		resends, attempts               int32
 		state                           int16
@@ -235,7 +237,7 @@ func scanRecord(row pgx.Row) (int64, idem.Record, error) {
 	)
 	err := row.Scan(&id, &r.Key, &r.Scope, &r.ID, &r.Method, &r.URL, &header, &body, &r.Fingerprint, &keyHeader,
 		&keyQuoted, &resends, &state, &attempts, &next, &owner, &epoch, &leaseExp, &respStatus, &respHeader,
-		&respBody, &respReplayed, &lastErr, &note, &created, &updated, &expires, &version)
+		&respBody, &respReplayed, &lastErr, &note, &created, &updated, &expires, &version, &link)
 	if err != nil {
 		return 0, idem.Record{}, err
 	}
@@ -261,7 +263,7 @@ func scanRecord(row pgx.Row) (int64, idem.Record, error) {
 			r.Response.Body = respBody
 		}
 	}
-	r.LastError, r.Note = deref(lastErr), deref(note)
+	r.LastError, r.Note, r.Link = deref(lastErr), deref(note), deref(link)
 	r.CreatedAt, r.UpdatedAt, r.Version = wire.FromMillis(created), wire.FromMillis(updated), version
 	if expires != nil {
 		r.ExpiresAt = wire.FromMillis(*expires)

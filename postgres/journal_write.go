@@ -140,13 +140,13 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 	if len(live) == 0 {
 		return
 	}
-	if err := j.tryBatch(live, true); err != nil {
+	if err := j.commitBatch(live, true); err != nil {
 		if len(live) == 1 {
 			live[0].err = mapWriteError(live[0], err)
 		} else {
 			for _, r := range live {
 				resetResult(r)
-				if err := j.tryBatch([]*writeReq{r}, true); err != nil {
+				if err := j.commitBatch([]*writeReq{r}, true); err != nil {
 					r.err = mapWriteError(r, err)
 				}
 			}
@@ -155,7 +155,7 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 	for _, r := range live {
 		for try := 0; r.again && try < 3; try++ {
 			resetResult(r)
-			if err := j.tryBatch([]*writeReq{r}, false); err != nil {
+			if err := j.commitBatch([]*writeReq{r}, false); err != nil {
 				r.err = mapWriteError(r, err)
 			}
 		}
@@ -186,6 +186,26 @@ type row struct {
 // is set and every write is a Create or an Update of a row this journal
 // wrote last, the transaction takes one round trip (fastBatch); otherwise
 // two (readBatch).
+// commitBatch is tryBatch, reported to the OnCommit hook when it commits.
+func (j *Journal) commitBatch(reqs []*writeReq, fast bool) error {
+	if j.onCommit == nil {
+		return j.tryBatch(reqs, fast)
+	}
+	start := time.Now()
+	if err := j.tryBatch(reqs, fast); err != nil {
+		return err
+	}
+	info := idem.CommitInfo{Duration: time.Since(start)}
+	for _, r := range reqs {
+		info.Durable = info.Durable || r.dur == idem.Durable
+		if r.err == nil && !r.again {
+			info.Writes++
+		}
+	}
+	j.onCommit(info)
+	return nil
+}
+
 func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()

@@ -27,6 +27,7 @@ type options struct {
 	maxBody  int
 	maxBatch int
 	liveness bool
+	onCommit func(idem.CommitInfo)
 
 	// The store's.
 	deferCompletes bool
@@ -87,6 +88,16 @@ func MaxBatch(n int) Option {
 // which does not keep session locks, say). Journal only.
 func WithoutLiveness() Option {
 	return func(o *options) { o.liveness = false; o.journalOnly = append(o.journalOnly, "WithoutLiveness") }
+}
+
+// OnCommit calls fn after each transaction of writes the journal commits,
+// on the goroutine that committed it (keep it fast): how many writes it
+// carried, whether it waited for the WAL flush (synchronous_commit on),
+// and how long from the start of the batch to the end of its commit. The
+// otel module's JournalCommitHook is such a fn, as with
+// idem.SQLiteOnCommit. Journal only.
+func OnCommit(fn func(idem.CommitInfo)) Option {
+	return func(o *options) { o.onCommit = fn; o.journalOnly = append(o.journalOnly, "OnCommit") }
 }
 
 // DeferCompletes makes the store commit completions without waiting for

@@ -20,10 +20,11 @@ var (
 )
 
 // JournalCommitHook returns a function that records each commit of the
-// client's journal, for idem.SQLiteOnCommit (and any journal option of the
-// same type):
+// client's journal, for idem.SQLiteOnCommit or the PostgreSQL journal's
+// postgres.OnCommit:
 //
 //	j, err := idem.OpenSQLite("ops.db", idem.SQLiteOnCommit(otel.JournalCommitHook()))
+//	j, err := postgres.OpenJournal(ctx, pool, postgres.OnCommit(otel.JournalCommitHook()))
 //
 // It records idem.client.journal.commit.duration (s: how long the commit's
 // writers waited at most) and idem.client.journal.commit.writes ({write}:

@@ -267,6 +267,10 @@ func (db *DB) runBatch(reqs []*writeReq) {
 		}
 		if r.mode == Buffered {
 			db.carried = append(db.carried, r.fn)
+			// Marked before its caller is answered: a read the caller
+			// makes next must find it to commit (CommitBuffered), or it
+			// could read the file before this batch commits.
+			db.buffered.Store(true)
 			reply(i, nil) // it has run; the commit is not its caller's to wait for
 		}
 	}

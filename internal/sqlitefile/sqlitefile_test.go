@@ -557,3 +557,37 @@ func TestReplayedWriteThatNoLongerAppliesIsCounted(t *testing.T) {
 	_, seen := rawGet(t, db.Path(), "a")
 	assert.False(t, seen)
 }
+
+// A buffered write has returned before it is committed; a read its caller
+// makes next commits it first (CommitBuffered), so it sees the write. The
+// write must be marked buffered before its caller is answered: otherwise
+// the caller's CommitBuffered may find nothing marked and return, and the
+// read miss the write (CI's conformance run found that window).
+func TestCommitBufferedRightAfterABufferedWriteSeesIt(t *testing.T) {
+	t.Parallel()
+	db := openTest(t)
+	ctx := context.Background()
+	// Another writer, so that the batch carrying a buffered write is often
+	// led by another goroutine, which answers it before it commits.
+	stop := make(chan struct{})
+	var other sync.WaitGroup
+	other.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			assert.NoError(t, db.Write(ctx, Deferred, put(fmt.Sprint("other", i), "v")))
+		}
+	})
+	defer func() { close(stop); other.Wait() }()
+	for i := range 1000 {
+		k := fmt.Sprint("k", i)
+		require.NoError(t, db.Write(ctx, Buffered, put(k, "v")))
+		require.NoError(t, db.CommitBuffered(ctx))
+		if _, ok := get(t, db, k); !ok {
+			t.Fatalf("write %d: returned, CommitBuffered returned, and a read does not see it", i)
+		}
+	}
+}

@@ -149,14 +149,21 @@ func TestHoldPastTimeout(t *testing.T) {
 		_, err := post(ctx, c, s, "k", order)
 		errc <- err
 	}()
-	// The order is created and stored while the answer is held.
+	// The order is created and stored while the answer is held. The
+	// order exists before its response is stored (the middleware stores
+	// it once the handler returns): wait for the status to say so.
 	require.Eventually(t, func() bool { return s.TotalOrders() == 1 }, 10*time.Second, 5*time.Millisecond)
+	state := statusState(t, c, s, "k")
+	for deadline := time.Now().Add(10 * time.Second); state != wire.StateCompleted && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		state = statusState(t, c, s, "k")
+	}
+	require.Equal(t, wire.StateCompleted, state, "the response is stored while the answer is held")
 	select {
 	case err := <-errc:
 		t.Fatalf("the answer must be held until the client gives up, got %v", err)
 	default:
 	}
-	assert.Equal(t, wire.StateCompleted, statusState(t, c, s, "k"))
 	cancel() // the client's timeout
 	require.ErrorIs(t, <-errc, context.Canceled)
 	r := mustPost(t, c, s, "k")

@@ -159,6 +159,12 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 				r.err = mapWriteError(r, err)
 			}
 		}
+		if r.again {
+			// Other transactions kept changing what this write depends on:
+			// its result is not known, so it reports none.
+			r.out, r.created = idem.Record{}, false
+			r.err = fmt.Errorf("postgres: the write of %s met concurrent changes three times; try it again", r.key)
+		}
 		close(r.done)
 	}
 }
@@ -292,13 +298,24 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 		switch r.op {
 		case opCreate:
 			if ex := byOp[[2]string{r.rec.Scope, r.rec.ID}]; ex != nil {
+				if ex.id == 0 {
+					// Created by an earlier write of this very batch, whose
+					// insert may yet find the operation created by another
+					// transaction: judged again once this one commits.
+					r.again = true
+					continue
+				}
 				r.out = journal.CloneRecord(ex.rec)
 				if ex.rec.Fingerprint != r.rec.Fingerprint {
 					r.err = journal.FingerprintMismatch(ex.rec)
 				}
 				continue
 			}
-			if byKey[r.key] != nil {
+			if ex := byKey[r.key]; ex != nil {
+				if ex.id == 0 {
+					r.again = true // the same: that insert may not happen
+					continue
+				}
 				r.err = fmt.Errorf("%w: %s", idem.ErrDuplicateKey, r.key)
 				continue
 			}

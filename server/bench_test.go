@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -61,8 +62,12 @@ func benchSQLite(b *testing.B, opts ...server.SQLiteOption) server.Store {
 	return s
 }
 
-func withMiddleware(b *testing.B, store server.Store, h http.Handler) http.Handler {
-	mw, err := server.New(server.Config{Store: store, Scope: server.SingleTenant})
+func withMiddleware(b *testing.B, store server.Store, h http.Handler, mod ...func(*server.Config)) http.Handler {
+	cfg := server.Config{Store: store, Scope: server.SingleTenant}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	mw, err := server.New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -226,4 +231,11 @@ func BenchmarkMiddlewareServe(b *testing.B) {
 	}
 	b.Run("none", func(b *testing.B) { serve(b, handler) })
 	b.Run("memory", func(b *testing.B) { serve(b, withMiddleware(b, server.NewMemoryStore(), handler)) })
+	// OnOutcome set to a function that does nothing: what the hook costs
+	// when used, against "memory" (unset) for when it is not.
+	b.Run("memory-onoutcome", func(b *testing.B) {
+		serve(b, withMiddleware(b, server.NewMemoryStore(), handler, func(c *server.Config) {
+			c.OnOutcome = func(context.Context, server.Outcome) {}
+		}))
+	})
 }

@@ -193,10 +193,10 @@ func (h *Hooks) observed() bool {
 // observe runs fn as the call described by call, between the CallStart and
 // CallEnd hooks, when the client has any.
 func (c *Client) observe(ctx context.Context, call Call, fn func(context.Context) (*Result, error)) (*Result, error) {
-	h := &c.cfg.Hooks
-	if !h.observed() {
+	if !c.observed {
 		return fn(ctx)
 	}
+	h := &c.cfg.Hooks
 	o := &observation{call: call}
 	ctx = context.WithValue(ctx, observationKey{}, o)
 	if h.CallStart != nil {

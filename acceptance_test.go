@@ -70,7 +70,7 @@ func TestAcceptanceResponseLostAfterCommit(t *testing.T) {
 		"replay":          func(*testserver.Server) idem.StatusChecker { return idem.ReplayStatus() },
 	} {
 		for _, fault := range []testserver.Fault{testserver.DropAfterCommit, testserver.ResetMidBody,
-			testserver.HoldPastTimeout, testserver.ServerErrorAfterCommit} {
+			testserver.HoldPastTimeout, testserver.StallMidBody, testserver.ServerErrorAfterCommit} {
 			t.Run(name+"/"+fault.String(), func(t *testing.T) {
 				t.Parallel()
 				srv := testserver.Start(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -90,8 +91,8 @@ type Config struct {
 	// retention, minus clock skew. Defaults to 24 h.
 	Retention time.Duration
 	// AttemptTimeout bounds one attempt or status check, including reading
-	// the body. It must outlast the server's processing time. Defaults to
-	// 30 s.
+	// the body (a followed redirect is a new request, with a bound of its
+	// own). It must outlast the server's processing time. Defaults to 30 s.
 	AttemptTimeout time.Duration
 	// MaxResponseBytes is how much of a response body is read and
 	// journaled. A longer body is cut, and the cut is noted in the
@@ -334,9 +335,9 @@ func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 		base = t
 	}
 	own := &http.Client{
-		Transport:     authorizing{base: base, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate},
+		Transport: authorizing{base: base, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate,
+			timeout: c.cfg.AttemptTimeout},
 		Jar:           jar,
-		Timeout:       c.cfg.AttemptTimeout,
 		CheckRedirect: sameOriginRedirect,
 	}
 	attempts := *own
@@ -361,21 +362,42 @@ func sameOriginRedirect(req *http.Request, via []*http.Request) error {
 	return nil
 }
 
-// authorizing runs Authorize on a copy of each request right before it is
-// sent, so credentials reach the wire and nothing else.
+// authorizing bounds each request by AttemptTimeout and runs Authorize on
+// a copy of it right before it is sent, so credentials reach the wire and
+// nothing else.
+//
+// The bound is a deadline on the request's context, lifted when the body
+// is closed, rather than http.Client.Timeout: net/http keeps a goroutine,
+// a timer and a channel per request for a Timeout over a transport it does
+// not know, and this one wraps the application's.
 type authorizing struct {
 	base      http.RoundTripper
 	authorize func(*http.Request) error
 	propagate func(context.Context, http.Header)
+	timeout   time.Duration
 }
 
 func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
-	if a.authorize == nil && a.propagate == nil {
-		return a.base.RoundTrip(req)
+	ctx, cancel := context.WithTimeout(req.Context(), a.timeout)
+	resp, err := a.send(ctx, req)
+	if err != nil {
+		cancel()
+		if ctx.Err() != nil && req.Context().Err() == nil {
+			err = attemptTimeout{a.timeout, err}
+		}
+		return nil, err
 	}
-	r := req.Clone(req.Context())
+	resp.Body = &deadlineBody{ReadCloser: resp.Body, ctx: ctx, outer: req.Context(), cancel: cancel, timeout: a.timeout}
+	return resp, nil
+}
+
+func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Response, error) {
+	if a.authorize == nil && a.propagate == nil {
+		return a.base.RoundTrip(req.WithContext(ctx))
+	}
+	r := req.Clone(ctx)
 	if a.propagate != nil {
-		a.propagate(r.Context(), r.Header)
+		a.propagate(ctx, r.Header)
 	}
 	if a.authorize == nil {
 		return a.base.RoundTrip(r)
@@ -388,6 +410,43 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return a.base.RoundTrip(r)
 }
+
+// deadlineBody lifts a request's AttemptTimeout when its body is closed,
+// and says so when the timeout cut the body off.
+type deadlineBody struct {
+	io.ReadCloser
+	ctx, outer context.Context
+	cancel     context.CancelFunc
+	timeout    time.Duration
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF && b.ctx.Err() != nil && b.outer.Err() == nil {
+		err = attemptTimeout{b.timeout, err}
+	}
+	return n, err
+}
+
+func (b *deadlineBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
+// attemptTimeout is a request cut off by AttemptTimeout. It is a
+// context.DeadlineExceeded, as a Client.Timeout is in net/http.
+type attemptTimeout struct {
+	after time.Duration
+	err   error
+}
+
+func (e attemptTimeout) Error() string {
+	return fmt.Sprintf("%v (no complete answer within AttemptTimeout, %s)", e.err, e.after)
+}
+func (e attemptTimeout) Unwrap() error   { return e.err }
+func (e attemptTimeout) Timeout() bool   { return true }
+func (e attemptTimeout) Is(t error) bool { return t == context.DeadlineExceeded }
 
 // CloseIdleConnections closes the idle connections of the transport, so
 // that Close leaves no connection (and no goroutine reading one) behind.

@@ -512,3 +512,32 @@ func TestResumeIntervalFinishesWhatACallLeft(t *testing.T) {
 	assert.Equal(t, keys[0], keys[1], "with the same key")
 	require.NoError(t, c.Close(), "Close stops the background resume (goleak checks it is gone)")
 }
+
+// An answer whose body stops coming is cut off by AttemptTimeout like one
+// that never starts, and the error says which bound cut it.
+func TestAttemptTimeoutCutsAStalledBody(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/status" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":`))
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done() // the rest never comes
+	})
+	policy := fastRetry()
+	policy.MaxAttempts = 1
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, AttemptTimeout: 200 * time.Millisecond,
+		Status: idem.StatusEndpoint(srv.URL + "/status")})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := c.Do(ctx, idem.Op{ID: "stalled", URL: "/orders"})
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "the answer had begun: the server may have acted")
+	require.NoError(t, ctx.Err(), "the stalled body must not hold the call until the caller's deadline")
+	rec, err := j.Lookup(context.Background(), "default", "stalled")
+	require.NoError(t, err)
+	assert.Contains(t, rec.LastError, "AttemptTimeout, 200ms")
+}

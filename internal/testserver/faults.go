@@ -17,6 +17,7 @@ const (
 	faultServerErrorAfterCommit
 	faultResetMidBody
 	faultSlowHandler
+	faultStallMidBody
 )
 
 // Fault is what the server does to one POST /orders request instead of
@@ -55,6 +56,10 @@ var (
 	// status line, the headers and half the body, then resets the TCP
 	// connection.
 	ResetMidBody = Fault{kind: faultResetMidBody}
+	// StallMidBody creates the order and stores the response, sends the
+	// status line, the headers and half the body, then sends nothing more
+	// until the client closes the connection.
+	StallMidBody = Fault{kind: faultStallMidBody}
 )
 
 // SlowHandler makes the handler wait d before it creates the order, under
@@ -79,6 +84,8 @@ func (f Fault) String() string {
 		return "ServerErrorAfterCommit"
 	case faultResetMidBody:
 		return "ResetMidBody"
+	case faultStallMidBody:
+		return "StallMidBody"
 	case faultSlowHandler:
 		return fmt.Sprintf("SlowHandler(%s)", f.delay)
 	}

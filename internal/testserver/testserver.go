@@ -351,7 +351,9 @@ func (s *Server) serveOrders(next http.Handler) http.HandlerFunc {
 			commit(next, r)
 			http.Error(w, "injected: internal server error after commit", http.StatusInternalServerError)
 		case faultResetMidBody:
-			resetMidBody(w, commit(next, r))
+			reset(sendHalf(w, commit(next, r)))
+		case faultStallMidBody:
+			stall(sendHalf(w, commit(next, r)), s.stop)
 		case faultSlowHandler:
 			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), delayKey{}, f.delay)))
 		default:
@@ -377,9 +379,9 @@ func drop(w http.ResponseWriter) {
 	_ = conn.Close()
 }
 
-// resetMidBody sends the status line, the headers (with the full
-// Content-Length) and half the body, then resets the connection.
-func resetMidBody(w http.ResponseWriter, rec *httptest.ResponseRecorder) {
+// sendHalf sends the status line, the headers (with the full
+// Content-Length) and half the body, and returns the connection.
+func sendHalf(w http.ResponseWriter, rec *httptest.ResponseRecorder) net.Conn {
 	conn, buf, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		panic(http.ErrAbortHandler)
@@ -394,7 +396,22 @@ func resetMidBody(w http.ResponseWriter, rec *httptest.ResponseRecorder) {
 	head.Write(body[:len(body)/2])
 	_, _ = buf.Write(head.Bytes())
 	_ = buf.Flush()
-	reset(conn)
+	return conn
+}
+
+// stall sends nothing more on conn until the client closes it or the
+// server stops.
+func stall(conn net.Conn, stop <-chan struct{}) {
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-stop:
+		case <-done:
+		}
+		_ = conn.Close()
+	}()
+	_, _ = io.Copy(io.Discard, conn)
 }
 
 // reset closes conn with a TCP RST instead of a FIN.

@@ -294,7 +294,9 @@ func (d *driver) sleep(ctx context.Context, wait time.Duration, what string) err
 // stored turns a response into what the journal keeps: no Set-Cookie, no
 // secret header.
 func (d *driver) stored(resp *http.Response, body []byte) *Response {
-	h := resp.Header.Clone()
+	// The answer is this attempt's, read to its end: its header is ours to
+	// keep, and the journal copies what it keeps.
+	h := resp.Header
 	for _, name := range d.c.secrets {
 		h.Del(name)
 	}

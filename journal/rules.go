@@ -110,6 +110,11 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 // ignored, so a stale copy never undoes a Renew). The request and the key's
 // wire form never change. A record that leaves the active states loses its
 // lease. The event takes its Kind and Detail from why.
+//
+// The returned record shares the request's Header and Body with stored
+// (they never change, and no journal writes to them in place) and owns a
+// copy of next's Response: a journal that hands it to a caller hands a
+// copy (CloneRecord).
 func ApplyUpdate(stored, next Record, now time.Time, why Event, gone func(owner string) bool) (Record, Event, error) {
 	now = TruncateTime(now)
 	if next.Lease.Owner != "" {
@@ -133,7 +138,7 @@ func ApplyUpdate(stored, next Record, now time.Time, why Event, gone func(owner 
 		return Record{}, Event{}, fmt.Errorf("%w: attempt counts of %s cannot go down from %d/%d to %d/%d",
 			ErrInvalidRecord, stored.Key, stored.Attempts, stored.TransportResends, next.Attempts, next.TransportResends)
 	}
-	out := CloneRecord(stored)
+	out := stored // the request is never written to: shared, not copied
 	out.State = next.State
 	out.Attempts = next.Attempts
 	out.TransportResends = next.TransportResends
@@ -181,7 +186,8 @@ func leaseFree(l Lease, now time.Time, gone func(string) bool) bool {
 // never taken, not even by its own owner (holders are told apart by epoch,
 // not by name). A missing owner or a non-positive lease is
 // ErrInvalidRecord. It does not look at NextAttemptAt; Claim selects due
-// records with Claimable first.
+// records with Claimable first. As with ApplyUpdate, the returned record
+// shares its request and its Response with stored.
 func ApplyClaim(stored Record, owner string, lease time.Duration, now time.Time, gone func(string) bool) (Record, Event, error) {
 	now = TruncateTime(now)
 	if owner == "" || lease <= 0 {
@@ -194,7 +200,7 @@ func ApplyClaim(stored Record, owner string, lease time.Duration, now time.Time,
 		return Record{}, Event{}, fmt.Errorf("%w: operation %s is leased by %q until %s",
 			ErrLeased, stored.Key, stored.Lease.Owner, stored.Lease.ExpiresAt.Format(time.RFC3339))
 	}
-	out := CloneRecord(stored)
+	out := stored // shared, as in ApplyUpdate
 	out.Lease = Lease{Owner: owner, Epoch: stored.Lease.Epoch + 1, ExpiresAt: TruncateTime(now.Add(lease))}
 	out.Version = stored.Version + 1
 	out.UpdatedAt = now

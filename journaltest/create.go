@@ -324,10 +324,22 @@ func testReturnsCopies(t *testing.T, j idem.Journal) {
 	read.Header["Accept"][0] = "changed/read"
 	requireStored(t, j, want)
 
+	// So do the request in what Acquire and Update return.
+	acquired, err := j.Acquire(ctx, want.Key, "owner-a", time.Minute)
+	require.NoError(t, err)
+	want = journal.CloneRecord(acquired)
+	acquired.Body[0] = 'A'
+	acquired.Header["Accept"][1] = "changed/acquired"
+	requireStored(t, j, want)
+
 	next := journal.CloneRecord(want)
 	next.State = idem.StateSucceeded
 	next.Response = &idem.Response{StatusCode: 201, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
-	want = update(t, j, next, idem.Durable)
+	updated := update(t, j, next, idem.Durable)
+	want = journal.CloneRecord(updated)
+	updated.Body[0] = 'U'
+	updated.Header["Accept"][0] = "changed/updated"
+	requireStored(t, j, want)
 	wantResp := *next.Response
 	wantResp.Header = http.Header{"Location": {"/orders/1"}}
 	wantResp.Body = []byte(`{"id":1}`)

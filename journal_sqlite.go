@@ -225,13 +225,15 @@ func (j *SQLiteJournal) Close() error { return j.db.Close() }
 
 // Create implements Journal.
 func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
+	// The record is built (and copied from rec) before the write joins the
+	// committer, which every write waits for, one batch at a time.
+	nr, ev, err := journal.NewRecord(rec, j.now(), j.maxBody)
+	if err != nil {
+		return Record{}, false, err
+	}
 	var out Record
 	var created bool
-	err := j.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
-		nr, ev, err := journal.NewRecord(rec, j.now(), j.maxBody)
-		if err != nil {
-			return err
-		}
+	err = j.db.Write(ctx, sqlitefile.Durable, func(tx *sqlitefile.Tx) error {
 		id, err := j.dict.insertRecord(tx, nr)
 		if err != nil {
 			var se sqlite3.Error
@@ -253,12 +255,15 @@ func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, e
 		if err := j.dict.insertEvent(tx, id, ev); err != nil {
 			return err
 		}
-		out, created = nr, true
+		created = true
 		j.copies.put(id, nr)
 		return nil
 	})
 	if err != nil && !errors.Is(err, ErrFingerprintMismatch) {
 		return Record{}, false, err
+	}
+	if created {
+		out = journal.CloneRecord(nr) // nr is the copies' now
 	}
 	return out, created, err
 }
@@ -352,6 +357,9 @@ func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability, wh
 		}
 		return j.dict.insertEvent(tx, id, ev)
 	})
+	if err == nil && out.State.Active() {
+		out = journal.CloneRecord(out) // kept by the copies: the caller gets its own
+	}
 	return out, err
 }
 
@@ -512,6 +520,9 @@ func (j *SQLiteJournal) Acquire(ctx context.Context, key, owner string, lease ti
 		j.copies.put(id, claimed)
 		return j.dict.insertEvent(tx, id, ev)
 	})
+	if err == nil {
+		out = journal.CloneRecord(out) // kept by the copies: the caller gets its own
+	}
 	return out, err
 }
 

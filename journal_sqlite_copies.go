@@ -5,7 +5,6 @@ import (
 
 	"github.com/idemkit/idem/internal/sqlitefile"
 	"github.com/idemkit/idem/internal/wire"
-	"github.com/idemkit/idem/journal"
 )
 
 // copies remembers the records of active operations as this journal last
@@ -40,7 +39,9 @@ func (c *copies) get(key string) (rowCopy, bool) {
 }
 
 // put remembers rec as row id's contents, or forgets it once settled. It
-// keeps a copy of its own: the caller gets rec, and may change it.
+// keeps rec itself, not a copy (put runs in the committer, which every
+// write waits for): the caller must not change rec, and hands its own
+// caller a copy, made outside the committer, of an active record.
 func (c *copies) put(id int64, rec Record) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -52,7 +53,7 @@ func (c *copies) put(id int64, rec Record) {
 		c.rows = make(map[string]rowCopy)
 	}
 	if _, ok := c.rows[rec.Key]; ok || len(c.rows) < maxCopies {
-		c.rows[rec.Key] = rowCopy{id: id, rec: journal.CloneRecord(rec)}
+		c.rows[rec.Key] = rowCopy{id: id, rec: rec}
 	}
 }
 

@@ -202,11 +202,11 @@ func (j *Journal) Create(ctx context.Context, rec idem.Record) (idem.Record, boo
 	w := &writeReq{op: opCreate, key: nr.Key, rec: nr, ev: ev, dur: idem.Durable}
 	if err := j.write(ctx, w); err != nil {
 		if errors.Is(err, idem.ErrFingerprintMismatch) {
-			return w.out, false, err
+			return journal.CloneRecord(w.out), false, err
 		}
 		return idem.Record{}, false, err
 	}
-	return w.out, w.created, nil
+	return journal.CloneRecord(w.out), w.created, nil
 }
 
 // Update implements idem.Journal.
@@ -218,14 +218,14 @@ func (j *Journal) Update(ctx context.Context, rec idem.Record, d idem.Durability
 	if err := j.write(ctx, w); err != nil {
 		return idem.Record{}, err
 	}
-	return w.out, nil
+	return journal.CloneRecord(w.out), nil
 }
 
 // Acquire implements idem.Journal.
 func (j *Journal) Acquire(ctx context.Context, key, owner string, lease time.Duration) (idem.Record, error) {
 	w := &writeReq{op: opAcquire, key: key, owner: owner, lease: lease, dur: idem.Durable}
 	err := j.write(ctx, w)
-	return w.out, err
+	return journal.CloneRecord(w.out), err
 }
 
 // Release implements idem.Journal. A lost release only delays the next

@@ -39,6 +39,9 @@ type writeReq struct {
 	held  idem.Lease    // Release
 	dur   idem.Durability
 
+	// out is the write's result, shared with the batch's rows and this
+	// journal's copies: the caller copies it once the batch is done, off
+	// the goroutine that runs batches.
 	out     idem.Record
 	created bool
 	err     error
@@ -305,7 +308,7 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 					r.again = true
 					continue
 				}
-				r.out = journal.CloneRecord(ex.rec)
+				r.out = ex.rec
 				if ex.rec.Fingerprint != r.rec.Fingerprint {
 					r.err = journal.FingerprintMismatch(ex.rec)
 				}
@@ -321,7 +324,7 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 			}
 			rw := &row{rec: r.rec}
 			byKey[r.key], byOp[[2]string{r.rec.Scope, r.rec.ID}] = rw, rw
-			r.out, r.created = journal.CloneRecord(r.rec), true
+			r.out, r.created = r.rec, true
 			j.q.queueInsert(b, r.rec, r.ev).Exec(func(tag pgconn.CommandTag) error {
 				if tag.RowsAffected() == 0 {
 					r.again = true // created meanwhile by another process
@@ -378,16 +381,16 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 		}
 		j.q.queueStore(b, rw.id, next)
 		j.q.queueEvent(b, rw.id, ev)
-		rw.rec, rw.written, r.out = next, true, journal.CloneRecord(next)
+		rw.rec, rw.written, r.out = next, true, next
 	case opAcquire:
 		claimed, ev, err := journal.ApplyClaim(rw.rec, r.owner, r.lease, now, j.isGone)
 		if err != nil {
-			r.out, r.err = journal.CloneRecord(rw.rec), err
+			r.out, r.err = rw.rec, err
 			return
 		}
 		j.q.queueStore(b, rw.id, claimed)
 		j.q.queueEvent(b, rw.id, ev)
-		rw.rec, rw.written, r.out = claimed, true, journal.CloneRecord(claimed)
+		rw.rec, rw.written, r.out = claimed, true, claimed
 	case opRelease:
 		released, err := journal.ApplyRelease(rw.rec, r.held, now)
 		if err != nil {
@@ -395,7 +398,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 			return
 		}
 		j.q.queueLease(b, rw.id, released)
-		rw.rec, rw.written, r.out = released, true, journal.CloneRecord(released)
+		rw.rec, rw.written, r.out = released, true, released
 	}
 }
 
@@ -571,7 +574,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 			r.again = true
 			continue
 		}
-		r.out, r.created = journal.CloneRecord(r.rec), true
+		r.out, r.created = r.rec, true
 		j.remember(r.key, rowCopy{id: id, xmin: uint32(xid), rec: r.rec})
 	}
 	for _, u := range updates {
@@ -579,7 +582,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 			u.r.again = true
 			continue
 		}
-		u.r.out = journal.CloneRecord(u.next)
+		u.r.out = u.next
 		j.remember(u.r.key, rowCopy{id: u.id, xmin: uint32(xid), rec: u.next})
 	}
 	return nil

@@ -62,6 +62,9 @@ func speedRetryClient() *retryablehttp.Client {
 //     write by hand (two fsynced transactions per operation);
 //   - idem: Client.Do on OpenSQLite (synchronous=FULL, group commit, a
 //     success committed before Do returns);
+//   - idem-ordered-keys: idem with Config.Keys KeyTimeOrdered (UUIDv7), whose
+//     keys go to the end of the journal's key index instead of a random
+//     page of it;
 //   - memory: Client.Do on a MemoryJournal, the client's own cost.
 //
 // fsync is one 200-byte append and fsync of the same disk, the unit of the
@@ -83,10 +86,13 @@ func BenchmarkSpeed(b *testing.B) {
 			speedNaive(b, callers)
 		})
 		b.Run(fmt.Sprintf("idem/callers=%d", callers), func(b *testing.B) {
-			speedIdem(b, callers)
+			speedIdem(b, callers, idem.KeyRandom)
+		})
+		b.Run(fmt.Sprintf("idem-ordered-keys/callers=%d", callers), func(b *testing.B) {
+			speedIdem(b, callers, idem.KeyTimeOrdered)
 		})
 		b.Run(fmt.Sprintf("memory/callers=%d", callers), func(b *testing.B) {
-			speedDo(b, idem.NewMemoryJournal(), callers)
+			speedDo(b, idem.NewMemoryJournal(), callers, idem.KeyRandom)
 			b.ReportMetric(0, "fsyncs/op")
 		})
 	}
@@ -146,14 +152,14 @@ func speedNaive(b *testing.B, callers int) {
 	b.ReportMetric(float64(nj.commits.Load()-before)/float64(b.N), "fsyncs/op")
 }
 
-func speedIdem(b *testing.B, callers int) {
+func speedIdem(b *testing.B, callers int, keys idem.KeyKind) {
 	j, err := idem.OpenSQLite(filepath.Join(b.TempDir(), "ops.db"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer j.Close()
 	before := j.Stats()
-	speedDo(b, j, callers)
+	speedDo(b, j, callers, keys)
 	after := j.Stats()
 	n := float64(b.N)
 	b.ReportMetric(float64(speedFsyncs(after)-speedFsyncs(before))/n, "fsyncs/op")
@@ -171,9 +177,9 @@ func speedFsyncs(s idem.SQLiteStats) int64 { return s.DurableCommits + s.Flushes
 // from callers goroutines. The operations' IDs are made before the timer
 // starts, so that allocs/op counts Do's allocations (and the loopback
 // server's) only.
-func speedDo(b *testing.B, j idem.Journal, callers int) {
+func speedDo(b *testing.B, j idem.Journal, callers int, keys idem.KeyKind) {
 	srv := benchServer(b)
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL,
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Keys: keys,
 		HTTPClient: &http.Client{Transport: speedTransport()}})
 	if err != nil {
 		b.Fatal(err)

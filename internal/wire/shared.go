@@ -4,8 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
-	"net/http"
 	"strings"
 	"time"
 )
@@ -38,26 +36,6 @@ func Fingerprint(fields ...[]byte) string {
 		h.Write(f)
 	}
 	return hex.EncodeToString(h.Sum(nil))
-}
-
-// EncodeHeader is how journals and stores keep a header: JSON, nil for an
-// empty header.
-func EncodeHeader(h http.Header) []byte {
-	if len(h) == 0 {
-		return nil
-	}
-	b, _ := json.Marshal(h) // a map of string slices always marshals
-	return b
-}
-
-// DecodeHeader reads what EncodeHeader wrote; nil or empty is no header.
-func DecodeHeader(b []byte) (http.Header, error) {
-	if len(b) == 0 {
-		return nil, nil
-	}
-	var h http.Header
-	err := json.Unmarshal(b, &h)
-	return h, err
 }
 
 // JoinValues joins a header's values for hashing: NUL cannot occur in a

@@ -1,0 +1,306 @@
+package wire
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// EncodeHeader is how journals and stores keep a header: the JSON object
+// json.Marshal writes for it, byte for byte (names sorted, values as
+// arrays of strings, HTML-safe escapes), nil for an empty header.
+//
+// It writes that JSON itself rather than through json.Marshal, which walks
+// the map by reflection at about a dozen allocations a header; journals
+// encode one or two headers in every write, on the goroutine that commits
+// everyone's writes. Being the same bytes matters: a header set is stored
+// once and found again by its encoding.
+func EncodeHeader(h http.Header) []byte {
+	if len(h) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(h))
+	size := 2
+	for name, values := range h {
+		names = append(names, name)
+		size += len(name) + 5
+		for _, v := range values {
+			size += len(v) + 3
+		}
+	}
+	slices.Sort(names)
+	b := make([]byte, 0, size)
+	b = append(b, '{')
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, name)
+		b = append(b, ':')
+		values := h[name]
+		if values == nil {
+			b = append(b, "null"...)
+			continue
+		}
+		b = append(b, '[')
+		for j, v := range values {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = appendString(b, v)
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}')
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendString appends s as encoding/json writes a string with HTML
+// escaping on (json.Marshal's default).
+func appendString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '\\', '"':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// DecodeHeader reads what EncodeHeader wrote; nil or empty is no header.
+// What EncodeHeader writes is read directly; anything else that is JSON
+// (a header kept by an older version, say) goes through json.Unmarshal,
+// and reads the same either way.
+func DecodeHeader(b []byte) (http.Header, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	if h, ok := decodeHeader(b); ok {
+		return h, nil
+	}
+	var h http.Header
+	err := json.Unmarshal(b, &h)
+	return h, err
+}
+
+// decodeHeader reads the JSON that EncodeHeader writes, without
+// whitespace; ok is false for anything else, and the caller then parses
+// it in full.
+func decodeHeader(b []byte) (h http.Header, ok bool) {
+	d := headerDecoder{b: b}
+	if !d.byte('{') {
+		return nil, false
+	}
+	h = make(http.Header)
+	if d.byte('}') {
+		return h, d.i == len(b)
+	}
+	for {
+		name, ok := d.string()
+		if !ok || !d.byte(':') {
+			return nil, false
+		}
+		var values []string
+		switch {
+		case d.literal("null"):
+		case d.byte('['):
+			values = []string{}
+			if !d.byte(']') {
+				for {
+					v, ok := d.string()
+					if !ok {
+						return nil, false
+					}
+					values = append(values, v)
+					if d.byte(']') {
+						break
+					}
+					if !d.byte(',') {
+						return nil, false
+					}
+				}
+			}
+		default:
+			return nil, false
+		}
+		h[name] = values // a name given twice: the last wins, as in json.Unmarshal
+		if d.byte('}') {
+			return h, d.i == len(b)
+		}
+		if !d.byte(',') {
+			return nil, false
+		}
+	}
+}
+
+type headerDecoder struct {
+	b []byte
+	i int
+}
+
+func (d *headerDecoder) byte(c byte) bool {
+	if d.i < len(d.b) && d.b[d.i] == c {
+		d.i++
+		return true
+	}
+	return false
+}
+
+func (d *headerDecoder) literal(s string) bool {
+	if strings.HasPrefix(string(d.b[d.i:]), s) {
+		d.i += len(s)
+		return true
+	}
+	return false
+}
+
+// string reads a JSON string. It gives up (ok false) on what it would have
+// to judge as json.Unmarshal does: invalid UTF-8, and a \u escape of half
+// a surrogate pair.
+func (d *headerDecoder) string() (string, bool) {
+	if !d.byte('"') {
+		return "", false
+	}
+	start := d.i
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		switch {
+		case c == '"':
+			s := string(d.b[start:d.i])
+			d.i++
+			return s, true
+		case c == '\\':
+			return d.escaped(start)
+		case c < 0x20:
+			return "", false
+		case c < utf8.RuneSelf:
+			d.i++
+		default:
+			r, size := utf8.DecodeRune(d.b[d.i:])
+			if r == utf8.RuneError && size == 1 {
+				return "", false
+			}
+			d.i += size
+		}
+	}
+	return "", false
+}
+
+// escaped reads the rest of a string that has escapes, from start, its
+// first byte after the quote.
+func (d *headerDecoder) escaped(start int) (string, bool) {
+	out := append([]byte(nil), d.b[start:d.i]...)
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		switch {
+		case c == '"':
+			d.i++
+			return string(out), true
+		case c == '\\':
+			if d.i+1 >= len(d.b) {
+				return "", false
+			}
+			e := d.b[d.i+1]
+			d.i += 2
+			switch e {
+			case '"', '\\', '/':
+				out = append(out, e)
+			case 'b':
+				out = append(out, '\b')
+			case 'f':
+				out = append(out, '\f')
+			case 'n':
+				out = append(out, '\n')
+			case 'r':
+				out = append(out, '\r')
+			case 't':
+				out = append(out, '\t')
+			case 'u':
+				r, ok := d.hex4()
+				if !ok || utf16.IsSurrogate(r) {
+					return "", false
+				}
+				out = utf8.AppendRune(out, r)
+			default:
+				return "", false
+			}
+		case c < 0x20:
+			return "", false
+		case c < utf8.RuneSelf:
+			out = append(out, c)
+			d.i++
+		default:
+			r, size := utf8.DecodeRune(d.b[d.i:])
+			if r == utf8.RuneError && size == 1 {
+				return "", false
+			}
+			out = append(out, d.b[d.i:d.i+size]...)
+			d.i += size
+		}
+	}
+	return "", false
+}
+
+func (d *headerDecoder) hex4() (rune, bool) {
+	if d.i+4 > len(d.b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range d.b[d.i : d.i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	d.i += 4
+	return r, true
+}

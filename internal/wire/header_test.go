@@ -1,0 +1,161 @@
+package wire_test
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/internal/wire"
+)
+
+// headerPieces are what header names and values are made of in the tests:
+// the characters encoding/json escapes, and the ones it leaves alone.
+var headerPieces = []string{"a", "Content-Type", "application/json", " ", "\"", "\\", "/", "<", ">", "&",
+	"\b", "\f", "\n", "\r", "\t", "\x00", "\x1f", "\x7f", "é", "日本", "\u2028", "\u2029", "😀",
+	"\xff", "\xc3", "\xed\xa0\x80", "ü\x80", "'", "=", ",", ":", "{", "}", "[", "]"}
+
+func randomHeader(r *rand.Rand) http.Header {
+	piece := func() string {
+		s := ""
+		for range r.IntN(5) {
+			s += headerPieces[r.IntN(len(headerPieces))]
+		}
+		return s
+	}
+	h := http.Header{}
+	for range 1 + r.IntN(4) {
+		var values []string
+		switch r.IntN(6) {
+		case 0: // nil: json.Marshal writes null
+		case 1:
+			values = []string{}
+		default:
+			for range 1 + r.IntN(3) {
+				values = append(values, piece())
+			}
+		}
+		h[piece()] = values
+	}
+	return h
+}
+
+// EncodeHeader writes what json.Marshal writes, so that a header set the
+// journal stored before finds itself again.
+func TestEncodeHeaderWritesWhatJSONMarshalWrites(t *testing.T) {
+	assert.Nil(t, wire.EncodeHeader(nil))
+	assert.Nil(t, wire.EncodeHeader(http.Header{}))
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 20000 {
+		h := randomHeader(r)
+		want, err := json.Marshal(h)
+		require.NoError(t, err)
+		got := wire.EncodeHeader(h)
+		require.Equal(t, string(want), string(got), "header %d: %q", i, h)
+
+		back, err := wire.DecodeHeader(got)
+		require.NoError(t, err)
+		var viaJSON http.Header
+		require.NoError(t, json.Unmarshal(got, &viaJSON))
+		require.Equal(t, viaJSON, back, "header %d: %q", i, h)
+	}
+}
+
+// DecodeHeader reads any JSON header as json.Unmarshal does, what it
+// reads itself and what it hands to json.Unmarshal alike.
+func TestDecodeHeaderReadsAsJSONUnmarshal(t *testing.T) {
+	for _, in := range []string{
+		`{}`, `null`, `{"A":null}`, `{"A":[]}`, `{"A":["x","y"],"B":["z"]}`,
+		` {"A":["x"]}`, `{"A": ["x"]}`, `{"A":["\u00e9\ud83d\ude00\/"]}`, `{"A":["\ud800"]}`,
+		`{"A":["x"],"A":["y"]}`, `{"A":["x",]}`, `{"A":"x"}`, `{"A":[1]}`, `{"A":["x"]}x`, `{"A":["x"]`,
+		"{\"A\":[\"\xff\"]}", "{\"A\":[\"\x01\"]}", `{"A":["\q"]}`, `[]`, `"A"`,
+	} {
+		want, wantErr := decodeViaJSON([]byte(in))
+		got, err := wire.DecodeHeader([]byte(in))
+		if wantErr != nil {
+			assert.Error(t, err, "%s", in)
+			continue
+		}
+		if assert.NoError(t, err, "%s", in) {
+			assert.Equal(t, want, got, "%s", in)
+		}
+	}
+}
+
+func decodeViaJSON(b []byte) (http.Header, error) {
+	var h http.Header
+	err := json.Unmarshal(b, &h)
+	return h, err
+}
+
+func FuzzDecodeHeader(f *testing.F) {
+	for _, s := range []string{`{"A":["x","y"],"B":null,"C":[]}`, `{"\u003c":["\ufffd\n"]}`, `{"A": ["x"]}`, `{}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) == 0 {
+			return
+		}
+		want, wantErr := decodeViaJSON(b)
+		got, err := wire.DecodeHeader(b)
+		if wantErr != nil {
+			if err == nil {
+				t.Fatalf("DecodeHeader(%q) = %q, json.Unmarshal fails: %v", b, got, wantErr)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("DecodeHeader(%q): %v, json.Unmarshal reads %q", b, err, want)
+		}
+		if !assert.ObjectsAreEqual(want, got) {
+			t.Fatalf("DecodeHeader(%q) = %q, json.Unmarshal reads %q", b, got, want)
+		}
+		// What EncodeHeader writes of it is json.Marshal's, and reads back.
+		if enc, want := wire.EncodeHeader(got), mustMarshal(t, got); len(got) > 0 && string(enc) != string(want) {
+			t.Fatalf("EncodeHeader(%q) = %s, json.Marshal writes %s", got, enc, want)
+		}
+	})
+}
+
+func mustMarshal(t *testing.T, h http.Header) []byte {
+	b, err := json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// BenchmarkEncodeHeader: a response's header as the journal keeps it,
+// through EncodeHeader and through json.Marshal, and back.
+func BenchmarkEncodeHeader(b *testing.B) {
+	h := http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/ord_1"},
+		"Date": {"Tue, 01 Dec 2026 12:00:00 GMT"}, "Idempotency-Replayed": {"false"}}
+	enc := wire.EncodeHeader(h)
+	b.Run("EncodeHeader", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			wire.EncodeHeader(h)
+		}
+	})
+	b.Run("json.Marshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = json.Marshal(h)
+		}
+	})
+	b.Run("DecodeHeader", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = wire.DecodeHeader(enc)
+		}
+	})
+	b.Run("json.Unmarshal", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = decodeViaJSON(enc)
+		}
+	})
+}

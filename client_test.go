@@ -541,3 +541,58 @@ func TestAttemptTimeoutCutsAStalledBody(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, rec.LastError, "AttemptTimeout, 200ms")
 }
+
+// Resume claims operations ahead of its drivers; one waiting for a driver
+// keeps its lease, renewed like the driven ones, so that another worker
+// does not take it over however long the operations before it take.
+func TestResumeHoldsTheLeasesOfWhatItClaimedAhead(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	arrived := make(chan struct{}, 2)
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		time.Sleep(3 * lease) // three lease periods for the one claimed ahead to wait
+		w.WriteHeader(http.StatusCreated)
+	})
+	j := openJournal(t, filepath.Join(t.TempDir(), "ops.db"))
+	ctx := context.Background()
+	enqueue, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL})
+	require.NoError(t, err)
+	for _, id := range []string{"first", "second"} {
+		_, err = enqueue.Begin(ctx, idem.Op{ID: id, URL: "/orders"})
+		require.NoError(t, err)
+	}
+	require.NoError(t, enqueue.Close())
+
+	a, _ := newClient(t, idem.Config{Journal: j, BaseURL: srv.URL, Owner: "a", LeaseDuration: lease,
+		ResumeConcurrency: 1})
+	done := make(chan idem.ResumeReport, 1)
+	go func() {
+		rep, err := a.Resume(ctx)
+		assert.NoError(t, err)
+		done <- rep
+	}()
+	<-arrived // a drives one, and has claimed the other ahead
+	time.Sleep(2 * lease)
+
+	b, _ := newClient(t, idem.Config{Journal: j, BaseURL: srv.URL, Owner: "b", LeaseDuration: lease})
+	rep, err := b.Resume(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, rep.Claimed, "both operations are a's: one driven, one waiting with its lease renewed")
+	assert.Equal(t, 2, rep.Leased)
+
+	repA := <-done
+	assert.Equal(t, 2, repA.Claimed)
+	assert.Equal(t, 2, repA.Succeeded)
+	assert.Len(t, srv.received(), 2, "each sent once")
+	for _, id := range []string{"first", "second"} {
+		rec, err := j.Lookup(ctx, "default", id)
+		require.NoError(t, err)
+		assert.Equal(t, idem.StateSucceeded, rec.State)
+		events, err := j.History(ctx, rec.Key)
+		require.NoError(t, err)
+		for _, ev := range events {
+			assert.NotContains(t, ev.Owner, "b#", "%s: b took it over", id)
+		}
+	}
+}

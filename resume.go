@@ -334,14 +334,31 @@ func (r *resumer) expireOverdue(ctx context.Context) error {
 
 // claimAndDrive claims the operations of scope due by started and drives
 // them, ResumeConcurrency at a time, until none is left.
+//
+// As many operations again are claimed ahead of the drivers, so that a
+// driver that finishes finds its next operation claimed instead of waiting
+// for a claim, a durable write of its own. Those waiting are held as the
+// driven ones are: the renewer keeps their leases, however long the
+// operations before them take.
 func (r *resumer) claimAndDrive(ctx context.Context, scope string, started time.Time) error {
 	c := r.c
+	drivers := c.cfg.ResumeConcurrency
+	slots := make(chan struct{}, 2*drivers) // claimed and not yet settled
+	ready := make(chan Record, 2*drivers)
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	slots := make(chan struct{}, c.cfg.ResumeConcurrency)
+	for range drivers {
+		wg.Go(func() {
+			for rec := range ready {
+				r.drive(ctx, rec)
+				<-slots
+			}
+		})
+	}
+	defer func() {
+		close(ready)
+		wg.Wait()
+	}()
 	for ctx.Err() == nil {
-		// Claim only as many operations as there are free workers, so that
-		// no claimed operation waits in a queue while its lease runs.
 		slots <- struct{}{}
 		n := 1
 	fill:
@@ -365,25 +382,32 @@ func (r *resumer) claimAndDrive(ctx context.Context, scope string, started time.
 			return nil
 		}
 		for _, rec := range recs {
-			wg.Go(func() {
-				defer func() { <-slots }()
-				op := scopeID{rec.Scope, rec.ID}
-				f, leader := c.startFlight(op)
-				if !leader {
-					// A call of this client is on it: leave it that call.
-					_ = c.journal.Release(outcomeCtx(ctx), rec.Key, rec.Lease)
-					r.mu.Lock()
-					r.busy++
-					r.mu.Unlock()
-					return
-				}
-				defer c.endFlight(op, f)
-				f.res, f.err = c.observe(ctx, c.resumeCall(ctx, rec), c.newDriver(rec).run)
-				r.finish(rec.Key, f.res, f.err)
-			})
+			c.hold(rec.Key, rec.Lease)
+			ready <- rec
 		}
 	}
 	return nil
+}
+
+// drive drives one claimed operation, unless a call of this client is on
+// it already.
+func (r *resumer) drive(ctx context.Context, rec Record) {
+	c := r.c
+	op := scopeID{rec.Scope, rec.ID}
+	f, leader := c.startFlight(op)
+	if !leader {
+		// A call of this client is on it: leave it that call.
+		c.unhold(rec.Key)
+		_ = c.journal.Release(outcomeCtx(ctx), rec.Key, rec.Lease)
+		r.mu.Lock()
+		r.busy++
+		r.mu.Unlock()
+		return
+	}
+	defer c.endFlight(op, f)
+	defer c.unhold(rec.Key) // the driver holds it too, while it runs
+	f.res, f.err = c.observe(ctx, c.resumeCall(ctx, rec), c.newDriver(rec).run)
+	r.finish(rec.Key, f.res, f.err)
 }
 
 // survey is what a pass left alone in Resume's scope, and why.

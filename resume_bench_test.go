@@ -39,7 +39,7 @@ import (
 //
 //	go test -run '^$' -bench ResumeAtScale -benchtime 1x -count 3 .
 func BenchmarkResumeAtScale(b *testing.B) {
-	for _, n := range []int{2_000, 10_000, 100_000} {
+	for _, n := range []int{2_000, 10_000, 100_000, 200_000} { // 200,000: the 100k pending and 100k unknown
 		b.Run(fmt.Sprintf("operations=%d", n), func(b *testing.B) {
 			srv := resumeServer(b)
 			var doRate, resumeRate, peak, rss float64

@@ -273,10 +273,10 @@ func (r *resumer) inScope(rec Record) bool {
 	return false
 }
 
-// active lists the active operations in Resume's scope.
-func (r *resumer) active(ctx context.Context, fn func(Record) error) error {
+// active lists the operations in Resume's scope that are in one of states.
+func (r *resumer) active(ctx context.Context, states []State, fn func(Record) error) error {
 	for _, scope := range r.opts.scopes {
-		f := Filter{Scope: scope, States: []State{StatePending, StateInFlight, StateUnknown}}
+		f := Filter{Scope: scope, States: states}
 		for rec, err := range r.c.journal.List(ctx, f) {
 			if err != nil {
 				return err
@@ -302,8 +302,10 @@ func (r *resumer) expireOverdue(ctx context.Context) error {
 	// bodies: a journal may hold many.
 	type found struct{ key, scope, id string }
 	var overdue []found
-	err := r.active(ctx, func(rec Record) error {
-		if rec.State != StatePending && !rec.ExpiresAt.IsZero() && now.After(rec.ExpiresAt) {
+	// A pending operation never reached the server: no retention runs for
+	// it, and it is not read at all.
+	err := r.active(ctx, []State{StateInFlight, StateUnknown}, func(rec Record) error {
+		if !rec.ExpiresAt.IsZero() && now.After(rec.ExpiresAt) {
 			overdue = append(overdue, found{rec.Key, rec.Scope, rec.ID})
 		}
 		return nil
@@ -425,7 +427,7 @@ type survey struct {
 func (r *resumer) look(ctx context.Context) (survey, error) {
 	now := r.c.now()
 	var s survey
-	err := r.active(ctx, func(rec Record) error {
+	err := r.active(ctx, []State{StatePending, StateInFlight, StateUnknown}, func(rec Record) error {
 		r.mu.Lock()
 		_, taken := r.unsettled[keyHash(rec.Key)]
 		r.mu.Unlock()

@@ -148,16 +148,23 @@ func (c *Client) mintKey(scope, id string) (string, error) {
 // big-endian length followed by its bytes, so that no two different
 // requests share an encoding.
 func Fingerprint(method, url string, header http.Header, significant []string, body []byte) string {
-	fields := [][]byte{[]byte("idem-fingerprint-v1"), []byte(method), []byte(url)}
-	names := make([]string, 0, len(significant))
-	for _, n := range significant {
-		names = append(names, http.CanonicalHeaderKey(n))
+	f := wire.NewFingerprint()
+	f.String("idem-fingerprint-v1")
+	f.String(method)
+	f.String(url)
+	if len(significant) > 0 {
+		names := make([]string, 0, len(significant))
+		for _, n := range significant {
+			names = append(names, http.CanonicalHeaderKey(n))
+		}
+		slices.Sort(names)
+		for _, n := range slices.Compact(names) {
+			f.String(n)
+			f.Values(header.Values(n))
+		}
 	}
-	slices.Sort(names)
-	for _, n := range slices.Compact(names) {
-		fields = append(fields, []byte(n), []byte(wire.JoinValues(header.Values(n))))
-	}
-	return wire.Fingerprint(append(fields, body)...)
+	f.Bytes(body)
+	return f.Sum()
 }
 
 // Limits on what an Op may name.

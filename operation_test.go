@@ -193,4 +193,12 @@ func TestFingerprintIsStable(t *testing.T) {
 	got := idem.Fingerprint("POST", "https://api.example.com/orders", http.Header{"Content-Type": {"application/json"}},
 		[]string{"content-type"}, []byte(`{"a":1}`))
 	assert.Equal(t, "fc4950fe1fe769d3a47bff8a0085e8ed734bbc2e58e15d44662e9f5e1acc9a0b", got)
+	// Several significant headers, named in any case and twice, one of them
+	// with two values and one absent; and none at all, nor a body.
+	h := http.Header{"Content-Type": {"application/json"}, "X-Tenant": {"a", "b"}, "Accept": {"*/*"}}
+	got = idem.Fingerprint("PUT", "https://api.example.com/orders/1?x=1", h,
+		[]string{"x-tenant", "Content-Type", "X-Missing", "content-type"}, []byte(`{"a":1}`))
+	assert.Equal(t, "a5869335eade223f32c1af15cb61f3a50b77497cb372da392f747ae9e5f681e8", got)
+	assert.Equal(t, "3d0ccf1361683350d9b031828e19cff859c1c48552be107d1cd0473004811969",
+		idem.Fingerprint("POST", "/o", nil, nil, nil))
 }

@@ -2,15 +2,12 @@ package server
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"net/http"
 	"net/url"
-	"sync"
 
 	"github.com/idemkit/idem/internal/wire"
 )
@@ -111,43 +108,15 @@ func target(u *url.URL) string {
 }
 
 // fingerprint is a digest of what makes a request the same request: its
-// method, target and body, each length-prefixed so that no two different
-// requests hash the same bytes. It computes wire.Fingerprint(method,
-// target, body) (TestFingerprintIsStable holds it to that) with a pooled
-// hash and no copies of its fields: one allocation, the string returned.
+// method, target and body, each length-prefixed (wire.Fingerprint) so that
+// no two different requests hash the same bytes.
 func fingerprint(method, target string, body []byte) string {
-	d := digests.Get().(*digest)
-	d.h.Reset()
-	d.buf = appendLength(d.buf[:0], len(method))
-	d.buf = append(d.buf, method...)
-	d.buf = appendLength(d.buf, len(target))
-	d.buf = append(d.buf, target...)
-	d.buf = appendLength(d.buf, len(body))
-	d.h.Write(d.buf)
-	d.h.Write(body)
-	sum := d.h.Sum(d.sum[:0])
-	var hexSum [2 * sha256.Size]byte
-	hex.Encode(hexSum[:], sum)
-	if cap(d.buf) <= 4<<10 {
-		digests.Put(d)
-	}
-	return string(hexSum[:])
+	f := wire.NewFingerprint()
+	f.String(method)
+	f.String(target)
+	f.Bytes(body)
+	return f.Sum()
 }
-
-// digest is a SHA-256 state and its scratch, reused through digests: buf
-// holds the fields before the body with their length prefixes, sum the
-// digest.
-type digest struct {
-	h   hash.Hash
-	buf []byte
-	sum [sha256.Size]byte
-}
-
-// appendLength appends a field's length prefix, as wire.Fingerprint
-// writes it.
-func appendLength(b []byte, n int) []byte { return binary.BigEndian.AppendUint64(b, uint64(n)) }
-
-var digests = sync.Pool{New: func() any { return &digest{h: sha256.New()} }}
 
 // keyHash names a key in logs without revealing it.
 func keyHash(scope, key string) string {

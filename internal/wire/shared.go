@@ -1,10 +1,6 @@
 package wire
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
-	"strings"
 	"time"
 )
 
@@ -21,26 +17,6 @@ func IsToken(s string) bool {
 	}
 	return true
 }
-
-// Fingerprint returns the hex SHA-256 of fields, each written as an 8-byte
-// big-endian length followed by its bytes, so that no two different lists
-// of fields share an encoding. The client and the server fingerprint
-// different fields of a request with it; each is documented where it is
-// computed, and neither may change without a new version of its fields.
-func Fingerprint(fields ...[]byte) string {
-	h := sha256.New()
-	var n [8]byte
-	for _, f := range fields {
-		binary.BigEndian.PutUint64(n[:], uint64(len(f)))
-		h.Write(n[:])
-		h.Write(f)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-// JoinValues joins a header's values for hashing: NUL cannot occur in a
-// header value, so the join is unambiguous.
-func JoinValues(values []string) string { return strings.Join(values, "\x00") }
 
 // Millis is how journals keep a time: milliseconds since the Unix epoch,
 // 0 for the zero time.

@@ -1,10 +1,8 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"net/http/httptrace"
@@ -221,7 +219,8 @@ func (a *attempt) wrote() {
 }
 
 // finish reads the answer's body, up to limit bytes, and closes it; the
-// body is kept for the journal and replaced so the loop can drain it.
+// body is kept for the journal (and Attempt.Body), and the response left
+// with an empty one for the loop to drain.
 func (a *attempt) finish(resp *http.Response, err error, limit int64) {
 	a.resp, a.err = resp, err
 	if resp == nil {
@@ -229,7 +228,7 @@ func (a *attempt) finish(resp *http.Response, err error, limit int64) {
 	}
 	body, cut, rerr := readBody(resp.Body, limit)
 	resp.Body.Close()
-	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.Body = http.NoBody
 	a.body, a.cut = body, cut
 	if rerr != nil {
 		a.err = rerr

@@ -26,7 +26,8 @@ func refFingerprint(fields ...string) string {
 
 func TestFingerprintIsTheLengthPrefixedFields(t *testing.T) {
 	body := strings.Repeat("b", 5000) // past the pooled buffer's bound
-	for range 3 {                     // a pooled Fingerprint starts empty again
+	// Three times: a Fingerprint from the pool starts empty again.
+	for range 3 {
 		f := wire.NewFingerprint()
 		f.String("POST")
 		f.String("")

@@ -381,10 +381,10 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := context.WithTimeout(req.Context(), a.timeout)
 	resp, err := a.send(ctx, req)
 	if err != nil {
-		cancel()
-		if ctx.Err() != nil && req.Context().Err() == nil {
+		if timedOut(ctx, req.Context()) {
 			err = attemptTimeout{a.timeout, err}
 		}
+		cancel()
 		return nil, err
 	}
 	resp.Body = &deadlineBody{ReadCloser: resp.Body, ctx: ctx, outer: req.Context(), cancel: cancel, timeout: a.timeout}
@@ -422,10 +422,16 @@ type deadlineBody struct {
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF && b.ctx.Err() != nil && b.outer.Err() == nil {
+	if err != nil && err != io.EOF && timedOut(b.ctx, b.outer) {
 		err = attemptTimeout{b.timeout, err}
 	}
 	return n, err
+}
+
+// timedOut reports whether ctx, a request's, ended at its AttemptTimeout
+// rather than with outer, the caller's.
+func timedOut(ctx, outer context.Context) bool {
+	return ctx.Err() == context.DeadlineExceeded && outer.Err() == nil
 }
 
 func (b *deadlineBody) Close() error {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -594,5 +595,39 @@ func TestResumeHoldsTheLeasesOfWhatItClaimedAhead(t *testing.T) {
 		for _, ev := range events {
 			assert.NotContains(t, ev.Owner, "b#", "%s: b took it over", id)
 		}
+	}
+}
+
+// A connection closed without an answer is not a timeout, though the
+// attempt's bound is lifted as the error comes back.
+func TestDroppedConnectionIsNotATimeout(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/status" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			panic(http.ErrAbortHandler)
+		}
+		_ = conn.Close()
+	})
+	policy := fastRetry()
+	policy.MaxAttempts = 1
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, AttemptTimeout: time.Minute,
+		Status: idem.StatusEndpoint(srv.URL + "/status")})
+	_, err := c.Do(context.Background(), idem.Op{ID: "dropped", URL: "/orders"})
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded)
+	rec, err := j.Lookup(context.Background(), "default", "dropped")
+	require.NoError(t, err)
+	assert.NotContains(t, rec.LastError, "AttemptTimeout")
+	events, err := j.History(context.Background(), rec.Key)
+	require.NoError(t, err)
+	for _, ev := range events {
+		assert.NotContains(t, ev.Error, "AttemptTimeout")
+		assert.NotContains(t, ev.Detail, "AttemptTimeout")
 	}
 }

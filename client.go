@@ -428,16 +428,16 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// timedOut reports whether ctx, a request's, ended at its AttemptTimeout
-// rather than with outer, the caller's.
-func timedOut(ctx, outer context.Context) bool {
-	return ctx.Err() == context.DeadlineExceeded && outer.Err() == nil
-}
-
 func (b *deadlineBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel()
 	return err
+}
+
+// timedOut reports whether ctx, a request's, ended at its AttemptTimeout
+// rather than with outer, the caller's.
+func timedOut(ctx, outer context.Context) bool {
+	return ctx.Err() == context.DeadlineExceeded && outer.Err() == nil
 }
 
 // attemptTimeout is a request cut off by AttemptTimeout. It is a

@@ -1,10 +1,10 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"slices"
-	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -145,7 +145,7 @@ func decodeHeader(b []byte) (h http.Header, ok bool) {
 		}
 		var values []string
 		switch {
-		case d.literal("null"):
+		case d.null():
 		case d.byte('['):
 			values = []string{}
 			if !d.byte(']') {
@@ -189,9 +189,9 @@ func (d *headerDecoder) byte(c byte) bool {
 	return false
 }
 
-func (d *headerDecoder) literal(s string) bool {
-	if strings.HasPrefix(string(d.b[d.i:]), s) {
-		d.i += len(s)
+func (d *headerDecoder) null() bool {
+	if bytes.HasPrefix(d.b[d.i:], []byte("null")) {
+		d.i += len("null")
 		return true
 	}
 	return false

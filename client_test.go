@@ -514,25 +514,36 @@ func TestResumeIntervalFinishesWhatACallLeft(t *testing.T) {
 	require.NoError(t, c.Close(), "Close stops the background resume (goleak checks it is gone)")
 }
 
-// An answer whose body stops coming is cut off by AttemptTimeout like one
-// that never starts, and the error says which bound cut it.
-func TestAttemptTimeoutCutsAStalledBody(t *testing.T) {
-	t.Parallel()
+// oneAttempt returns a client that makes one attempt, bounded by
+// attemptTimeout, at a server that answers it with orders and every status
+// check with 503: an answer that orders keeps from the client leaves the
+// operation unknown.
+func oneAttempt(t *testing.T, attemptTimeout time.Duration, orders http.HandlerFunc) (*idem.Client, *idem.SQLiteJournal) {
+	t.Helper()
 	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/status" {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}
+		orders(w, r)
+	})
+	policy := fastRetry()
+	policy.MaxAttempts = 1
+	return newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, AttemptTimeout: attemptTimeout,
+		Status: idem.StatusEndpoint(srv.URL + "/status")})
+}
+
+// An answer whose body stops coming is cut off by AttemptTimeout like one
+// that never starts, and the error says which bound cut it.
+func TestAttemptTimeoutCutsAStalledBody(t *testing.T) {
+	t.Parallel()
+	c, j := oneAttempt(t, 200*time.Millisecond, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "100")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"id":`))
 		http.NewResponseController(w).Flush()
 		<-r.Context().Done() // the rest never comes
 	})
-	policy := fastRetry()
-	policy.MaxAttempts = 1
-	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, AttemptTimeout: 200 * time.Millisecond,
-		Status: idem.StatusEndpoint(srv.URL + "/status")})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	_, err := c.Do(ctx, idem.Op{ID: "stalled", URL: "/orders"})
@@ -602,11 +613,7 @@ func TestResumeHoldsTheLeasesOfWhatItClaimedAhead(t *testing.T) {
 // attempt's bound is lifted as the error comes back.
 func TestDroppedConnectionIsNotATimeout(t *testing.T) {
 	t.Parallel()
-	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/status" {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
+	c, j := oneAttempt(t, time.Minute, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		conn, _, err := http.NewResponseController(w).Hijack()
 		if err != nil {
@@ -614,10 +621,6 @@ func TestDroppedConnectionIsNotATimeout(t *testing.T) {
 		}
 		_ = conn.Close()
 	})
-	policy := fastRetry()
-	policy.MaxAttempts = 1
-	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, AttemptTimeout: time.Minute,
-		Status: idem.StatusEndpoint(srv.URL + "/status")})
 	_, err := c.Do(context.Background(), idem.Op{ID: "dropped", URL: "/orders"})
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 	assert.NotErrorIs(t, err, context.DeadlineExceeded)

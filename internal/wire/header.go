@@ -128,56 +128,83 @@ func DecodeHeader(b []byte) (http.Header, error) {
 
 // decodeHeader reads the JSON that EncodeHeader writes, without
 // whitespace; ok is false for anything else, and the caller then parses
-// it in full.
+// it in full. Names and values without escapes are substrings of one copy
+// of b, and every name's values share one array (each capped, as
+// http.Header.Clone does, so that appending to one never overwrites the
+// next): a handful of allocations whatever the header's size.
 func decodeHeader(b []byte) (h http.Header, ok bool) {
-	d := headerDecoder{b: b}
+	d := headerDecoder{b: b, s: string(b)}
 	if !d.byte('{') {
 		return nil, false
 	}
-	h = make(http.Header)
-	if d.byte('}') {
-		return h, d.i == len(b)
+	type field struct {
+		name       string
+		start, end int // in values
+		null       bool
 	}
-	for {
-		name, ok := d.string()
-		if !ok || !d.byte(':') {
-			return nil, false
-		}
-		var values []string
-		switch {
-		case d.null():
-		case d.byte('['):
-			values = []string{}
-			if !d.byte(']') {
-				for {
-					v, ok := d.string()
-					if !ok {
-						return nil, false
-					}
-					values = append(values, v)
-					if d.byte(']') {
-						break
-					}
-					if !d.byte(',') {
-						return nil, false
+	// Sized by bounds (every name ends with a colon, every value but the
+	// last of each name with a comma), so that neither grows.
+	fields := make([]field, 0, bytes.Count(b, []byte{':'}))
+	values := make([]string, 0, bytes.Count(b, []byte{','})+1)
+	if !d.byte('}') {
+		for {
+			name, ok := d.string()
+			if !ok || !d.byte(':') {
+				return nil, false
+			}
+			f := field{name: name, start: len(values)}
+			switch {
+			case d.null():
+				f.null = true
+			case d.byte('['):
+				if !d.byte(']') {
+					for {
+						v, ok := d.string()
+						if !ok {
+							return nil, false
+						}
+						values = append(values, v)
+						if d.byte(']') {
+							break
+						}
+						if !d.byte(',') {
+							return nil, false
+						}
 					}
 				}
+			default:
+				return nil, false
 			}
-		default:
-			return nil, false
-		}
-		h[name] = values // a name given twice: the last wins, as in json.Unmarshal
-		if d.byte('}') {
-			return h, d.i == len(b)
-		}
-		if !d.byte(',') {
-			return nil, false
+			f.end = len(values)
+			fields = append(fields, f)
+			if d.byte('}') {
+				break
+			}
+			if !d.byte(',') {
+				return nil, false
+			}
 		}
 	}
+	if d.i != len(b) {
+		return nil, false
+	}
+	h = make(http.Header, len(fields))
+	for _, f := range fields { // a name given twice: the last wins, as in json.Unmarshal
+		switch {
+		case f.null:
+			h[f.name] = nil
+		case f.start == f.end:
+			h[f.name] = []string{}
+		default:
+			h[f.name] = values[f.start:f.end:f.end]
+		}
+	}
+	return h, true
 }
 
 type headerDecoder struct {
 	b []byte
+	s string // b, copied once: unescaped strings are its substrings
 	i int
 }
 
@@ -209,7 +236,7 @@ func (d *headerDecoder) string() (string, bool) {
 		c := d.b[d.i]
 		switch {
 		case c == '"':
-			s := string(d.b[start:d.i])
+			s := d.s[start:d.i]
 			d.i++
 			return s, true
 		case c == '\\':

@@ -85,6 +85,16 @@ func TestDecodeHeaderReadsAsJSONUnmarshal(t *testing.T) {
 	}
 }
 
+// The values DecodeHeader returns share one array; adding to one name's
+// must not change the next's.
+func TestDecodeHeaderValuesAreApart(t *testing.T) {
+	h, err := wire.DecodeHeader([]byte(`{"A":["a1","a2"],"B":["b1"],"C":[],"D":null}`))
+	require.NoError(t, err)
+	h.Add("A", "a3")
+	h["C"] = append(h["C"], "c1")
+	assert.Equal(t, http.Header{"A": {"a1", "a2", "a3"}, "B": {"b1"}, "C": {"c1"}, "D": nil}, h)
+}
+
 func decodeViaJSON(b []byte) (http.Header, error) {
 	var h http.Header
 	err := json.Unmarshal(b, &h)

@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/benchcpu"
 )
 
 // benchServer answers every POST with a small 201, like an API creating a
@@ -78,14 +79,14 @@ func runConcurrent(b *testing.B, n int, fn func(i int64) error) {
 			}
 		}()
 	}
-	cpu0, cpuOK := processCPU()
+	cpu0, cpuOK := benchcpu.Process()
 	b.ResetTimer()
 	t0 := time.Now()
 	close(start)
 	wg.Wait()
 	elapsed := time.Since(t0)
 	b.StopTimer()
-	cpu1, _ := processCPU()
+	cpu1, _ := benchcpu.Process()
 	if err, ok := failed.Load().(error); ok {
 		b.Fatal(err)
 	}

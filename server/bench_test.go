@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/benchcpu"
 	"github.com/idemkit/idem/server"
 )
 
@@ -156,16 +157,16 @@ func benchServer(b *testing.B, h, baseline http.Handler) {
 	for i := range rounds {
 		n := b.N/rounds + btoi(i < b.N%rounds)
 		if base != nil {
-			c0, _ := processCPU()
+			c0, _ := benchcpu.Process()
 			baseTook += base.run(b, n)
-			c1, _ := processCPU()
+			c1, _ := benchcpu.Process()
 			baseCPU += c1 - c0
 		}
 		runtime.ReadMemStats(&ms)
 		allocs0, bytes0 := ms.Mallocs, ms.TotalAlloc
-		cpu0, _ := processCPU()
+		cpu0, _ := benchcpu.Process()
 		took += t.run(b, n)
-		cpu1, ok := processCPU()
+		cpu1, ok := benchcpu.Process()
 		runtime.ReadMemStats(&ms)
 		allocs, bytes = allocs+ms.Mallocs-allocs0, bytes+ms.TotalAlloc-bytes0
 		if ok {
@@ -210,9 +211,9 @@ func BenchmarkMiddlewareServe(b *testing.B) {
 	serve := func(b *testing.B, h http.Handler) {
 		var next atomic.Int64
 		b.ReportAllocs()
-		cpu0, ok := processCPU()
+		cpu0, ok := benchcpu.Process()
 		defer func() {
-			if cpu1, _ := processCPU(); ok {
+			if cpu1, _ := benchcpu.Process(); ok {
 				b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N)/1000, "cpu-µs/op")
 			}
 		}()

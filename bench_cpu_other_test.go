@@ -1,8 +1,0 @@
-//go:build !(linux || darwin || freebsd || netbsd || openbsd)
-
-package idem_test
-
-import "time"
-
-// processCPU is not measured on this system: benchmarks report no CPU time.
-func processCPU() (time.Duration, bool) { return 0, false }

@@ -78,37 +78,48 @@ func (tel *telemetry) assertNothingSecret(t *testing.T, secrets []string, extra 
 	for _, sm := range tel.collect(t).ScopeMetrics {
 		for _, m := range sm.Metrics {
 			where := "metric " + m.Name
+			var ps []pointAttrs
 			switch d := m.Data.(type) {
 			case metricdata.Sum[int64]:
 				for _, dp := range d.DataPoints {
-					points++
-					check(where, dp.Attributes.ToSlice())
-					for _, ex := range dp.Exemplars {
-						check(where+" exemplar", ex.FilteredAttributes)
-					}
+					ps = append(ps, attrsOf(dp.Attributes, dp.Exemplars))
 				}
 			case metricdata.Histogram[int64]:
 				for _, dp := range d.DataPoints {
-					points++
-					check(where, dp.Attributes.ToSlice())
-					for _, ex := range dp.Exemplars {
-						check(where+" exemplar", ex.FilteredAttributes)
-					}
+					ps = append(ps, attrsOf(dp.Attributes, dp.Exemplars))
 				}
 			case metricdata.Histogram[float64]:
 				for _, dp := range d.DataPoints {
-					points++
-					check(where, dp.Attributes.ToSlice())
-					for _, ex := range dp.Exemplars {
-						check(where+" exemplar", ex.FilteredAttributes)
-					}
+					ps = append(ps, attrsOf(dp.Attributes, dp.Exemplars))
 				}
 			default:
 				t.Errorf("%s: unexpected data %T", where, m.Data)
 			}
+			for _, p := range ps {
+				points++
+				check(where, p.point)
+				for _, ex := range p.exemplars {
+					check(where+" exemplar", ex)
+				}
+			}
 		}
 	}
 	assert.NotZero(t, points, "no metric data point was read")
+}
+
+// pointAttrs are the attributes of a metric data point and of its
+// exemplars, whatever the point's type.
+type pointAttrs struct {
+	point     []attribute.KeyValue
+	exemplars [][]attribute.KeyValue
+}
+
+func attrsOf[N int64 | float64](set attribute.Set, exemplars []metricdata.Exemplar[N]) pointAttrs {
+	p := pointAttrs{point: set.ToSlice()}
+	for _, ex := range exemplars {
+		p.exemplars = append(p.exemplars, ex.FilteredAttributes)
+	}
+	return p
 }
 
 func (tel *telemetry) assertClean(t *testing.T, where, value string, secrets []string) {

@@ -411,3 +411,56 @@ func TestOwnersThatAreGoneAndHoldNothingAreRemoved(t *testing.T) {
 	assert.Equal(t, keys[0], got[0].Key)
 	assert.True(t, strings.HasPrefix(got[0].Lease.Owner, "taker"))
 }
+
+// TestLivenessSessionOutlivesIdleSessionTimeout: a server that ends idle
+// sessions (idle_session_timeout, set here for the worker's sessions as a
+// role or database setting would) does not end the liveness session, idle
+// by design: the worker keeps the one session and its operation, while an
+// ordinary session of the same settings is ended.
+func TestLivenessSessionOutlivesIdleSessionTimeout(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "200ms"
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return true }
+	poolA, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer poolA.Close()
+	a := openOn(t, poolA, schema)
+	b := openOn(t, pgtest.Pool(t), schema)
+	keys := createRecords(t, b, 1)
+	unregister, err := a.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer unregister()
+	_, err = a.Acquire(ctx, keys[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+	lockPID := func() []int32 {
+		rows, err := pgtest.Pool(t).Query(ctx, livenessLocks(schema, "l.pid"), pgschema.Ident(schema)+".owners", "worker-a")
+		require.NoError(t, err)
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+		return pids
+	}
+	before := lockPID()
+	require.Len(t, before, 1)
+
+	// An ordinary session, opened after the liveness session, is ended
+	// for being idle (a minute bounds a failing run).
+	other, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
+	require.NoError(t, err)
+	defer other.Close(ctx)
+	pid := other.PgConn().PID()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
+		if n == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "idle_session_timeout did not end an idle session in a minute")
+	}
+	assert.Equal(t, before, lockPID(), "the liveness session is the one it was")
+	got, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	assert.Empty(t, got, "worker-a's operation is its own")
+}

@@ -63,8 +63,10 @@ import (
 // keyed by the schema's owners table and the owner's number in it, for as
 // long as the owner is registered: PostgreSQL drops it when that
 // session ends, whether the worker exited, crashed, or lost its network.
-// Claim and Acquire take the leases of an owner whose lock is gone at once;
-// WithoutLiveness leaves them to lapse.
+// Should the session end while the worker lives on, the journal takes the
+// lock again on a new session at once. Claim and Acquire take the leases
+// of an owner whose lock has stayed free for LivenessGrace, or that
+// unregistered, at once; WithoutLiveness leaves them to lapse.
 type Journal struct {
 	pool     *pgxpool.Pool
 	schema   string

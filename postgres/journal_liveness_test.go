@@ -120,9 +120,10 @@ func claimUntil(t *testing.T, j idem.Journal, owner string, want int) ([]idem.Re
 }
 
 // TestKilledWorkersOperationsAreTakenAtOnce: a worker process holding
-// leases for an hour is SIGKILLed; another worker takes its operations as
-// soon as PostgreSQL has ended its session, not an hour later, and the
-// history says why. While it lives, they are never taken.
+// leases for an hour is SIGKILLed; another worker takes its operations
+// once PostgreSQL has ended its session and the journal's LivenessGrace
+// has passed, not an hour later, and the history says why. While it lives,
+// they are never taken.
 func TestKilledWorkersOperationsAreTakenAtOnce(t *testing.T) {
 	t.Parallel()
 	j := openJournal(t)

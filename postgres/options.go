@@ -87,7 +87,9 @@ func MaxBatch(n int) Option {
 // WithoutLiveness makes the journal's Register record nothing: leases of
 // workers that died are taken over only when they lapse. For a pool that
 // cannot spare a connection per client (a PgBouncer in transaction mode,
-// which does not keep session locks, say). Journal only.
+// which does not keep session locks, say). Journals with and without it
+// may share a schema: those with liveness leave the operations of workers
+// without it to lapse too. Journal only.
 func WithoutLiveness() Option {
 	return func(o *options) { o.liveness = false; o.journalOnly = append(o.journalOnly, "WithoutLiveness") }
 }

@@ -102,13 +102,15 @@ const DefaultLivenessGrace = 2 * time.Second
 // and its leases as free to take. An owner whose session ended while it
 // lives on (its backend terminated, the database restarted, a pooler
 // closed the connection) takes its lock again on a new session at once;
-// the grace keeps others from taking its operations meanwhile. It is how
-// much later than at once a dead worker's operations are taken, and how
-// long a worker cut off from the database keeps its operations before its
-// leases lapse. An owner that unregistered (Client.Close, Journal.Close)
-// is gone at once. Zero takes a free lock for a gone owner, as a
-// journal without this option did. Judged on the database's clock.
-// Defaults to DefaultLivenessGrace (2 s). Journal only.
+// the grace keeps others from taking its operations meanwhile. It counts
+// from the first time a journal finds the lock free. It is how much later
+// than at once a dead worker's operations are taken, and how long a worker
+// cut off from the database keeps its operations (unless their leases
+// lapse first). An owner that unregistered (Client.Close, Journal.Close)
+// is gone at once. Zero takes a free lock for a gone owner. The grace
+// that counts is that of the journal judging: give every worker of a
+// fleet the same. Judged on the database's clock. Defaults to
+// DefaultLivenessGrace (2 s). Journal only.
 func LivenessGrace(d time.Duration) Option {
 	return func(o *options) { o.grace = d; o.journalOnly = append(o.journalOnly, "LivenessGrace") }
 }

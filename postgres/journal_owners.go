@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -164,6 +165,11 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 	}
 	var locked bool
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, j.livenessClass(), id).Scan(&locked); err != nil {
+		if conn.Conn().IsClosed() && ctx.Err() == nil {
+			// A connection that died idle in the pool (the database
+			// restarted, say): the next one may live.
+			err = fmt.Errorf("%w: %w", errDeadConn, err)
+		}
 		dropConn(conn) // the lock may have been taken, and the answer lost
 		return nil, classify(ctx, err)
 	}
@@ -195,7 +201,13 @@ func dropConn(c *pgxpool.Conn) {
 	c.Release() // the pool destroys a closed connection
 }
 
-// How soon the watcher tries again to take a lock it could not.
+// errDeadConn marks a failure to take a lock on a connection that the pool
+// handed out dead.
+var errDeadConn = errors.New("the pool's connection was dead")
+
+// How soon the watcher tries again to take a lock it could not (at once
+// after a dead connection: the pool may hold more of them, each found dead
+// only when used, and the owner's grace runs meanwhile).
 const (
 	retakeFirst = 50 * time.Millisecond
 	retakeMax   = 500 * time.Millisecond
@@ -230,6 +242,7 @@ func (j *Journal) watch(ctx context.Context, r *registration, conn *pgxpool.Conn
 // retake takes r's lock on a new session, trying until it can or ctx ends.
 func (j *Journal) retake(ctx context.Context, r *registration) *pgxpool.Conn {
 	wait := retakeFirst
+	dead := 0 // dead connections in a row, at most the pool's size
 	for {
 		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		conn, err := j.takeLiveness(tctx, r.owner, r.id)
@@ -237,6 +250,11 @@ func (j *Journal) retake(ctx context.Context, r *registration) *pgxpool.Conn {
 		if err == nil {
 			return conn
 		}
+		if errors.Is(err, errDeadConn) && dead < int(j.pool.Config().MaxConns) {
+			dead++
+			continue
+		}
+		dead = 0
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

@@ -2,13 +2,16 @@ package postgres_test
 
 import (
 	"context"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
@@ -74,4 +77,60 @@ func TestLiveWorkerKeepsItsOperationAcrossDatabaseRestart(t *testing.T) {
 	}, nil)
 	checkKept(t, jb, srv, o, "worker-a")
 	assert.Contains(t, db.Log(), "database system was not properly shut down", "the server recovered from a crash")
+}
+
+// TestStalledWorkerIsNotTakenForDead: every session of worker-a's stalls
+// (its backends stopped, as a network blip that loses nothing but delays
+// everything would leave them) for longer than worker-b's LivenessGrace,
+// while the server holds worker-a's request. The stalled liveness session
+// still holds its lock: worker-b, resuming meanwhile, leaves the operation
+// to worker-a, whose Do returns the 201 once the stall ends.
+func TestStalledWorkerIsNotTakenForDead(t *testing.T) {
+	t.Parallel()
+	db := pgtest.StartServer(t)
+	g, srv := newGate(t)
+	cfg, err := pgxpool.ParseConfig(db.DSN())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = "worker-a"
+	poolA, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer poolA.Close()
+	ja, err := postgres.OpenJournal(ctx, poolA)
+	require.NoError(t, err)
+	defer ja.Close()
+	const grace = 100 * time.Millisecond
+	jb, err := postgres.OpenJournal(ctx, checkedPool(t, db.DSN()), postgres.LivenessGrace(grace))
+	require.NoError(t, err)
+	defer jb.Close()
+	a := workerClient(t, ja, srv, "worker-a")
+	b := workerClient(t, jb, srv, "worker-b")
+	observer := checkedPool(t, db.DSN())
+
+	var stopped []int
+	cont := func() {
+		for _, pid := range stopped {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+		stopped = nil
+	}
+	t.Cleanup(cont)
+	o := driveWhileOtherResumes(t, g, a, b, jb, func() {
+		rows, err := observer.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'worker-a'`)
+		require.NoError(t, err)
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+		require.NotEmpty(t, pids)
+		for _, pid := range pids {
+			require.NoError(t, syscall.Kill(int(pid), syscall.SIGSTOP))
+			stopped = append(stopped, int(pid))
+		}
+		// worker-b judges once the stall has lasted past its grace, and
+		// twice: the first judgement of a free lock only marks it.
+		time.Sleep(2 * grace)
+		got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b-probe", Limit: 1, Lease: time.Hour})
+		require.NoError(t, err)
+		require.Empty(t, got, "a stalled worker is alive")
+		time.Sleep(2 * grace)
+	}, cont)
+	checkKept(t, jb, srv, o, "worker-a")
 }

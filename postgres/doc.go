@@ -43,9 +43,24 @@
 // Liveness. Register holds a session-level advisory lock for the owner on
 // a connection set aside for it: PostgreSQL releases the lock when the
 // session ends, however the worker ended (exit, crash, SIGKILL, a network
-// partition), and Claim and Acquire then take its leases at once. The
-// lease's lapse remains the fallback, and the only rule with
-// WithoutLiveness.
+// partition). A session may also end while its worker lives on (an
+// administrator's pg_terminate_backend, a restart of the database, a
+// pooler or idle_session_timeout closing the connection): the journal
+// watches the session and takes the lock again on a new one at once. So a
+// free lock makes its owner gone only once it has stayed free for
+// LivenessGrace (2 s by default, on the database's clock); Claim and
+// Acquire then take its leases, before they lapse. Every judgement is made
+// afresh: an owner found gone once and holding its lock again is alive.
+// While a worker has no liveness session it keeps driving what it holds
+// under its leases, fenced by their epochs, and nobody takes those before
+// the leases lapse unless the worker stays without a session for the
+// grace, when it is taken for dead and its late writes are refused
+// (idem.ErrLeaseLost). An owner that unregisters (Client.Close,
+// Journal.Close) is gone at once. Registering removes the owners that are
+// gone and hold no lease, so the owners table does not grow with every
+// process start. The lease's lapse remains the fallback, and the only rule
+// with WithoutLiveness, which records nothing: a fleet may mix journals
+// with and without liveness.
 //
 // Durability and group commit: see Journal. An intent is committed with
 // synchronous_commit on before anything is sent; an outcome the server can

@@ -63,8 +63,10 @@ import (
 // keyed by the schema's owners table and the owner's number in it, for as
 // long as the owner is registered: PostgreSQL drops it when that
 // session ends, whether the worker exited, crashed, or lost its network.
-// Claim and Acquire take the leases of an owner whose lock is gone at once;
-// WithoutLiveness leaves them to lapse.
+// Should the session end while the worker lives on, the journal takes the
+// lock again on a new session at once. Claim and Acquire take the leases
+// of an owner whose lock has stayed free for LivenessGrace, or that
+// unregistered, at once; WithoutLiveness leaves them to lapse.
 type Journal struct {
 	pool     *pgxpool.Pool
 	schema   string
@@ -72,6 +74,7 @@ type Journal struct {
 	maxBatch int
 	onCommit func(idem.CommitInfo) // OnCommit's, or nil
 	liveness bool
+	grace    time.Duration // LivenessGrace
 	now      func() time.Time
 
 	ownersOID uint32 // the owners table's: the first key of its liveness locks
@@ -81,9 +84,8 @@ type Journal struct {
 	mu       sync.Mutex
 	closed   bool
 	queue    []*writeReq
-	running  int             // commit goroutines
-	gone     map[string]bool // owners known gone: final, names are never reused
-	mine     map[string]*pgxpool.Conn
+	running  int                      // commit goroutines
+	mine     map[string]*registration // owners registered through this journal
 	draining sync.WaitGroup
 
 	copiesMu sync.Mutex
@@ -123,6 +125,9 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 	if cfg.maxBody < 1 {
 		return nil, fmt.Errorf("postgres: MaxBodySize %d: at least 1", cfg.maxBody)
 	}
+	if cfg.grace < 0 {
+		return nil, fmt.Errorf("postgres: LivenessGrace %v: zero or more", cfg.grace)
+	}
 	if cfg.migrate {
 		if err := MigrateJournal(ctx, pool, cfg.schema); err != nil {
 			return nil, err
@@ -141,8 +146,8 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 		return nil, classify(ctx, err)
 	}
 	j := &Journal{ownersOID: ownersOID, pool: pool, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
-		liveness: cfg.liveness, onCommit: cfg.onCommit, now: time.Now, q: newQueries(cfg.schema),
-		gone: map[string]bool{}, mine: map[string]*pgxpool.Conn{}, copies: map[string]rowCopy{}}
+		liveness: cfg.liveness, grace: cfg.grace, onCommit: cfg.onCommit, now: time.Now, q: newQueries(cfg.schema),
+		mine: map[string]*registration{}, copies: map[string]rowCopy{}}
 	return j, nil
 }
 
@@ -150,8 +155,9 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 func (j *Journal) Schema() string { return j.schema }
 
 // Close waits for the writes in progress and refuses later calls with
-// idem.ErrJournalClosed. It ends the registrations still held, as if their
-// owners had exited, and does not close the pool.
+// idem.ErrJournalClosed. It ends the registrations still held, as their
+// unregister functions do: other journals see their owners gone at once.
+// It does not close the pool.
 func (j *Journal) Close() error {
 	j.mu.Lock()
 	if j.closed {
@@ -159,14 +165,19 @@ func (j *Journal) Close() error {
 		return idem.ErrJournalClosed
 	}
 	j.closed = true
-	mine := j.mine
-	j.mine = map[string]*pgxpool.Conn{}
 	j.mu.Unlock()
 	j.draining.Wait()
-	for _, c := range mine {
-		c.Release()
+	j.mu.Lock()
+	mine := j.mine
+	j.mine = map[string]*registration{}
+	j.mu.Unlock()
+	var errs []error
+	for _, r := range mine {
+		if err := j.end(r); err != nil {
+			errs = append(errs, fmt.Errorf("postgres journal in schema %q: ending owner %q's registration: %w", j.schema, r.owner, err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (j *Journal) enter(ctx context.Context) (func(), error) {
@@ -306,9 +317,9 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		if err != nil {
 			return err
 		}
+		var gone []string // judged once for this claim
 		if len(recs) < req.Limit {
-			gone, err := j.goneOwners(ctx, tx, due, now)
-			if err != nil {
+			if gone, err = j.goneOwners(ctx, tx, due, now); err != nil {
 				return err
 			}
 			if len(gone) > 0 {
@@ -319,7 +330,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		}
 		b := &pgx.Batch{}
 		for i, rec := range recs {
-			claimed, ev, err := journal.ApplyClaim(rec, req.Owner, req.Lease, now, j.isGone)
+			claimed, ev, err := journal.ApplyClaim(rec, req.Owner, req.Lease, now, func(o string) bool { return slices.Contains(gone, o) })
 			if err != nil {
 				return err
 			}

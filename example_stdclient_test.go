@@ -1,0 +1,59 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/idemkit/idem"
+)
+
+// StandardClient gives code that takes an *http.Client (a vendor SDK, a
+// generated client) idem's promise: a request whose context names an
+// operation is journaled with its key before it is sent, retried and
+// settled like Do's, and answered again from the journal when the same
+// operation is sent twice. Its credentials go with this call only and are
+// never journaled; Config.Authorize supplies them after a restart.
+func ExampleClient_StandardClient() {
+	orders, created := ordersAPI()
+	defer orders.Close()
+	j, cleanup := tempJournal()
+	defer cleanup()
+	c, err := idem.New(idem.Config{
+		Journal: j,
+		BaseURL: orders.URL,
+		Status:  idem.StatusEndpoint(orders.URL + "/idempotency"),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	httpClient := c.StandardClient() // hand this to the SDK
+
+	// What the SDK does, given a context that names the operation.
+	ctx := idem.WithOperation(context.Background(), "checkout/cart-42")
+	for range 2 {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, orders.URL+"/orders",
+			strings.NewReader(`{"item":"book","quantity":1}`))
+		if err != nil {
+			panic(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer sk_test_123") // never journaled
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			panic(err) // errors.Is(err, idem.ErrOutcomeUnknown), …
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		res, _ := idem.ResultOf(resp)
+		fmt.Println(resp.StatusCode, string(body), "from the journal:", res.Journaled)
+	}
+	fmt.Println("orders created:", created.Load())
+	// Output:
+	// 201 {"order_id":"ord_1"} from the journal: false
+	// 201 {"order_id":"ord_1"} from the journal: true
+	// orders created: 1
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -244,7 +245,9 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (Op, http.Header
 }
 
 // split separates what is journaled from the request's headers and the
-// credentials that go with this call only.
+// credentials that go with this call only. Both share the request's
+// values, which a RoundTripper may read until it returns and must not
+// change: Do copies what it journals, and callCredentials what it sends.
 func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
 	journaled = make(http.Header, len(h))
 	for name, values := range h {
@@ -254,10 +257,10 @@ func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
 			if creds == nil {
 				creds = http.Header{}
 			}
-			creds[canon] = slices.Clone(values)
+			creds[canon] = values
 		case canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
 		default:
-			journaled[canon] = slices.Clone(values)
+			journaled[canon] = values
 		}
 	}
 	return journaled, creds
@@ -405,10 +408,13 @@ func (t callCredentials) RoundTrip(req *http.Request) (*http.Response, error) {
 	if len(creds) == 0 {
 		return t.base.RoundTrip(req)
 	}
-	r := req.Clone(req.Context())
-	for name, values := range creds {
-		r.Header[name] = slices.Clone(values)
-	}
+	// A shallow copy with a header of its own: the values are shared, and
+	// nothing below changes them (the transport only reads a request).
+	r := new(http.Request)
+	*r = *req
+	r.Header = make(http.Header, len(req.Header)+len(creds))
+	maps.Copy(r.Header, req.Header)
+	maps.Copy(r.Header, creds)
 	return t.base.RoundTrip(r)
 }
 

@@ -2,10 +2,12 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/idemkit/idem"
 )
@@ -56,4 +58,44 @@ func ExampleClient_StandardClient() {
 	// 201 {"order_id":"ord_1"} from the journal: false
 	// 201 {"order_id":"ord_1"} from the journal: true
 	// orders created: 1
+}
+
+// RoundTripper is the same as a transport, for code that builds its own
+// *http.Client. With RefuseUnnamedWrites, a write whose context names no
+// operation is refused before anything is sent, so that none escapes the
+// journal.
+func ExampleClient_RoundTripper() {
+	orders, created := ordersAPI()
+	defer orders.Close()
+	j, cleanup := tempJournal()
+	defer cleanup()
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: orders.URL})
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	httpClient := &http.Client{Transport: c.RoundTripper(idem.RefuseUnnamedWrites()), Timeout: time.Minute}
+
+	order := func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, orders.URL+"/orders",
+			strings.NewReader(`{"item":"pen","quantity":3}`))
+		if err != nil {
+			return err
+		}
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		fmt.Println(resp.Status)
+		return nil
+	}
+	err = order(context.Background())
+	fmt.Println("without an operation:", errors.Is(err, idem.ErrInvalidOp))
+	err = order(idem.WithScopedOperation(context.Background(), "acme", "checkout/cart-7"))
+	fmt.Println("with one:", err, "orders created:", created.Load())
+	// Output:
+	// without an operation: true
+	// 201 Created
+	// with one: <nil> orders created: 1
 }

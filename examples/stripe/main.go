@@ -81,6 +81,9 @@ func pay(ctx context.Context, c *idem.Client, apiURL, invoice string, amount int
 		HTTPClient:    c.StandardClient(), // idem
 		URL:           stripe.String(apiURL),
 		LeveledLogger: &stripe.LeveledLogger{Level: stripe.LevelNull},
+		// idem retries, with the operation's key; stripe-go's own retries
+		// would be safe (each continues the same operation) but redundant.
+		MaxNetworkRetries: stripe.Int64(0),
 	})
 	sc := stripe.NewClient(secretKey, stripe.WithBackends(&stripe.Backends{API: backend}))
 	ctx = idem.WithOperation(ctx, "pay/"+invoice) // idem: one operation per logical payment

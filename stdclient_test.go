@@ -632,3 +632,49 @@ func TestStandardClientCloseIdleConnections(t *testing.T) {
 	require.Eventually(t, func() bool { return closed.Load() == 1 }, 10*time.Second, 5*time.Millisecond,
 		"the idle connection was closed")
 }
+
+// Requests for one operation from many goroutines put one attempt on the
+// wire and each get a response of their own, readable at once.
+func TestStandardClientConcurrentCallsShareOneAttempt(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"order_id":"ord_1"}`)
+	}))
+	t.Cleanup(srv.Close)
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry()})
+	std := c.StandardClient()
+	ctx := idem.WithOperation(context.Background(), "checkout/cart-9")
+	const callers = 8
+	var wg sync.WaitGroup
+	bodies := make([]string, callers)
+	errs := make([]error, callers)
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := std.Do(postOrder(t, ctx, srv.URL, `{"item":"book","quantity":1}`, ""))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			resp.Header.Set("X-Seen-By", "caller") // each response's header is its own
+			b, err := io.ReadAll(resp.Body)
+			errs[i] = errors.Join(err, resp.Body.Close())
+			bodies[i] = string(b)
+		}()
+	}
+	require.Eventually(t, func() bool { return hits.Load() == 1 }, 10*time.Second, time.Millisecond)
+	close(release)
+	wg.Wait()
+	for i := range callers {
+		require.NoError(t, errs[i])
+		assert.Equal(t, `{"order_id":"ord_1"}`, bodies[i])
+	}
+	assert.EqualValues(t, 1, hits.Load(), "one attempt for the operation")
+}

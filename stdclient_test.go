@@ -678,3 +678,37 @@ func TestStandardClientConcurrentCallsShareOneAttempt(t *testing.T) {
 	}
 	assert.EqualValues(t, 1, hits.Load(), "one attempt for the operation")
 }
+
+// The request's credentials go over Config.Authorize's for this call,
+// which still runs (here it adds a tenant header); a later call without
+// credentials has Authorize's alone.
+func TestStandardClientCallCredentialsOverAuthorize(t *testing.T) {
+	t.Parallel()
+	type got struct{ auth, tenant string }
+	var mu sync.Mutex
+	var seen []got
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, got{r.Header.Get("Authorization"), r.Header.Get("X-Tenant")})
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(srv.Close)
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), Authorize: func(r *http.Request) error {
+		r.Header.Set("Authorization", "Bearer config-token")
+		r.Header.Set("X-Tenant", "acme")
+		return nil
+	}})
+	std := c.StandardClient()
+	resp, err := std.Do(postOrder(t, idem.WithOperation(context.Background(), "a"), srv.URL, `{}`, ""))
+	require.NoError(t, err)
+	resp.Body.Close()
+	req := postOrder(t, idem.WithOperation(context.Background(), "b"), srv.URL, `{}`, "")
+	req.Header.Del("Authorization")
+	resp, err = std.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []got{{"Bearer sdk-token", "acme"}, {"Bearer config-token", "acme"}}, seen)
+}

@@ -335,7 +335,7 @@ func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 		base = t
 	}
 	own := &http.Client{
-		Transport: authorizing{base: base, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate,
+		Transport: authorizing{base: callCredentials{base}, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate,
 			timeout: c.cfg.AttemptTimeout},
 		Jar:           jar,
 		CheckRedirect: sameOriginRedirect,

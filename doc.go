@@ -176,6 +176,22 @@
 // implements all of them with OpenTelemetry; a client without hooks pays a
 // nil check for each. OnTransition reports each journaled state change.
 //
+// # With the client you already have
+//
+// A vendor SDK or a generated OpenAPI client takes an *http.Client or an
+// http.RoundTripper: give it Client.StandardClient (or Client.RoundTripper),
+// and name the operation in the context of the call with WithOperation
+// (WithScopedOperation for another tenant's). The request is then that
+// operation, journaled, keyed, settled and resumed as Do's. A definitive
+// answer (2xx, a rejection, a replay) is an *http.Response, and ResultOf
+// gives its Result; anything else is an error that errors.Is matches with
+// the sentinels above through the *url.Error of net/http. The request's
+// credentials go with this call only, never to the journal (Resume uses
+// Config.Authorize); a key the SDK sets itself is replaced by the
+// operation's journaled key, so that one operation has one key across the
+// SDK's calls and restarts. A request whose context names no operation
+// passes through untouched (RefuseUnnamedWrites refuses writes instead).
+//
 // # Server side
 //
 // Package server is the counterpart middleware: it honours keys (one

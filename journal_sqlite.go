@@ -223,6 +223,10 @@ func (j *SQLiteJournal) Stats() SQLiteStats {
 // Close makes every deferred write durable and closes the file.
 func (j *SQLiteJournal) Close() error { return j.db.Close() }
 
+// MaxBodySize is the largest request body the journal accepts
+// (SQLiteMaxBodySize): Client.RoundTripper reads no more of a body.
+func (j *SQLiteJournal) MaxBodySize() int { return j.maxBody }
+
 // Create implements Journal.
 func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
 	// The record is built (and copied from rec) before the write joins the

@@ -154,6 +154,10 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 // Schema returns the name of the schema that holds the journal.
 func (j *Journal) Schema() string { return j.schema }
 
+// MaxBodySize is the largest request body the journal accepts
+// (MaxBodySize option): idem.Client.RoundTripper reads no more of a body.
+func (j *Journal) MaxBodySize() int { return j.maxBody }
+
 // Close waits for the writes in progress and refuses later calls with
 // idem.ErrJournalClosed. It ends the registrations still held, as their
 // unregister functions do: other journals see their owners gone at once.

@@ -918,14 +918,13 @@ func (c *Client) resumeEvery(interval time.Duration) {
 			return
 		case <-t.C:
 		}
-		rep, err := c.Resume(c.bgCtx)
+		// Resume logs the pass itself.
+		_, err := c.Resume(c.bgCtx)
 		switch {
 		case errors.Is(err, ErrClientClosed), c.bgCtx.Err() != nil:
 			return
 		case err != nil:
 			c.log.Warn("idem: background resume failed", "error", err)
-		case rep.Claimed > 0 || rep.Expired > 0:
-			c.log.Info("idem: background resume", rep.logAttrs()...)
 		}
 	}
 }

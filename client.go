@@ -49,6 +49,13 @@ type Config struct {
 	// fresh, and no credential is ever journaled. OperationFrom tells it
 	// which operation (scope, ID, key) the request is for, so it can choose
 	// credentials per tenant.
+	//
+	// When it returns an error the request is not sent, and that is no
+	// attempt: the call stops at once with an error matching
+	// ErrAuthorizeFailed and Authorize's own error, the operation staying
+	// pending (unknown if an earlier attempt may have reached the server).
+	// The next Do of the operation, or a Resume once it is due (after
+	// RetryPolicy.MaxBackoff), runs Authorize again.
 	Authorize func(*http.Request) error
 	// HTTPClient supplies the transport (and cookie jar). Its Timeout and
 	// CheckRedirect are not used: each attempt is bounded by AttemptTimeout,
@@ -406,7 +413,7 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		if req.Body != nil {
 			req.Body.Close()
 		}
-		return nil, fmt.Errorf("idem: Config.Authorize: %w", err)
+		return nil, &authorizeError{err}
 	}
 	return a.base.RoundTrip(r)
 }

@@ -63,6 +63,8 @@
 // with errors.Is: ErrBadStatus (a status answer of the wrong shape),
 // ErrRetryBudgetExhausted (many operations fail at once), ErrLeaseLost
 // (another worker took the operation over and drives it now),
+// ErrAuthorizeFailed (Config.Authorize returned an error, which the error
+// wraps too: nothing was sent, and no attempt is counted),
 // context.DeadlineExceeded or context.Canceled (your context ended), or a
 // journal error such as ErrDiskFull. A journal error before anything was
 // sent (ErrDiskFull, ErrJournalClosed, ErrJournalCorrupt, a context error)

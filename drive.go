@@ -186,7 +186,9 @@ func (d *driver) send(ctx context.Context) error {
 	if !d.journaled {
 		next := d.rec
 		next.State = StateInFlight
-		next.Attempts++
+		if !unsentIntent(d.rec) {
+			next.Attempts++
+		}
 		next.NextAttemptAt = time.Time{}
 		// The server's retention starts when it may first see the key:
 		// now, for a pending operation or one the server said it never saw.
@@ -209,6 +211,16 @@ func (d *driver) send(ctx context.Context) error {
 	last, err := rd.run()
 	if rd.journalErr != nil {
 		return d.journalFailed(rd.journalErr)
+	}
+	if rd.unauthorized != nil {
+		// Pending when nothing of the operation may have reached the
+		// server; the intent just journaled is reused by the next send.
+		state := StatePending
+		if d.maybeApplied {
+			state = StateUnknown
+		}
+		d.cause = rd.unauthorized
+		return d.leave(ctx, state, d.cause, d.failedDue(), EventStop)
 	}
 	if last == nil {
 		// No attempt finished: the request could not even be built.

@@ -47,6 +47,10 @@ func (d *driver) checkStatus(ctx context.Context) error {
 				return d.journalFailed(je.err)
 			}
 			d.cause = fmt.Errorf("status check by %s: %w", d.c.statusName, err)
+			if errors.Is(err, ErrAuthorizeFailed) {
+				// Every further check would fail the same way.
+				return d.stop(ctx, d.cause, d.failedDue())
+			}
 			if ctx.Err() != nil {
 				return d.stop(ctx, fmt.Errorf("%w; %w", ctx.Err(), d.cause), d.failedDue())
 			}

@@ -637,6 +637,7 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	d := c.newDriver(stored)
 	// in_flight, attempt 1, journaled: but not sent yet.
 	d.next, d.journaled, d.maybeApplied = stepSend, true, false
+	d.callersDeadline = true
 	return d.run(ctx)
 }
 
@@ -866,7 +867,9 @@ func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, err
 		}
 		acquired, err := c.journal.Acquire(ctx, rec.Key, c.owner, c.cfg.LeaseDuration)
 		if err == nil {
-			return c.newDriver(acquired).run(ctx)
+			d := c.newDriver(acquired)
+			d.callersDeadline = true
+			return d.run(ctx)
 		}
 		if !errors.Is(err, ErrLeased) && !errors.Is(err, ErrNotActive) {
 			return nil, err

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -59,4 +60,31 @@ func TestAFailingAuthorizeIsNotAnAttempt(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, res.Attempts, "the one attempt that was sent")
 	assert.Len(t, srv.received(), 1)
+}
+
+// A status check whose Authorize fails is not repeated either: every
+// further check would fail the same way. The operation stays unknown.
+func TestAFailingAuthorizeEndsTheStatusChecks(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		dropConn(w) // the attempt's answer is lost: unknown
+	})
+	errNoToken := errors.New("token service unavailable")
+	var checks atomic.Int32
+	policy := fastRetry()
+	policy.MaxAttempts = 1
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Status: idem.StatusEndpoint(srv.URL + "/idempotency"),
+		Authorize: func(r *http.Request) error {
+			if info, _ := idem.OperationFrom(r.Context()); info.StatusCheck {
+				checks.Add(1)
+				return errNoToken
+			}
+			return nil
+		}})
+	_, err := c.Do(context.Background(), idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, idem.ErrAuthorizeFailed)
+	require.ErrorIs(t, err, errNoToken)
+	assert.Equal(t, int32(1), checks.Load(), "the status check is not repeated when Authorize fails")
 }

@@ -74,7 +74,7 @@ func (e *authorizeError) Unwrap() []error { return []error{ErrAuthorizeFailed, e
 // last journaled attempt was never sent, and its next send reuses it
 // rather than count another.
 func unsentIntent(rec Record) bool {
-	return rec.State == StatePending && strings.HasPrefix(rec.LastError, ErrAuthorizeFailed.Error())
+	return rec.State == StatePending && rec.Attempts > 0 && strings.HasPrefix(rec.LastError, ErrAuthorizeFailed.Error())
 }
 
 // OperationError reports an operation that is not settled as succeeded: it

@@ -135,7 +135,9 @@ type Config struct {
 	ResumeInterval time.Duration
 
 	// Logger receives the client's logs: no bodies, no header values, no
-	// secrets. Defaults to discarding them.
+	// secrets. Each Resume pass is one line, at Info when it claimed or
+	// expired something and at Debug when it found nothing to do.
+	// Defaults to discarding them.
 	Logger *slog.Logger
 	// OnTransition is called after every journaled state change, for
 	// metrics and tracing, on the goroutine that made the change: it may be

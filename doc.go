@@ -63,6 +63,8 @@
 // with errors.Is: ErrBadStatus (a status answer of the wrong shape),
 // ErrRetryBudgetExhausted (many operations fail at once), ErrLeaseLost
 // (another worker took the operation over and drives it now),
+// ErrAuthorizeFailed (Config.Authorize returned an error, which the error
+// wraps too: nothing was sent, and no attempt is counted),
 // context.DeadlineExceeded or context.Canceled (your context ended), or a
 // journal error such as ErrDiskFull. A journal error before anything was
 // sent (ErrDiskFull, ErrJournalClosed, ErrJournalCorrupt, a context error)
@@ -136,6 +138,18 @@
 // fenced by the lease, counted). A status call that fails or does not
 // parse leaves the operation unknown: it is never read as "not found", and
 // the error says why (ErrBadStatus, naming the checker).
+//
+// A server that says it is still processing the key (a 409 in progress,
+// a status answering "processing") is waited for: by Do and Send until
+// their context's deadline when it has one, else for at most
+// RetryPolicy.MaxStatusChecks checks within RetryPolicy.Budget; each
+// operation of Resume gets the count. The error names the bound that ended
+// the wait (context.DeadlineExceeded, or the RetryPolicy field), and the
+// operation stays unknown for Resume. After a server crash, a key whose
+// request was running keeps its lock until the server's lock timeout
+// lapses (one minute by default for package server's LockTimeout), and
+// reads "processing" all that time: give Do a deadline past it to wait it
+// out, or let Resume finish the operation later.
 //
 // A server that does not keep keys executes a replay again. When the client
 // holds the beginning of a first answer (its body broke off) and the next

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -147,7 +148,13 @@ func (c *Client) Resume(ctx context.Context, opts ...ResumeOption) (ResumeReport
 	r := &resumer{c: c, opts: o, prefix: c.resumePrefix(o), unsettled: map[uint64]outcome{}}
 	err = r.run(ctx)
 	rep := r.report()
-	c.log.Info("idem: resume done", rep.logAttrs()...)
+	// One line per pass, at Info only when it did something: a background
+	// resume runs every ResumeInterval, mostly finding nothing.
+	level := slog.LevelInfo
+	if rep.Claimed == 0 && rep.Expired == 0 {
+		level = slog.LevelDebug
+	}
+	c.log.Log(ctx, level, "idem: resume done", rep.logAttrs()...)
 	return rep, err
 }
 

@@ -103,4 +103,6 @@ func (p *redisProc) kill() {
 	<-done
 }
 
-func (p *redisProc) String() string { return fmt.Sprintf("redis-server pid %d on %s", p.cmd.Process.Pid, p.addr()) }
+func (p *redisProc) String() string {
+	return fmt.Sprintf("redis-server pid %d on %s", p.cmd.Process.Pid, p.addr())
+}

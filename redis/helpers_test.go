@@ -63,7 +63,10 @@ func deletePrefix(t testing.TB, c goredis.UniversalClient, prefix string) {
 	} else {
 		err = del(ctx, c)
 	}
-	assert.NoError(t, err, "deleting the test's keys")
+	if err != nil {
+		// A test that stopped its own Redis leaves nothing to delete.
+		t.Logf("the test's keys under %s were not deleted: %v", prefix, err)
+	}
 }
 
 // quiet is a logger that discards, for stores whose open line the test

@@ -90,7 +90,7 @@ func requireStoreFailed(t *testing.T, a *api, got answer, what string) {
 	assert.Contains(t, a.log.String(), what)
 }
 
-func newClient(t *testing.T, addr string, readTimeout time.Duration) *goredis.Client {
+func newClient(t testing.TB, addr string, readTimeout time.Duration) *goredis.Client {
 	c := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 500 * time.Millisecond, ReadTimeout: readTimeout})
 	t.Cleanup(func() { _ = c.Close() })
 	return c

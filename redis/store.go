@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -49,8 +50,8 @@ func Key(prefix, scope, key string) string {
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte
 	h.Write(n[:binary.PutUvarint(n[:], uint64(len(scope)))])
-	h.Write([]byte(scope))
-	h.Write([]byte(key))
+	_, _ = io.WriteString(h, scope)
+	_, _ = io.WriteString(h, key)
 	var sum [sha256.Size]byte
 	return prefix + "{" + hex.EncodeToString(h.Sum(sum[:0])) + "}"
 }
@@ -82,15 +83,15 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 	} else {
 		now, err := instant(req.Now)
 		if err != nil {
-			return server.ClaimResult{}, s.fail(ctx, "claim", err)
+			return server.ClaimResult{}, badTime("claim", err)
 		}
 		stale, err := instant(req.StaleBefore)
 		if err != nil {
-			return server.ClaimResult{}, s.fail(ctx, "claim", err)
+			return server.ClaimResult{}, badTime("claim", err)
 		}
 		expires, err := instant(req.ExpiresAt)
 		if err != nil {
-			return server.ClaimResult{}, s.fail(ctx, "claim", err)
+			return server.ClaimResult{}, badTime("claim", err)
 		}
 		args = append(args, now, stale, expires)
 	}
@@ -129,7 +130,7 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 	} else {
 		expires, err := instant(req.ExpiresAt)
 		if err != nil {
-			return s.fail(ctx, "complete", err)
+			return badTime("complete", err)
 		}
 		args = append(args, expires, "")
 	}
@@ -166,7 +167,7 @@ func (s *Store) Renew(ctx context.Context, scope, key string, token int64, now t
 	if s.clock == CallerClock {
 		var err error
 		if at, err = instant(now); err != nil {
-			return s.fail(ctx, "renew", err)
+			return badTime("renew", err)
 		}
 	}
 	return s.fenced(ctx, "renew", renewScript, scope, key, string(s.clock), strconv.FormatInt(token, 10), at)
@@ -197,7 +198,7 @@ func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (serv
 	if s.clock == CallerClock {
 		var err error
 		if at, err = instant(now); err != nil {
-			return server.Entry{}, s.fail(ctx, "get", err)
+			return server.Entry{}, badTime("get", err)
 		}
 	}
 	reply, err := getScript.Run(ctx, s.client, []string{Key(s.prefix, scope, key)}, string(s.clock), at).Slice()
@@ -228,6 +229,11 @@ func nonce() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// badTime is the error of an instant the store cannot keep.
+func badTime(op string, err error) error {
+	return fmt.Errorf("redis store: %s: %w", op, err)
 }
 
 // instant formats t as the scripts keep instants: 11 digits of Unix

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -27,42 +28,26 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 	at, err := instant(now)
 	if err != nil {
-		return 0, s.fail(ctx, "sweep", err)
+		return 0, badTime("sweep", err)
 	}
-	var total int
-	var count = make(chan int, 64)
-	done := make(chan struct{})
-	go func() {
-		for n := range count {
-			total += n
-		}
-		close(done)
-	}()
-	node := func(ctx context.Context, c *goredis.Client) error { return s.sweepNode(ctx, c, at, count) }
+	var total atomic.Int64
+	node := func(ctx context.Context, c *goredis.Client) error { return s.sweepWith(ctx, c, at, &total) }
 	switch c := s.client.(type) {
 	case *goredis.ClusterClient:
 		err = c.ForEachMaster(ctx, node)
 	case *goredis.Ring:
 		err = c.ForEachShard(ctx, node)
-	case *goredis.Client:
-		err = node(ctx, c)
 	default:
-		err = s.sweepWith(ctx, s.client, at, count)
+		err = s.sweepWith(ctx, s.client, at, &total)
 	}
-	close(count)
-	<-done
 	if err != nil {
-		return total, s.fail(ctx, "sweep", err)
+		return int(total.Load()), s.fail(ctx, "sweep", err)
 	}
-	return total, nil
-}
-
-func (s *Store) sweepNode(ctx context.Context, c *goredis.Client, at string, count chan<- int) error {
-	return s.sweepWith(ctx, c, at, count)
+	return int(total.Load()), nil
 }
 
 // sweepWith scans the keys of one node and sweeps them in pipelines.
-func (s *Store) sweepWith(ctx context.Context, c goredis.UniversalClient, at string, count chan<- int) error {
+func (s *Store) sweepWith(ctx context.Context, c goredis.UniversalClient, at string, total *atomic.Int64) error {
 	match := globEscape(s.prefix) + "{*}"
 	var cursor uint64
 	for {
@@ -72,7 +57,7 @@ func (s *Store) sweepWith(ctx context.Context, c goredis.UniversalClient, at str
 		}
 		if len(keys) > 0 {
 			n, err := s.sweepKeys(ctx, c, keys, at)
-			count <- n
+			total.Add(int64(n))
 			if err != nil {
 				return err
 			}

@@ -130,7 +130,9 @@ func TestTimeoutMidScript(t *testing.T) {
 		_ = busy.Eval(context.Background(), `local t = tonumber(redis.call('TIME')[1]) while tonumber(redis.call('TIME')[1]) < t + 2 do end return 1`, nil).Err()
 	}()
 	<-started
-	time.Sleep(100 * time.Millisecond) // the long script runs
+	probe := newClient(t, proc.addr(), 50*time.Millisecond)
+	require.Eventually(t, func() bool { return probe.Ping(ctx).Err() != nil }, 10*time.Second, 10*time.Millisecond,
+		"the long script runs: Redis answers nobody")
 	requireStoreFailed(t, a, a.post(t, "k"), "no answer in time")
 
 	require.Eventually(t, func() bool { return a.post(t, "k").status == http.StatusCreated }, 20*time.Second, 50*time.Millisecond)

@@ -22,8 +22,8 @@ import (
 // while its replica is promoted, every call on its keys either works or
 // fails with ErrUnavailable (the middleware's 503); afterwards a key
 // completed before the kill, once its replica had it, is still completed.
-// It takes about a minute (the client takes that long to see the promoted
-// replica), so it runs only with IDEM_REDIS_FAILOVER=1.
+// It takes a minute or more (the client takes that long to route to the
+// promoted replica), so it runs only with IDEM_REDIS_FAILOVER=1.
 func TestClusterFailover(t *testing.T) {
 	if os.Getenv("IDEM_REDIS_FAILOVER") == "" {
 		t.Skip("set IDEM_REDIS_FAILOVER=1 to run the Cluster fail-over test (about a minute)")
@@ -83,7 +83,7 @@ func TestClusterFailover(t *testing.T) {
 		other       error
 		e           server.Entry
 	)
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(3 * time.Minute)
 	for time.Now().Before(deadline) {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		e, err = s.Get(cctx, "t", "before", time.Now())
@@ -99,10 +99,10 @@ func TestClusterFailover(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	require.NoError(t, other, "a failure during the fail-over that is not ErrUnavailable")
-	require.NoError(t, err, "the replica is promoted within a minute")
+	require.NoError(t, err, "the replica is promoted, and the client sees it, within three minutes")
 	assert.Equal(t, server.Completed, e.State)
 	assert.Equal(t, "kept", string(e.Response.Body), "the promoted replica holds the completion")
-	t.Logf("%d reads failed with ErrUnavailable during the fail-over; the first to succeed came %s after the kill",
+	t.Logf("%d reads failed with ErrUnavailable during the fail-over; the first read succeeded %s after the kill",
 		unavailable, time.Since(killed).Round(time.Millisecond))
 	assert.Positive(t, unavailable, "the kill was seen")
 	res, err = s.Claim(ctx, claimAt("t", "before", time.Now(), time.Minute))

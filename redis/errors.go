@@ -16,6 +16,15 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
 		return fmt.Errorf("redis store (prefix %q): %s: %w", s.prefix, op, ctxErr)
 	}
+	if cc, ok := s.client.(*goredis.ClusterClient); ok {
+		// A master that died fails with a dial error, not a MOVED, and
+		// go-redis reloads the slot map on MOVED or every
+		// ClusterStateReloadInterval (a minute by default) only: until
+		// then it keeps sending the key's commands to the dead master,
+		// long after its replica was promoted. Ask for a reload now (it
+		// runs in the background, once however many calls ask).
+		cc.ReloadState(context.Background())
+	}
 	return fmt.Errorf("redis store (prefix %q): %s: %w: %w%s", s.prefix, op, ErrUnavailable, err, hint(err))
 }
 

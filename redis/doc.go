@@ -83,5 +83,8 @@
 // the middleware then answers 503 with Retry-After, having run nothing,
 // or, once the handler ran, keeps the key held and stores the response
 // again. A timeout leaves a script run or not: either way the key is never
-// run twice, and the retry finds the entry as the script left it.
+// run twice, and the retry finds the entry as the script left it. On a
+// Cluster, a failure makes the store ask the client to reload its slot
+// map, so that once a dead master's replica is promoted the store finds it
+// within seconds rather than at go-redis's periodic reload.
 package redis

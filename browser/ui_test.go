@@ -40,7 +40,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	idemBin = filepath.Join(dir, "idem")
-	build := exec.Command("go", "build", "-o", idemBin, "github.com/idemkit/idem/cmd/idem")
+	// cmd/idem is a module of its own (it imports the postgres module):
+	// build it there, against this repository's root and postgres modules.
+	build := exec.Command("go", "build", "-o", idemBin, ".")
+	build.Dir = filepath.Join("..", "cmd", "idem")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the idem binary:", err)

@@ -26,30 +26,50 @@ and the journal's size on disk: the file and its -wal.`,
 			if err := wantArgs("stats", args); err != nil {
 				return err
 			}
-			return withJournal(e, func(j *idem.SQLiteJournal) error {
+			return withJournal(ctx, e, reading, func(j *openJournal) error {
 				counts, err := j.Count(ctx)
 				if err != nil {
 					return err
 				}
-				s, err := operator.NewStats(j.Path(), counts, e.now())
+				s, err := journalStats(ctx, e, j, counts)
 				if err != nil {
 					return err
 				}
 				if asJSON {
 					return writeJSON(e.stdout, s)
 				}
-				return printStats(e, s)
+				return printStats(e, s, j.pg != nil)
 			})
 		}
 	},
 }
 
+// journalStats sums counts, with the journal's size: its file and -wal,
+// or its schema's tables and indexes.
+func journalStats(ctx context.Context, e *env, j *openJournal, counts []idem.Count) (operator.Stats, error) {
+	if j.sqlite != nil {
+		return operator.NewStats(j.sqlite.Path(), counts, e.now())
+	}
+	s, err := operator.NewStats("", counts, e.now())
+	if err != nil {
+		return s, err
+	}
+	s.Journal = e.journalName()
+	err = j.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'`, j.pg.Schema()).Scan(&s.SizeBytes)
+	return s, err
+}
+
 // printStats prints s as a table.
-func printStats(e *env, s operator.Stats) error {
+func printStats(e *env, s operator.Stats, onPostgres bool) error {
 	w := e.stdout
 	tw := newTable(w)
-	row(tw, "journal", s.Journal)
-	row(tw, "size", fmt.Sprintf("%s (file %s, wal %s)", operator.FormatBytes(s.SizeBytes), operator.FormatBytes(s.FileBytes), operator.FormatBytes(s.WALBytes)))
+	row(tw, "journal", clean(s.Journal))
+	if onPostgres {
+		row(tw, "size", operator.FormatBytes(s.SizeBytes)+" (the schema's tables, with their indexes and TOAST)")
+	} else {
+		row(tw, "size", fmt.Sprintf("%s (file %s, wal %s)", operator.FormatBytes(s.SizeBytes), operator.FormatBytes(s.FileBytes), operator.FormatBytes(s.WALBytes)))
+	}
 	row(tw, "operations", strconv.Itoa(s.Total))
 	oldestLine := "none"
 	if o := s.OldestUnsettled; o != nil {

@@ -48,6 +48,24 @@ func (j *openJournal) Close() error {
 	return err
 }
 
+// alive tells which workers are alive, on a journal that can tell
+// (PostgreSQL); nil on SQLite, whose liveness locks a reader does not
+// probe (probing one is taking it).
+func (j *openJournal) alive(ctx context.Context) (map[string]bool, error) {
+	if j.pg == nil {
+		return nil, nil
+	}
+	owners, err := j.pg.Owners(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]bool{}
+	for _, o := range owners {
+		m[o.Name] = o.Alive
+	}
+	return m, nil
+}
+
 // isPostgres reports whether a --journal value names a PostgreSQL journal.
 func isPostgres(loc string) bool {
 	return strings.HasPrefix(loc, "postgres://") || strings.HasPrefix(loc, "postgresql://")

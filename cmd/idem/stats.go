@@ -47,12 +47,23 @@ and the journal's size on disk: the file and its -wal.`,
 // journalStats sums counts, with the journal's size: its file and -wal,
 // or its schema's tables and indexes.
 func journalStats(ctx context.Context, e *env, j *openJournal, counts []idem.Count) (operator.Stats, error) {
+	path := ""
 	if j.sqlite != nil {
-		return operator.NewStats(j.sqlite.Path(), counts, e.now())
+		path = j.sqlite.Path()
 	}
-	s, err := operator.NewStats("", counts, e.now())
+	s, err := operator.NewStats(path, counts, e.now())
 	if err != nil {
 		return s, err
+	}
+	alive, err := j.alive(ctx)
+	if err != nil {
+		return s, err
+	}
+	if s.Workers, err = operator.Fleet(ctx, j, alive, e.now()); err != nil {
+		return s, err
+	}
+	if j.sqlite != nil {
+		return s, nil
 	}
 	s.Journal = e.journalName()
 	err = j.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
@@ -79,6 +90,24 @@ func printStats(e *env, s operator.Stats, onPostgres bool) error {
 	row(tw, "oldest unsettled", oldestLine)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+
+	fmt.Fprintln(w, "\nworkers (owners of leases; on PostgreSQL, alive or gone):")
+	if len(s.Workers) == 0 {
+		fmt.Fprintln(w, "  (none)")
+	} else {
+		tw = newTable(w)
+		row(tw, "  OWNER", "STATUS", "OPERATIONS", "OLDEST LEASE")
+		for _, wk := range s.Workers {
+			lease := "-"
+			if wk.OldestLease != nil {
+				lease = "until " + operator.FormatTime(*wk.OldestLease, e.now())
+			}
+			row(tw, "  "+clean(wk.Owner), wk.Status, strconv.Itoa(wk.Operations), lease)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 
 	fmt.Fprintln(w, "\nby state:")

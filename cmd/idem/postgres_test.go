@@ -398,11 +398,19 @@ func TestPostgresReadCommandsDoNotMigrate(t *testing.T) {
 	assert.Len(t, jsonLines(t, r.stdout), 1)
 }
 
-// "idem ui" serves a PostgreSQL journal: the overview, the list and an
-// operation's page, without the password anywhere.
+// "idem ui" serves a PostgreSQL journal: the overview (with the fleet's
+// workers), the list and an operation's page, without the password
+// anywhere.
 func TestPostgresUI(t *testing.T) {
 	t.Parallel()
-	schema, recs := standardPGJournal(t)
+	ctx := context.Background()
+	schema, j := pgJournal(t)
+	recs := standardRecords(t, j, nil)
+	leave, err := j.Register(ctx, "worker-7")
+	require.NoError(t, err)
+	defer leave()
+	_, err = j.Acquire(ctx, recs[rInFlight].Key, "worker-7", time.Hour)
+	require.NoError(t, err)
 	p := startUI(t, nil, "--journal", dsnWithPassword(t), "--schema", schema, "--allow-writes")
 	assert.NotContains(t, p.first, testPassword)
 	assert.Contains(t, p.first, "postgres://postgres@127.0.0.1:5432/test")
@@ -411,7 +419,9 @@ func TestPostgresUI(t *testing.T) {
 		assert.Contains(t, []int{http.StatusOK, http.StatusNotFound}, code, page)
 		assert.NotContains(t, body, testPassword, page)
 	}
-	_, body := httpGet(t, p.url+"ops?state=unknown", nil)
+	_, body := httpGet(t, p.url, nil)
+	assert.Regexp(t, `<td>worker-7</td><td class="worker-alive">alive</td><td>1</td>`, body)
+	_, body = httpGet(t, p.url+"ops?state=unknown", nil)
 	assert.Contains(t, body, recs[rUnknown].Key)
 	assert.NotContains(t, body, recs[rPending].Key)
 	assert.Equal(t, exitOK, p.stop(t), "stderr: %s", p.stderr)

@@ -72,7 +72,8 @@ plain HTTP: beyond a trusted network, put it behind a TLS proxy.`,
 				if j.sqlite != nil {
 					path = j.sqlite.Path()
 				}
-				h, err := webui.New(webui.Config{Journal: j.Journal, Path: path, AllowWrites: allowWrites, Token: token, Now: e.now})
+				h, err := webui.New(webui.Config{Journal: j.Journal, Path: path, AllowWrites: allowWrites, Token: token, Now: e.now,
+					Alive: j.alive})
 				if err != nil {
 					return err
 				}

@@ -77,7 +77,10 @@
 //
 // Prints the number of operations by state and by scope, the age of the
 // oldest operation not yet settled (pending, in_flight, unknown or
-// expired), and the journal's size on disk (the file and its -wal).
+// expired), the workers (each owner of a lease of an active operation, how
+// many it holds and when its first lease ends; on PostgreSQL whether it is
+// alive or gone, with the live workers that hold nothing), and the
+// journal's size (the file and its -wal, or the schema's tables).
 //
 //	idem reconcile KEY|SCOPE/ID --as succeeded|rejected --note TEXT
 //

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"database/sql"
 	"os"
 	"path/filepath"
 	"testing"
@@ -55,6 +56,26 @@ func TestReadCommandsChangeNoFile(t *testing.T) {
 	before := dirContents(t, dir)
 	for _, args := range append(readCommands, []string{"show", recs[rUnknown].Key}, []string{"show", "--json", "--body", recs[rBinary].Key}) {
 		requireOK(t, idemOn(t, path, args...))
+		assert.Equal(t, before, dirContents(t, dir), "idem %v changed the files", args)
+	}
+}
+
+// A journal written by a newer idem is refused by every command, read or
+// write, with one line, and left as it was.
+func TestNewerSQLiteJournal(t *testing.T) {
+	t.Parallel()
+	path, _ := standardJournal(t)
+	db, err := sql.Open("sqlite3", path)
+	require.NoError(t, err)
+	_, err = db.Exec("PRAGMA user_version = 99")
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	dir := filepath.Dir(path)
+	before := dirContents(t, dir)
+	for _, args := range append(readCommands, []string{"show", "k"}, []string{"ui"}, []string{"migrate"},
+		[]string{"cancel", "k"}, []string{"prune", "--older-than", "1d"}) {
+		r := idemOn(t, path, args...)
+		requireOneLineError(t, r, exitError, "schema is newer than this build supports")
 		assert.Equal(t, before, dirContents(t, dir), "idem %v changed the files", args)
 	}
 }

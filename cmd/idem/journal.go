@@ -147,7 +147,9 @@ func postgresPool(ctx context.Context, e *env, a access) (*pgxpool.Pool, error) 
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("PostgreSQL journal %s: cannot connect: %v; check the host, port, database, user and password", e.journalName(), err)
+		// pgx reports each address it tried on a line of its own.
+		why := strings.Join(strings.Fields(err.Error()), " ")
+		return nil, fmt.Errorf("PostgreSQL journal %s: cannot connect: %s; check the host, port, database, user and password", e.journalName(), why)
 	}
 	return pool, nil
 }

@@ -67,9 +67,13 @@
 //
 // Tables. In the schema that Schema names ("idem" by default; the
 // journal's may be the same): store_entries, one row per (scope, key),
-// its primary key, holding the request's fingerprint, method and path, the
-// state, the lock's token, the times, and once completed the response
-// (status, header as JSON, body); an index on expires_at for the sweeper;
+// whose primary key id is the SHA-256 of the two (the scope's length
+// first), holding the scope, key, fingerprint, method and path as bytes
+// (bytea: a scope or key of any length, a path that decodes to bytes that
+// are not UTF-8 or to a NUL, all kept byte for byte, as the memory and
+// SQLite stores keep them), the state, the lock's token, the times, and
+// once completed the response (status, header as JSON, body); an index on
+// expires_at for the sweeper;
 // the sequence store_tokens; and idem_schema, the version of each kind of
 // idem's tables. Times are nanoseconds since the Unix epoch, as in the
 // SQLite store, because the middleware fences on them (a lock is stale
@@ -81,7 +85,7 @@
 // the same name is refused (server.ErrNotStore), and so is a store written
 // by a newer idem (server.ErrSchemaTooNew), changing nothing.
 //
-// Claims. A claim of a new key is INSERT ... ON CONFLICT (scope, key) DO
+// Claims. A claim of a new key is INSERT ... ON CONFLICT (id) DO
 // NOTHING: of any number of concurrent claims, in any number of replicas,
 // the unique index lets one insert the row, and the others read the entry
 // in their way. Neither reading nor finding the key taken writes anything.

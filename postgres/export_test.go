@@ -34,3 +34,11 @@ func MigrateJournalTo(ctx context.Context, pool *pgxpool.Pool, schema string, ve
 	k.Migrations = k.Migrations[:version]
 	return pgschema.Migrate(ctx, pool, schema, k)
 }
+
+// MigrateStoreTo migrates the store's tables in schema up to version, as
+// an older idem left them: for the tests of later migrations.
+func MigrateStoreTo(ctx context.Context, pool *pgxpool.Pool, schema string, version int) error {
+	k := storeKind
+	k.Migrations = k.Migrations[:version]
+	return pgschema.Migrate(ctx, pool, schema, k)
+}

@@ -161,8 +161,9 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 		return server.ClaimResult{}, err
 	}
 	now, expires, stale := storeNanos(req.Now), storeNanos(req.ExpiresAt), storeNanos(req.StaleBefore)
+	id := storeID(req.Scope, req.Key)
 	for range claimRounds {
-		w := claimWrite{req: &req}
+		w := claimWrite{req: &req, id: id}
 		if err := s.claims.do(ctx, &w); err != nil {
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		}
@@ -175,7 +176,7 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 				State: server.InProgress, Token: w.token, CreatedAt: req.Now, LockedAt: req.Now, ExpiresAt: req.ExpiresAt,
 			}}, nil
 		}
-		e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, req.Scope, req.Key))
+		e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, w.id))
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Deleted since the insert ran into it: insert again.
@@ -184,13 +185,13 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		case !e.ExpiresAt.After(req.Now):
 			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.replace,
-				req.Scope, req.Key, req.Fingerprint, req.Method, req.Path, now, expires))
+				id, []byte(req.Fingerprint), []byte(req.Method), []byte(req.Path), now, expires))
 			if err == nil {
 				return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
 			}
 		case e.State == server.InProgress && e.Fingerprint == req.Fingerprint && e.LockedAt.Before(req.StaleBefore):
 			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.takeOver,
-				req.Scope, req.Key, req.Fingerprint, now, expires, stale))
+				id, []byte(req.Fingerprint), now, expires, stale))
 			if err == nil {
 				return server.ClaimResult{Claimed: true, TookOver: true, Token: e.Token, Entry: e}, nil
 			}
@@ -215,7 +216,7 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	w := completeWrite{req: &req, body: req.Response.Body, header: wire.EncodeHeader(req.Response.Header)}
+	w := completeWrite{req: &req, id: storeID(req.Scope, req.Key), body: req.Response.Body, header: wire.EncodeHeader(req.Response.Header)}
 	if w.body == nil {
 		w.body = []byte{}
 	}
@@ -233,12 +234,12 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 
 // Release implements server.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.fenced(ctx, "release", s.q.release, scope, key, token, int16(server.InProgress))
+	return s.fenced(ctx, "release", s.q.release, storeID(scope, key), token, int16(server.InProgress))
 }
 
 // Renew implements server.Store.
 func (s *Store) Renew(ctx context.Context, scope, key string, token int64, now time.Time) error {
-	return s.fenced(ctx, "renew", s.q.renew, scope, key, token, int16(server.InProgress), storeNanos(now))
+	return s.fenced(ctx, "renew", s.q.renew, storeID(scope, key), token, int16(server.InProgress), storeNanos(now))
 }
 
 // fenced runs a write that applies only while a token holds an entry's
@@ -262,7 +263,7 @@ func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (serv
 	if err := s.enter(ctx); err != nil {
 		return server.Entry{}, err
 	}
-	e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, scope, key, storeNanos(now)))
+	e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, storeID(scope, key), storeNanos(now)))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return server.Entry{}, server.ErrNotFound
 	}
@@ -320,16 +321,18 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 // scanStoreEntry reads storeColumns.
 func scanStoreEntry(row pgx.Row) (server.Entry, error) {
 	var (
-		e                        server.Entry
-		state                    int16
-		created, locked, expires int64
-		status                   *int32
-		header, body             []byte
+		e                            server.Entry
+		scope, key, fp, method, path []byte
+		state                        int16
+		created, locked, expires     int64
+		status                       *int32
+		header, body                 []byte
 	)
-	if err := row.Scan(&e.Scope, &e.Key, &e.Fingerprint, &e.Method, &e.Path, &state, &e.Token,
+	if err := row.Scan(&scope, &key, &fp, &method, &path, &state, &e.Token,
 		&created, &locked, &expires, &status, &header, &body); err != nil {
 		return server.Entry{}, err
 	}
+	e.Scope, e.Key, e.Fingerprint, e.Method, e.Path = string(scope), string(key), string(fp), string(method), string(path)
 	e.State = server.EntryState(state)
 	e.CreatedAt, e.LockedAt, e.ExpiresAt = storeTime(created), storeTime(locked), storeTime(expires)
 	if status != nil {

@@ -47,6 +47,9 @@
 // lease's lapse remains the fallback, and the only rule with
 // WithoutLiveness.
 //
+// Time. Leases are judged on the database server's clock, never a
+// worker's: see Time below.
+//
 // Durability and group commit: see Journal. An intent is committed with
 // synchronous_commit on before anything is sent; an outcome the server can
 // tell again may be committed with it off; writes from many goroutines
@@ -119,8 +122,32 @@
 // DeferCompletes: Store says what each choice costs when the database
 // server crashes.
 //
+// Time. Locks and retention are judged on the database server's clock,
+// as the journal's leases are: see Time below.
+//
 // Group commit. Claims of new keys that arrive together share one INSERT
 // and one commit, and so do completions; a lone request sends its write at
 // once. A Store therefore needs few connections: one per batch in flight
 // and one per lookup.
+//
+// # Time
+//
+// What the journal and the store keep and judge by time (a lease's end, a
+// lock's staleness, a key's retention, an operation's due time) is on the
+// database server's clock, so that workers and replicas whose clocks
+// disagree agree on it: a clock that runs ahead, by any amount, never
+// takes a live worker's lease or a live handler's key, nor expires a kept
+// response; one that runs behind never keeps a dead one's. Each Journal
+// and Store reads clock_timestamp() when it opens, and again every 30
+// seconds on a claim or a renewal, and keeps the offset between that clock
+// and its process's own, to within half the round trip of the reading
+// (an offset within that error is taken as none). The times a caller
+// passes in (the middleware's Now, StaleBefore and ExpiresAt; a record's
+// lease end, retention and next attempt) are moved onto the server's
+// clock by that offset, and the times it reads back are moved onto its own,
+// so that a worker whose clock is an hour off still sees a 15-second lease
+// end 15 seconds from its now. The journal keeps the offset in whole
+// milliseconds, its unit of time; the store in nanoseconds, as it keeps
+// its times. A step of a process's clock is followed within 30 seconds;
+// until then its times are off by the step.
 package postgres

@@ -18,6 +18,8 @@ const storeMaxBatch = 128
 type claimWrite struct {
 	req      *server.ClaimRequest
 	id       []byte // storeID of the request's scope and key
+	now      int64  // req.Now and req.ExpiresAt on the server's clock
+	expires  int64
 	inserted bool
 	token    int64
 	err      error
@@ -25,12 +27,13 @@ type claimWrite struct {
 
 // completeWrite is one completion in a batch.
 type completeWrite struct {
-	req    *server.CompleteRequest
-	id     []byte // storeID of the request's scope and key
-	body   []byte
-	header []byte
-	done   bool // the token held the lock, and the response is stored
-	err    error
+	req     *server.CompleteRequest
+	id      []byte // storeID of the request's scope and key
+	expires int64  // req.ExpiresAt on the server's clock
+	body    []byte
+	header  []byte
+	done    bool // the token held the lock, and the response is stored
+	err     error
 }
 
 // insertClaims inserts the new keys of a batch of claims in one statement,
@@ -52,7 +55,7 @@ func (s *Store) insertClaims(ctx context.Context, batch []*claimWrite) {
 		sent[string(w.id)] = w
 		ids, scopes, keys = append(ids, w.id), append(scopes, []byte(w.req.Scope)), append(keys, []byte(w.req.Key))
 		fps, methods, paths = append(fps, []byte(w.req.Fingerprint)), append(methods, []byte(w.req.Method)), append(paths, []byte(w.req.Path))
-		nows, expires = append(nows, storeNanos(w.req.Now)), append(expires, storeNanos(w.req.ExpiresAt))
+		nows, expires = append(nows, w.now), append(expires, w.expires)
 	}
 	rows, err := s.pool.Query(ctx, s.q.insert, ids, scopes, keys, fps, methods, paths, nows, expires)
 	if err == nil {
@@ -101,7 +104,7 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 			continue
 		}
 		sent[string(w.id)] = true
-		b.Queue(q, w.id, w.req.Token, storeNanos(w.req.ExpiresAt), int32(w.req.Response.Status),
+		b.Queue(q, w.id, w.req.Token, w.expires, int32(w.req.Response.Status),
 			w.header, w.body).Exec(func(tag pgconn.CommandTag) error {
 			w.done = tag.RowsAffected() == 1
 			return nil

@@ -195,5 +195,10 @@
 // long as a token). A store that cannot keep some request wraps
 // ErrUnstorable, and the middleware answers it 400 with the store's
 // reason: never 503, which would have the client send the same request
-// again, forever.
+// again, forever. The middleware passes every time (Now, StaleBefore,
+// ExpiresAt) as its process's clock reads it; a store that machines share
+// judges them on its server's clock instead, moving each by the offset
+// between the two, as the PostgreSQL store does, so that a replica whose
+// clock is wrong neither takes a live handler's key nor expires a kept
+// response.
 package server

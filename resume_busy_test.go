@@ -81,6 +81,7 @@ func TestBackgroundResumeTakesADeadOwnersOperationWhileAnotherIsSlow(t *testing.
 
 	require.NoError(t, child.Signal(syscall.SIGKILL))
 	_, _ = child.Wait()
+	killed := time.Now()
 	hold.Store(false)
 	dead, err := j.Lookup(ctx, "default", "charge-1")
 	require.NoError(t, err)
@@ -97,6 +98,7 @@ func TestBackgroundResumeTakesADeadOwnersOperationWhileAnotherIsSlow(t *testing.
 			dead.Lease.Owner, rec.State, rec.Lease.Owner)
 		time.Sleep(10 * time.Millisecond)
 	}
+	t.Logf("the dead process's operation settled %s after the kill", time.Since(killed).Round(time.Millisecond))
 	assert.Zero(t, slowEnded.Load(), "the dead owner's operation was settled while the slow one was still held")
 	slow, err := j.Lookup(ctx, "default", "slow-1")
 	require.NoError(t, err)

@@ -131,7 +131,10 @@ type Config struct {
 	// operations a call left unsettled (the server was down, the outcome
 	// unknown) and those a crashed process left behind are finished without
 	// the application calling Resume. Its reports go to OnResumeProgress
-	// and the logger. Zero (the default) leaves Resume to the application.
+	// and the logger. A pass whose slow operations outlast an interval
+	// claims again every interval with its free slots, so that an
+	// operation whose owner died, or one that became due, waits for no
+	// slow one. Zero (the default) leaves Resume to the application.
 	ResumeInterval time.Duration
 
 	// Logger receives the client's logs: no bodies, no header values, no
@@ -931,7 +934,7 @@ func (c *Client) resumeEvery(interval time.Duration) {
 		case <-t.C:
 		}
 		// Resume logs the pass itself.
-		_, err := c.Resume(c.bgCtx)
+		_, err := c.Resume(c.bgCtx, inBackground())
 		switch {
 		case errors.Is(err, ErrClientClosed), c.bgCtx.Err() != nil:
 			return

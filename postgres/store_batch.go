@@ -17,6 +17,9 @@ const storeMaxBatch = 128
 // claimWrite is one claim's insert in a batch.
 type claimWrite struct {
 	req      *server.ClaimRequest
+	id       []byte // storeID of the request's scope and key
+	now      int64  // req.Now and req.ExpiresAt on the server's clock
+	expires  int64
 	inserted bool
 	token    int64
 	err      error
@@ -24,14 +27,14 @@ type claimWrite struct {
 
 // completeWrite is one completion in a batch.
 type completeWrite struct {
-	req    *server.CompleteRequest
-	body   []byte
-	header []byte
-	done   bool // the token held the lock, and the response is stored
-	err    error
+	req     *server.CompleteRequest
+	id      []byte // storeID of the request's scope and key
+	expires int64  // req.ExpiresAt on the server's clock
+	body    []byte
+	header  []byte
+	done    bool // the token held the lock, and the response is stored
+	err     error
 }
-
-type scopedKey struct{ scope, key string }
 
 // insertClaims inserts the new keys of a batch of claims in one statement,
 // in the order of their scope and key. A claim of a key that another claim
@@ -41,31 +44,30 @@ func (s *Store) insertClaims(ctx context.Context, batch []*claimWrite) {
 		return cmp.Or(cmp.Compare(a.req.Scope, b.req.Scope), cmp.Compare(a.req.Key, b.req.Key))
 	})
 	var (
-		scopes, keys, fps, methods, paths []string
-		nows, expires                     []int64
-		sent                              = make(map[scopedKey]*claimWrite, len(batch))
+		ids, scopes, keys, fps, methods, paths [][]byte
+		nows, expires                          []int64
+		sent                                   = make(map[string]*claimWrite, len(batch))
 	)
 	for _, w := range batch {
-		k := scopedKey{w.req.Scope, w.req.Key}
-		if sent[k] != nil {
+		if sent[string(w.id)] != nil {
 			continue
 		}
-		sent[k] = w
-		scopes, keys, fps = append(scopes, w.req.Scope), append(keys, w.req.Key), append(fps, w.req.Fingerprint)
-		methods, paths = append(methods, w.req.Method), append(paths, w.req.Path)
-		nows, expires = append(nows, storeNanos(w.req.Now)), append(expires, storeNanos(w.req.ExpiresAt))
+		sent[string(w.id)] = w
+		ids, scopes, keys = append(ids, w.id), append(scopes, []byte(w.req.Scope)), append(keys, []byte(w.req.Key))
+		fps, methods, paths = append(fps, []byte(w.req.Fingerprint)), append(methods, []byte(w.req.Method)), append(paths, []byte(w.req.Path))
+		nows, expires = append(nows, w.now), append(expires, w.expires)
 	}
-	rows, err := s.pool.Query(ctx, s.q.insert, scopes, keys, fps, methods, paths, nows, expires)
+	rows, err := s.pool.Query(ctx, s.q.insert, ids, scopes, keys, fps, methods, paths, nows, expires)
 	if err == nil {
 		for rows.Next() {
 			var (
-				k     scopedKey
+				id    []byte
 				token int64
 			)
-			if err = rows.Scan(&k.scope, &k.key, &token); err != nil {
+			if err = rows.Scan(&id, &token); err != nil {
 				break
 			}
-			if w := sent[k]; w != nil {
+			if w := sent[string(id)]; w != nil {
 				w.inserted, w.token = true, token
 			}
 		}
@@ -90,20 +92,19 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 		return cmp.Or(cmp.Compare(a.req.Scope, b.req.Scope), cmp.Compare(a.req.Key, b.req.Key))
 	})
 	var (
-		sent  = make(map[scopedKey]bool, len(batch))
+		sent  = make(map[string]bool, len(batch))
 		again []*completeWrite
 		b     = &pgx.Batch{}
 	)
 	// One statement per entry, sent at once: pgx runs a batch outside a
 	// transaction as one implicit transaction, so they commit together.
 	for _, w := range batch {
-		k := scopedKey{w.req.Scope, w.req.Key}
-		if sent[k] {
+		if sent[string(w.id)] {
 			again = append(again, w)
 			continue
 		}
-		sent[k] = true
-		b.Queue(q, w.req.Scope, w.req.Key, w.req.Token, storeNanos(w.req.ExpiresAt), int32(w.req.Response.Status),
+		sent[string(w.id)] = true
+		b.Queue(q, w.id, w.req.Token, w.expires, int32(w.req.Response.Status),
 			w.header, w.body).Exec(func(tag pgconn.CommandTag) error {
 			w.done = tag.RowsAffected() == 1
 			return nil

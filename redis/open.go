@@ -23,6 +23,8 @@ var (
 	// ErrEvicts: the server's maxmemory-policy may evict the store's keys,
 	// and AllowEviction was not given.
 	ErrEvicts = errors.New("redis server may evict the store's keys")
+	// ErrReplica: the client's server is a replica, not a master.
+	ErrReplica = errors.New("redis server is a replica")
 )
 
 // Open returns the store on client, which the application builds (with

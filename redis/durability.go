@@ -126,6 +126,12 @@ func probeNode(ctx context.Context, c goredis.Cmdable) (Durability, error) {
 	}
 	var d Durability
 	if info, err := c.Info(ctx, "replication").Result(); err == nil {
+		// A replica refuses the scripts' writes or, writable, keeps them
+		// to itself, unseen by the master and the other replicas.
+		if role := infoField(info, "role"); role != "" && role != "master" {
+			return Durability{}, fmt.Errorf("%w (INFO replication says role:%s, of master %s:%s): point the client at the master, "+
+				"or use a Sentinel or Cluster client that finds it", ErrReplica, role, infoField(info, "master_host"), infoField(info, "master_port"))
+		}
 		d.Replicas, _ = strconv.Atoi(infoField(info, "connected_slaves"))
 	}
 	get := func(name string) (string, bool) {

@@ -15,12 +15,13 @@ import (
 // of the weakest master, on a Cluster.
 type Durability struct {
 	// Known is false when the server refused CONFIG GET (some managed
-	// services do): nothing below is then known but Replicas.
+	// services do): nothing below is then known but Replicas, and
+	// EvictionPolicy when INFO memory tells it.
 	Known bool
 	// AppendOnly and AppendFsync are the settings of that name.
 	AppendOnly  bool
 	AppendFsync string
-	// EvictionPolicy is maxmemory-policy.
+	// EvictionPolicy is maxmemory-policy, or "" when unknown.
 	EvictionPolicy string
 	// Replicas is the number of connected replicas (INFO replication).
 	Replicas int
@@ -35,7 +36,7 @@ func (d Durability) Durable() bool {
 // Evicts reports whether maxmemory-policy may evict the store's keys: any
 // policy but noeviction, since every entry has a TTL.
 func (d Durability) Evicts() bool {
-	return d.Known && d.EvictionPolicy != "" && d.EvictionPolicy != "noeviction"
+	return d.EvictionPolicy != "" && d.EvictionPolicy != "noeviction"
 }
 
 // Cost says in one sentence what a crash of Redis can cost.
@@ -125,6 +126,12 @@ func probeNode(ctx context.Context, c goredis.Cmdable) (Durability, error) {
 	}
 	var d Durability
 	if info, err := c.Info(ctx, "replication").Result(); err == nil {
+		// A replica refuses the scripts' writes or, writable, keeps them
+		// to itself, unseen by the master and the other replicas.
+		if role := infoField(info, "role"); role != "" && role != "master" {
+			return Durability{}, fmt.Errorf("%w (INFO replication says role:%s, of master %s:%s): point the client at the master, "+
+				"or use a Sentinel or Cluster client that finds it", ErrReplica, role, infoField(info, "master_host"), infoField(info, "master_port"))
+		}
 		d.Replicas, _ = strconv.Atoi(infoField(info, "connected_slaves"))
 	}
 	get := func(name string) (string, bool) {
@@ -139,6 +146,12 @@ func probeNode(ctx context.Context, c goredis.Cmdable) (Durability, error) {
 	fsync, ok2 := get("appendfsync")
 	policy, ok3 := get("maxmemory-policy")
 	if !ok1 || !ok2 || !ok3 {
+		// INFO memory tells the policy to whoever may not run CONFIG (an
+		// ACL user without it, a managed service that renames it), and an
+		// evicting one must be refused there too.
+		if info, err := c.Info(ctx, "memory").Result(); err == nil {
+			d.EvictionPolicy = infoField(info, "maxmemory_policy")
+		}
 		return d, nil
 	}
 	d.Known, d.AppendOnly, d.AppendFsync, d.EvictionPolicy = true, aof == "yes", fsync, policy

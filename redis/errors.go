@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
+	"syscall"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -43,6 +45,8 @@ func hint(err error) string {
 		return " (Redis is out of memory under maxmemory and refused the write, changing nothing: raise maxmemory or free memory)"
 	case isTimeout(err):
 		return " (no answer in time: the script may or may not have run; either way the key is never run twice, and a retry with it finds the entry as the script left it)"
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
+		return " (the connection to Redis closed before its answer: the script may or may not have run; either way the key is never run twice, and a retry with it finds the entry as the script left it)"
 	case moved || ask || goredis.IsClusterDownError(err) || goredis.IsTryAgainError(err):
 		return " (the Cluster is moving the key's slot or failing over: retry shortly)"
 	case goredis.IsReadOnlyError(err):

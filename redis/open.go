@@ -23,6 +23,8 @@ var (
 	// ErrEvicts: the server's maxmemory-policy may evict the store's keys,
 	// and AllowEviction was not given.
 	ErrEvicts = errors.New("redis server may evict the store's keys")
+	// ErrReplica: the client's server is a replica, not a master.
+	ErrReplica = errors.New("redis server is a replica")
 )
 
 // Open returns the store on client, which the application builds (with
@@ -31,9 +33,9 @@ var (
 // (CONFIG GET appendonly, appendfsync, maxmemory-policy; INFO replication,
 // on every master of a Cluster) and logs in one line what a crash of
 // Redis can cost. It refuses a server it cannot reach (ErrUnavailable), a
-// maxmemory-policy that evicts (ErrEvicts, unless AllowEviction), and,
-// with RequireDurable, a server that cannot keep completions through a
-// crash or will not say (ErrNotDurable).
+// replica (ErrReplica), a maxmemory-policy that evicts (ErrEvicts, unless
+// AllowEviction), and, with RequireDurable, a server that cannot keep
+// completions through a crash or will not say (ErrNotDurable).
 func Open(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redis: Open needs a client; build one with goredis.NewClient, NewClusterClient or NewUniversalClient")
@@ -50,6 +52,9 @@ func Open(ctx context.Context, client goredis.UniversalClient, opts ...Option) (
 			"on a Cluster, make the masters durable (appendfsync always) instead")
 	}
 	d, err := probe(ctx, client)
+	if errors.Is(err, ErrReplica) {
+		return nil, fmt.Errorf("redis: Open: %w", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("redis: Open: %w: %w; check the client's address and that Redis runs", ErrUnavailable, err)
 	}

@@ -30,7 +30,10 @@ type Config struct {
 	// BaseURL resolves relative Op.URLs.
 	BaseURL string
 	// Scope is the scope of operations whose Op.Scope is empty: the tenant
-	// this client acts for. Defaults to "default".
+	// this client acts for. Defaults to "default". It is journaled and
+	// shown as it is (idem ls, idem ui, the otel module's
+	// idem.operation.scope): a tenant's name, never a credential, which
+	// belongs in Authorize.
 	Scope string
 	// ResumeScopes are the scopes Resume (and background resume) drives,
 	// for a client that serves several tenants (its Authorize choosing

@@ -23,8 +23,12 @@ import (
 // Config configures a Client. Only Journal is required; every other field's
 // zero value means its documented default.
 type Config struct {
-	// Journal records every operation before it is sent. Required: open one
-	// with OpenSQLite. The client does not close it.
+	// Journal records every operation before it is sent. Required; the
+	// client does not close it. One of:
+	//   - OpenSQLite: a file on this machine, the default;
+	//   - postgres.OpenJournal (module github.com/idemkit/idem/postgres):
+	//     shared by a fleet of workers, each resuming the others';
+	//   - NewMemoryJournal: for tests; a restart forgets every operation.
 	Journal Journal
 
 	// BaseURL resolves relative Op.URLs.

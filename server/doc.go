@@ -186,8 +186,13 @@
 //
 // # Stores
 //
-// NewMemoryStore keeps entries in memory, for tests and single instances
-// that may forget keys on restart. OpenSQLiteStore keeps them in an SQLite
-// file shared by every process on the machine, claims durable before the
-// handler runs. Any other Store must pass package storetest.
+// Every Store passes package storetest, as any other must:
+//
+//   - NewMemoryStore keeps entries in memory, for tests and single
+//     instances that may forget keys on restart.
+//   - OpenSQLiteStore keeps them in an SQLite file shared by every process
+//     on the machine, claims durable before the handler runs.
+//   - postgres.OpenStore (module github.com/idemkit/idem/postgres) keeps
+//     them in PostgreSQL, shared by every replica of an API, so that a
+//     request retried on another replica finds its key.
 package server

@@ -151,8 +151,8 @@ var landingPages = map[string]bool{"/": true, "/ops": true, "/op": true}
 // The check is an allowlist, not a list of tricks: browsers drop tabs and
 // newlines from a Location, read a backslash as a slash and decode some
 // escapes, so "/\t/evil.example" reaches evil.example although it starts
-// with one slash. Only printable ASCII is looked at, the path must match
-// a landing page byte for byte (no escapes, no dot segments), and the
+// with one slash. Anything but printable ASCII is refused, the path must
+// match a landing page byte for byte (no escapes, no dot segments), and the
 // query is parsed and written again, so that what is sent back is a URL
 // the view built, never a string the request chose.
 func safeNext(next string) string {

@@ -23,14 +23,21 @@ import (
 // Config configures a Client. Only Journal is required; every other field's
 // zero value means its documented default.
 type Config struct {
-	// Journal records every operation before it is sent. Required: open one
-	// with OpenSQLite. The client does not close it.
+	// Journal records every operation before it is sent. Required; the
+	// client does not close it. One of:
+	//   - OpenSQLite: a file on this machine, the default;
+	//   - postgres.OpenJournal (module github.com/idemkit/idem/postgres):
+	//     shared by a fleet of workers, each resuming the others';
+	//   - NewMemoryJournal: for tests; a restart forgets every operation.
 	Journal Journal
 
 	// BaseURL resolves relative Op.URLs.
 	BaseURL string
 	// Scope is the scope of operations whose Op.Scope is empty: the tenant
-	// this client acts for. Defaults to "default".
+	// this client acts for. Defaults to "default". It is journaled and
+	// shown as it is (idem ls, idem ui, the otel module's
+	// idem.operation.scope): a tenant's name, never a credential, which
+	// belongs in Authorize.
 	Scope string
 	// ResumeScopes are the scopes Resume (and background resume) drives,
 	// for a client that serves several tenants (its Authorize choosing

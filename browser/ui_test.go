@@ -113,8 +113,8 @@ type tab struct {
 }
 
 // browse starts a headless Chromium for the test, with the flags a
-// machine without network wants; t.Cleanup stops it.
-func browse(t *testing.T) *tab {
+// machine without network wants and the test's own; t.Cleanup stops it.
+func browse(t *testing.T, extra ...chromedp.ExecAllocatorOption) *tab {
 	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chromium(t)),
@@ -129,6 +129,7 @@ func browse(t *testing.T) *tab {
 		chromedp.WindowSize(1400, 1000),
 		chromedp.UserDataDir(t.TempDir()),
 	}
+	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
 	t.Cleanup(func() {

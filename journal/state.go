@@ -69,8 +69,9 @@ func (s State) String() string {
 // Valid reports whether s is one of the defined states.
 func (s State) Valid() bool { return s >= StatePending && s <= StateCanceled }
 
-// Terminal reports whether s is final: succeeded, rejected or canceled.
-// Expired is not terminal: it waits for an operator's decision.
+// Terminal reports whether s is final: succeeded, rejected or canceled,
+// what the docs call a settled operation. Expired is not terminal: it
+// waits for an operator's decision.
 func (s State) Terminal() bool {
 	return s == StateSucceeded || s == StateRejected || s == StateCanceled
 }

@@ -2,8 +2,6 @@ package otel
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"io"
 	"net"
@@ -15,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // Attribute keys. Where OpenTelemetry's semantic conventions name the
@@ -68,18 +67,12 @@ const (
 
 // KeyHash returns what the attribute idem.key.hash holds for a key: the
 // first 8 bytes of SHA-256(scope, 0x00, key), in hex. The client and the
-// server hooks compute it alike, so that a client's span and the server's
-// span of one operation can be found by it (when the client's scope and the
-// server's agree), while the key itself, which a replay could use, never
-// leaves the process.
-func KeyHash(scope, key string) string {
-	h := sha256.New()
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	var sum [sha256.Size]byte
-	return hex.EncodeToString(h.Sum(sum[:0])[:8])
-}
+// server hooks compute it alike, and the server middleware's logs show the
+// same value as key_hash, so that a client's span, the server's span and
+// the server's log lines of one operation can be found by it (when the
+// client's scope and the server's agree), while the key itself, which a
+// replay could use, never leaves the process.
+func KeyHash(scope, key string) string { return wire.KeyHash(scope, key) }
 
 // method returns the method as semantic conventions record it: a known
 // method as is, any other as _OTHER (it could be anything the caller chose).

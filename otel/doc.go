@@ -87,11 +87,16 @@
 // No attribute holds a body, a header value, a credential, the URL's path
 // or query (server.address and server.port only), or a key: a key is
 // recorded as idem.key.hash, the first 8 bytes of SHA-256 of scope and key
-// (KeyHash), which finds the client's and the server's spans of one
-// operation without handing anyone a key to replay. The operation's ID is
+// (KeyHash, the key_hash of the server middleware's logs too), which finds
+// the client's and the server's spans of one operation without handing
+// anyone a key to replay. The operation's ID is
 // the caller's name for it and often holds a business identifier (a cart,
 // an order, a customer): it is recorded only with WithOperationID. The
-// scope is recorded (idem.operation.scope): it is the tenant the client
-// acts for, which a back end may count by; the server's metrics do not
-// carry it, as a server may have very many tenants.
+// client's scope is recorded (idem.operation.scope): it is the tenant the
+// client acts for (idem.Config.Scope, journaled as it is, never a
+// credential), which a back end may count by. The server's scope is not:
+// server.Config.Scope may return the caller's credential, so the server's
+// spans carry idem.operation.scope only when WithServerTenant maps the
+// scope to a tenant name, and the server's metrics never carry it, as a
+// server may have very many tenants.
 package otel

@@ -132,3 +132,55 @@ func ExampleServerHooks() {
 	// idem.server.requests ran 1
 	// idem.server.requests replayed 1
 }
+
+// An API that scopes keys by the caller's API key: the server's spans name
+// the account the key belongs to, never the key.
+func ExampleWithServerTenant() {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(context.Background())
+
+	// The application's own table of credentials.
+	accounts := map[string]string{"Bearer sk_live_5521": "acme"}
+	mw, err := server.New(server.Config{
+		Store: server.NewMemoryStore(),
+		Scope: func(r *http.Request) string { return r.Header.Get("Authorization") },
+		OnOutcome: idemotel.ServerHooks(idemotel.WithServerTenant(func(scope string) string {
+			return accounts[scope] // "" for an unknown credential: no attribute
+		})),
+	})
+	if err != nil {
+		panic(err)
+	}
+	defer mw.Close()
+	orders := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	traced := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, span := tp.Tracer("http").Start(r.Context(), r.Method+" /orders")
+		defer span.End()
+		mw.Handler(orders).ServeHTTP(w, r.WithContext(ctx))
+	})
+	api := httptest.NewServer(traced)
+	defer api.Close()
+
+	req, _ := http.NewRequest(http.MethodPost, api.URL+"/orders", strings.NewReader(`{}`))
+	req.Header.Set("Authorization", "Bearer sk_live_5521")
+	req.Header.Set("Idempotency-Key", "4b3c2a1d-0000-4000-8000-000000000043")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		panic(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	for len(spans.GetSpans()) < 1 {
+		time.Sleep(time.Millisecond)
+	}
+
+	for _, kv := range spans.GetSpans()[0].Attributes {
+		if kv.Key == "idem.operation.scope" || kv.Key == "idem.outcome" {
+			fmt.Println(kv.Key, kv.Value.Emit())
+		}
+	}
+	// Output:
+	// idem.outcome ran
+	// idem.operation.scope acme
+}

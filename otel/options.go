@@ -10,7 +10,8 @@ import (
 // instrumentationName names this package's tracer and meter.
 const instrumentationName = "github.com/idemkit/idem/otel"
 
-// An Option configures ClientHooks, ServerHooks and JournalCommitHook.
+// An Option configures ClientHooks, ServerHooks and JournalCommitHook;
+// each says which it applies to.
 type Option func(*config)
 
 type config struct {
@@ -18,6 +19,7 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	propagator     propagation.TextMapPropagator
 	operationID    bool
+	serverTenant   func(scope string) string
 }
 
 // WithTracerProvider sets where spans go. Defaults to the global provider
@@ -50,6 +52,21 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 // Turn it on only when the IDs carry nothing of the kind.
 func WithOperationID() Option {
 	return func(c *config) { c.operationID = true }
+}
+
+// WithServerTenant records a tenant on the server's spans, as
+// idem.operation.scope: tenant(scope) for each keyed request, left out
+// when it returns "". Without it ServerHooks records no scope, because
+// server.Config.Scope may be the caller's credential (an API key), which
+// must not reach a tracing back end; idem.key.hash, which mixes the scope
+// in, still finds a request's spans and log lines.
+//
+// Pass a function that maps the scope to something that is not a secret:
+// the tenant or account a credential belongs to, or, when Config.Scope
+// already returns a tenant name, the scope itself. It runs on the
+// request's goroutine after the response was written; keep it quick.
+func WithServerTenant(tenant func(scope string) string) Option {
+	return func(c *config) { c.serverTenant = tenant }
 }
 
 func newConfig(opts []Option) config {

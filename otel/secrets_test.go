@@ -1,18 +1,23 @@
 package otel_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testserver"
+	idemotel "github.com/idemkit/idem/otel"
 )
 
 // allowedKeys is every attribute key the hooks may set, on a span, a span
@@ -201,4 +206,90 @@ func TestNothingSecretLeaves(t *testing.T) {
 	assert.Contains(t, names, "idem.status_check")
 	assert.Contains(t, names, "idem.send POST")
 	tel.assertNothingSecret(t, append([]string{secretToken, secretHeader, secretBody, secretPath, secretID, "/orders"}, keys...))
+}
+
+// A server that scopes keys by the caller's credential, as
+// server.Config.Scope allows: the credential reaches no attribute, event
+// or metric of the server hooks, nor the middleware's logs, and the key's
+// hash on the span is the one the logs show.
+func TestNothingSecretLeavesTheServer(t *testing.T) {
+	t.Parallel()
+	const credential = "sk_live_secret_7731"
+	var logs syncBuffer
+	e := newServerEnvWith(t, func(r *http.Request) string { return r.Header.Get("Authorization") }, &logs)
+	const key1, key2, key3, key4, body = "key-secret-1001", "key-secret-1002", "key-secret-1003", "key-secret-1004", `{"card":"4242-secret-body"}`
+	post := func(n int, key, body string, want int) sdktrace.ReadOnlySpan {
+		t.Helper()
+		status, err := e.send(key, body, "Authorization", "Bearer "+credential)
+		require.NoError(t, err)
+		require.Equal(t, want, status)
+		return e.tel.waitSpans(t, n)[n-1]
+	}
+	ran := post(1, key1, body, http.StatusCreated)
+	post(2, key1, body, http.StatusCreated)                              // replayed
+	post(3, key1, `{"other":"payload"}`, http.StatusUnprocessableEntity) // key_reused
+	post(4, "", body, http.StatusBadRequest)                             // key_invalid
+	held := make(chan int, 1)
+	go func() {
+		status, err := e.send(key2, body, "Authorization", "Bearer "+credential, "X-Hold", "1")
+		assert.NoError(t, err)
+		held <- status
+	}()
+	<-e.entered
+	post(5, key2, body, http.StatusConflict) // in_progress
+	close(e.release)
+	assert.Equal(t, http.StatusCreated, <-held)
+	e.tel.waitSpans(t, 6)
+	e.store.failCompletes.Store(true)
+	post(7, key3, body, http.StatusConflict) // the response not kept
+	e.store.failCompletes.Store(false)
+	e.store.failClaims.Store(true)
+	unavailable := post(8, key4, body, http.StatusServiceUnavailable)
+	e.store.failClaims.Store(false)
+
+	// The credential was there to leak: it is the scope the keys are
+	// stored under.
+	a := attrs(ran)
+	assert.NotContains(t, a, "idem.operation.scope", "the scope is left out unless WithServerTenant names it")
+	assert.Equal(t, idemotel.KeyHash("Bearer "+credential, key1), a["idem.key.hash"].AsString())
+	e.tel.assertNothingSecret(t, []string{credential, key1, key2, key3, key4, "4242-secret-body", "/orders"})
+
+	// The middleware's logs: no credential, and the key named by the
+	// same hash as on the span.
+	out := logs.String()
+	assert.NotContains(t, out, credential)
+	assert.NotContains(t, out, key4)
+	var line struct {
+		Msg     string `json:"msg"`
+		KeyHash string `json:"key_hash"`
+	}
+	found := false
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		require.NoError(t, json.Unmarshal([]byte(l), &line), "log line %q", l)
+		if strings.Contains(line.Msg, "claim failed") {
+			found = true
+			assert.Equal(t, attrs(unavailable)["idem.key.hash"].AsString(), line.KeyHash,
+				"the log's key_hash and the span's idem.key.hash of one request")
+		}
+	}
+	assert.True(t, found, "no log line of the failed claim in %s", out)
+}
+
+// syncBuffer is a bytes.Buffer for a logger written from the server's
+// goroutines and read by the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -22,9 +22,12 @@ const (
 //   - on the span in the request's context, the application's HTTP server
 //     span (from otelhttp, say, in front of the middleware): idem.outcome
 //     (ran, replayed, in_progress, key_reused, key_invalid,
-//     store_unavailable), idem.operation.scope, idem.key.hash, and
-//     idem.took_over and idem.store_failed when true. A request without a
-//     recording span gets none; this package starts no span of its own.
+//     store_unavailable), idem.key.hash (KeyHash of the scope and the key,
+//     the key_hash of the middleware's logs), idem.took_over and
+//     idem.store_failed when true, and idem.operation.scope only with
+//     WithServerTenant: the scope may be a credential, and is never
+//     recorded as it is. A request without a recording span gets none;
+//     this package starts no span of its own.
 //   - idem.server.requests ({request}), by idem.outcome and
 //     http.response.status_code: claims that ran the handler, replays, 409s
 //     (in_progress), 422s (key_reused), refusals;
@@ -34,7 +37,7 @@ const (
 //     store failed to claim (nothing ran) or to keep a response.
 //
 // The metrics carry no scope: a server may have many tenants. Only
-// WithMeterProvider applies.
+// WithMeterProvider and WithServerTenant apply.
 func ServerHooks(opts ...Option) func(context.Context, server.Outcome) {
 	cfg := newConfig(opts)
 	m := cfg.meterProvider.Meter(instrumentationName)
@@ -52,8 +55,10 @@ func ServerHooks(opts ...Option) func(context.Context, server.Outcome) {
 		if span := trace.SpanFromContext(ctx); span.IsRecording() {
 			attrs := make([]attribute.KeyValue, 0, 5)
 			attrs = append(attrs, kind)
-			if o.Scope != "" {
-				attrs = append(attrs, keyScope.String(o.Scope))
+			if cfg.serverTenant != nil && o.Scope != "" {
+				if tenant := cfg.serverTenant(o.Scope); tenant != "" {
+					attrs = append(attrs, keyScope.String(tenant))
+				}
 			}
 			if o.Key != "" {
 				attrs = append(attrs, keyKeyHash.String(KeyHash(o.Scope, o.Key)))

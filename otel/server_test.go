@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -64,11 +65,24 @@ type serverEnv struct {
 
 func newServerEnv(t *testing.T) *serverEnv {
 	t.Helper()
+	// The scope is a tenant name: recorded as it is.
+	return newServerEnvWith(t, func(r *http.Request) string { return r.Header.Get("X-Tenant") }, nil,
+		idemotel.WithServerTenant(func(scope string) string { return scope }))
+}
+
+// newServerEnvWith is newServerEnv with its own Scope, and the
+// middleware's logs written to logs when not nil.
+func newServerEnvWith(t *testing.T, scope func(*http.Request) string, logs io.Writer, opts ...idemotel.Option) *serverEnv {
+	t.Helper()
 	e := &serverEnv{t: t, tel: newTelemetry(t), store: &faultyStore{Store: server.NewMemoryStore()},
 		entered: make(chan struct{}, 1), release: make(chan struct{})}
-	mw, err := server.New(server.Config{Store: e.store, Scope: func(r *http.Request) string { return r.Header.Get("X-Tenant") },
+	var logger *slog.Logger
+	if logs != nil {
+		logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	mw, err := server.New(server.Config{Store: e.store, Scope: scope, Logger: logger,
 		LockTimeout: 300 * time.Millisecond, RetryAfter: 50 * time.Millisecond,
-		OnOutcome: idemotel.ServerHooks(idemotel.WithMeterProvider(e.tel.mp))})
+		OnOutcome: idemotel.ServerHooks(append([]idemotel.Option{idemotel.WithMeterProvider(e.tel.mp)}, opts...)...)})
 	require.NoError(t, err)
 	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Hold") != "" {

@@ -47,7 +47,9 @@ import (
 // rules refuse fails only its caller. Should the batch's transaction fail
 // as a whole (a deadlock with another process, say), its writes are run
 // again one by one. One batch runs at a time, and a second beside it only
-// while many writes (32) wait for the first: see secondBatch.
+// while many writes (32) wait for the first: with many writers, the second
+// takes the writes that would wait and both commits share a WAL flush;
+// with few, every write waits for one batch, as if there were no second.
 //
 // A batch of creates and of updates of rows this journal wrote last (Do's
 // path: the intent, then the outcome) takes one round trip: the journal

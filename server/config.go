@@ -38,7 +38,10 @@ type Config struct {
 	// use the same key independently. Required: New refuses a Config
 	// without it, because one shared key space hands a stored response to
 	// anyone who can name its key. An API with exactly one tenant says so
-	// with SingleTenant.
+	// with SingleTenant. The scope may be a secret: the middleware's logs
+	// name a key by a hash of scope and key (key_hash), never the scope,
+	// and the otel module's server hooks record it only through
+	// WithServerTenant.
 	Scope func(*http.Request) string
 
 	// Retention is how long an entry counts: from its claim while it is in

@@ -186,14 +186,23 @@
 //
 // # Stores
 //
-// NewMemoryStore keeps entries in memory, for tests and single instances
-// that may forget keys on restart. OpenSQLiteStore keeps them in an SQLite
-// file shared by every process on the machine, claims durable before the
-// handler runs. Any other Store must pass package storetest, which holds
-// it to what these two do: keep any scope, key and route byte for byte
-// (a path that decodes to bytes that are not UTF-8 or to a NUL, a scope as
-// long as a token). A store that cannot keep some request wraps
-// ErrUnstorable, and the middleware answers it 400 with the store's
+// Every Store passes package storetest, as any other must:
+//
+//   - NewMemoryStore keeps entries in memory, for tests and single
+//     instances that may forget keys on restart.
+//   - OpenSQLiteStore keeps them in an SQLite file shared by every process
+//     on the machine, claims durable before the handler runs.
+//   - postgres.OpenStore (module github.com/idemkit/idem/postgres) keeps
+//     them in PostgreSQL, shared by every replica of an API, so that a
+//     request retried on another replica finds its key.
+//   - redis.Open (module github.com/idemkit/idem/redis) keeps them in
+//     Redis, one server, Sentinel or Cluster, shared by the replicas of an
+//     API that share no database.
+//
+// The suite holds a store to what these do: keep any scope, key and route
+// byte for byte (a path that decodes to bytes that are not UTF-8 or to a
+// NUL, a scope as long as a token). A store that cannot keep some request
+// wraps ErrUnstorable, and the middleware answers it 400 with the store's
 // reason: never 503, which would have the client send the same request
 // again, forever. The middleware passes every time (Now, StaleBefore,
 // ExpiresAt) as its process's clock reads it; a store that machines share

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // ErrLockNotRenewed is the cause (context.Cause) with which a handler's
@@ -156,7 +158,7 @@ func (hb *heartbeat) beat() {
 		return // stop ended this renewal
 	default:
 		hb.m.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lock renewal failed",
-			slog.String("key_hash", keyHash(hb.scope, hb.key)), slog.Any("error", err))
+			slog.String("key_hash", wire.KeyHash(hb.scope, hb.key)), slog.Any("error", err))
 	}
 	hb.mu.Lock()
 	if !hb.stopped {
@@ -184,7 +186,7 @@ func (hb *heartbeat) tell(cause error, msg string) {
 		return
 	}
 	hb.lose(cause)
-	hb.m.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("key_hash", keyHash(hb.scope, hb.key)))
+	hb.m.cfg.Logger.LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("key_hash", wire.KeyHash(hb.scope, hb.key)))
 }
 
 // wasTold reports whether the handler's context was canceled because the

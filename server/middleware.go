@@ -449,7 +449,7 @@ func (m *Middleware) logKey(ctx context.Context, level slog.Level, msg string, c
 		return
 	}
 	attrs = append([]slog.Attr{
-		slog.String("method", cl.method), slog.String("path", cl.path), slog.String("key_hash", keyHash(cl.scope, cl.key)),
+		slog.String("method", cl.method), slog.String("path", cl.path), slog.String("key_hash", wire.KeyHash(cl.scope, cl.key)),
 	}, attrs...)
 	m.cfg.Logger.LogAttrs(ctx, level, msg, attrs...)
 }

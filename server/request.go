@@ -1,8 +1,6 @@
 package server
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -116,10 +114,4 @@ func fingerprint(method, target string, body []byte) string {
 	f.String(target)
 	f.Bytes(body)
 	return f.Sum()
-}
-
-// keyHash names a key in logs without revealing it.
-func keyHash(scope, key string) string {
-	sum := sha256.Sum256([]byte(scope + "\x00" + key))
-	return hex.EncodeToString(sum[:6])
 }

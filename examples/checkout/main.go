@@ -176,6 +176,13 @@ func run(ctx context.Context, out io.Writer) error {
 	if n != 2 {
 		return fmt.Errorf("the shop holds %d orders for 2 orders placed", n)
 	}
+	if *journalFlag != "" {
+		fmt.Fprintf(out, "\nThe journal is kept in %s; look at it with the operator CLI:\n"+
+			"   go run ./cmd/idem --journal %s ls\n   go run ./cmd/idem --journal %s ui\n", journalPath, journalPath, journalPath)
+	} else {
+		fmt.Fprint(out, "\nThe journal was temporary and is removed now. To keep it, and look at it with the operator CLI:\n"+
+			"   go run ./examples/checkout -journal ops.db\n   go run ./cmd/idem --journal ops.db ls    (or ui, a web view)\n")
+	}
 	return nil
 }
 

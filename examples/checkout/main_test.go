@@ -30,6 +30,9 @@ func TestRun(t *testing.T) {
 	require.NotNil(t, first, "step 1 prints the order, its key and replayed: true")
 	assert.Equal(t, "ord_1", first[1])
 	assert.Contains(t, text, "The shop saw 1 POST /orders and 1 status request")
+	// The journal is gone at the end, and the demo says how to keep it.
+	assert.Contains(t, text, "go run ./examples/checkout -journal ops.db", "the demo names its -journal flag")
+	assert.Contains(t, text, "idem --journal ops.db ls")
 
 	// 2. The same key and order, from the journal, nothing sent.
 	second := regexp.MustCompile(`(?m)^   → order (ord_\d+), key ([0-9a-f-]{36}), from the journal: POST /orders requests at the shop: (\d+) before, (\d+) after$`).FindStringSubmatch(text)
@@ -74,6 +77,8 @@ func TestRunRefusesAnExistingJournal(t *testing.T) {
 	var out bytes.Buffer
 	require.NoError(t, run(ctx, &out), "a new journal file is created and kept")
 	assert.FileExists(t, path)
+	assert.Contains(t, out.String(), "The journal is kept in "+path, "the demo says where its journal is")
+	assert.Contains(t, out.String(), "go run ./cmd/idem --journal "+path+" ui")
 	err := run(ctx, &out)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "already exists")

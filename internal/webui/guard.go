@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -39,7 +40,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	if r.Method == http.MethodGet && !strings.HasPrefix(r.URL.Path, "/live/") {
-		h.render(w, r, http.StatusUnauthorized, "login", loginPage{page: h.page(r, "Log in"), Next: r.URL.RequestURI()})
+		h.render(w, r, http.StatusUnauthorized, "login", loginPage{page: h.page(r, "Log in"), Next: safeNext(r.URL.RequestURI())})
 		return false
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="idem ui"`)
@@ -139,11 +140,38 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect after login on this site: a path, not a URL
-// elsewhere.
+// landingPages are the pages a login may send the operator back to: the
+// view's own pages, by their exact path. Anything else (another host, a
+// script, a path a browser reads differently than Go does) lands on "/".
+var landingPages = map[string]bool{"/": true, "/ops": true, "/op": true}
+
+// safeNext is where a login sends the operator: next when it is one of
+// the landing pages with a query, re-encoded; "/" otherwise.
+//
+// The check is an allowlist, not a list of tricks: browsers drop tabs and
+// newlines from a Location, read a backslash as a slash and decode some
+// escapes, so "/\t/evil.example" reaches evil.example although it starts
+// with one slash. Anything but printable ASCII is refused, the path must
+// match a landing page byte for byte (no escapes, no dot segments), and the
+// query is parsed and written again, so that what is sent back is a URL
+// the view built, never a string the request chose.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") || strings.HasPrefix(next, "/login") {
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c <= ' ' || c >= 0x7f || c == '\\' {
+			return "/"
+		}
+	}
+	next, _, _ = strings.Cut(next, "#")
+	path, rawQuery, _ := strings.Cut(next, "?")
+	if !landingPages[path] {
 		return "/"
 	}
-	return next
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return "/"
+	}
+	if len(q) == 0 {
+		return path
+	}
+	return path + "?" + q.Encode()
 }

@@ -28,9 +28,11 @@ import (
 // # Durability
 //
 // A write that records an intent (Create, Claim, Acquire, an Update with
-// idem.Durable) is committed with synchronous_commit on: it is in the
-// server's WAL on disk before the call returns, and so before anything is
-// sent. A Deferred or Buffered update (an outcome the server can tell
+// idem.Durable) and Sync are committed with synchronous_commit on, set by
+// the journal for its own transaction whatever the session's default (a
+// database or a role may default to off): it is in the server's WAL on
+// disk before the call returns, and so before anything is sent. A stronger
+// level the application's sessions run at (remote_apply, say) is kept. A Deferred or Buffered update (an outcome the server can tell
 // again) is committed with synchronous_commit off: it returns once
 // committed, before the WAL is flushed, which the server does within
 // wal_writer_delay (200 ms by default); a crash of the database server in
@@ -318,6 +320,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 			}
 		}
 		b := &pgx.Batch{}
+		b.Queue(commitDurable) // a claim is an intent: on disk before its owner sends
 		for i, rec := range recs {
 			claimed, ev, err := journal.ApplyClaim(rec, req.Owner, req.Lease, now, j.isGone)
 			if err != nil {
@@ -353,7 +356,7 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 	var n int64
 	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		b.Queue(`SET LOCAL synchronous_commit = off`)
+		b.Queue(commitDeferred)
 		for _, k := range keys {
 			b.Queue(j.q.renew, k, held[k].Epoch, held[k].Owner, until).Exec(func(tag pgconn.CommandTag) error {
 				n += tag.RowsAffected()
@@ -373,7 +376,8 @@ func (j *Journal) Sync(ctx context.Context) error {
 		return err
 	}
 	defer done()
-	_, err = j.pool.Exec(ctx, `UPDATE `+j.q.table("sync")+` SET at = $1 WHERE id = 1`, wire.Millis(j.now()))
+	_, err = j.pool.Exec(ctx, `UPDATE `+j.q.table("sync")+` AS s SET at = $1 FROM (`+commitDurable+`) AS d WHERE s.id = 1`,
+		wire.Millis(j.now()))
 	return classify(ctx, err)
 }
 

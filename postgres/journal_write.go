@@ -259,11 +259,10 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	// Round trip 1: begin, and read and lock what the writes touch.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	if !durable {
-		// Outcomes only: committed before Update returns, flushed within
-		// wal_writer_delay (see Journal).
-		b.Queue("SET LOCAL synchronous_commit = off")
-	}
+	// Outcomes only: committed before Update returns, flushed within
+	// wal_writer_delay (see Journal). Anything else waits for the flush,
+	// whatever the session's default.
+	b.Queue(commitLevel(durable))
 	byKey := map[string]*row{}
 	byOp := map[[2]string]*row{}
 	read := func(rows pgx.Rows) error {
@@ -529,9 +528,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	if !durable {
-		b.Queue("SET LOCAL synchronous_commit = off")
-	}
+	b.Queue(commitLevel(durable))
 	ids := map[string]int64{}
 	if len(creates) > 0 {
 		var cols createColumns

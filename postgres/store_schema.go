@@ -53,22 +53,6 @@ var storeKind = pgschema.Kind{Name: "store", Marker: "store_entries", Migrations
 const storeColumns = `scope, key, fingerprint, method, path, state, token, created_at, locked_at,
 	expires_at, resp_status, resp_header, resp_body`
 
-// How a write is committed. Each write sets synchronous_commit for its own
-// transaction only (set_config with is_local), inside the statement, so
-// that it costs no round trip, changes nothing of the application's
-// sessions, and works through a pooler in transaction mode.
-const (
-	// storeDurable waits for the WAL flush: it raises a session whose
-	// synchronous_commit is off to on, and leaves every other setting as
-	// the application configured it, since each of them (local,
-	// remote_write, on, remote_apply) waits for the local flush, and some
-	// for a synchronous standby too.
-	storeDurable = `SELECT set_config('synchronous_commit',
-		CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
-	// storeDeferred returns once committed, before the WAL flush.
-	storeDeferred = `SELECT set_config('synchronous_commit', 'off', true)`
-)
-
 // storeQueries are the store's statements, with the schema's name in them.
 type storeQueries struct {
 	insert, replace, takeOver, reread string
@@ -100,7 +84,7 @@ func newStoreQueries(schema string) storeQueries {
 		// that finds its key taken (a replay, a 409) writes nothing.
 		insert: `INSERT INTO ` + table + ` (scope, key, fingerprint, method, path, state, token, created_at, locked_at, expires_at)
 			SELECT v.scope, v.key, v.fingerprint, v.method, v.path, 1, nextval(` + tokens + `), v.now, v.now, v.expires_at
-			FROM (` + storeDurable + `) AS d,
+			FROM (` + commitDurable + `) AS d,
 				unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
 				WITH ORDINALITY AS v(scope, key, fingerprint, method, path, now, expires_at, i)
 			ORDER BY v.i
@@ -111,7 +95,7 @@ func newStoreQueries(schema string) storeQueries {
 		replace: `UPDATE ` + table + ` AS e SET fingerprint = $3, method = $4, path = $5, state = 1,
 				token = nextval(` + tokens + `), created_at = $6, locked_at = $6, expires_at = $7,
 				resp_status = NULL, resp_header = NULL, resp_body = NULL
-			FROM (` + storeDurable + `) AS d
+			FROM (` + commitDurable + `) AS d
 			WHERE e.scope = $1 AND e.key = $2 AND e.expires_at <= $6
 			RETURNING ` + storeColumns,
 		// A stale lock: taken over with a new token, if it is still stale
@@ -120,22 +104,22 @@ func newStoreQueries(schema string) storeQueries {
 		// concurrent take-overs one wins).
 		takeOver: `UPDATE ` + table + ` AS e SET token = nextval(` + tokens + `), locked_at = $4,
 				expires_at = GREATEST(e.expires_at, $5)
-			FROM (` + storeDurable + `) AS d
+			FROM (` + commitDurable + `) AS d
 			WHERE e.scope = $1 AND e.key = $2 AND e.state = 1 AND e.fingerprint = $3
 				AND e.locked_at < $6 AND e.expires_at > $4
 			RETURNING ` + storeColumns,
 		reread:           `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE scope = $1 AND key = $2`,
-		complete:         complete(storeDurable),
-		completeDeferred: complete(storeDeferred),
-		release: `DELETE FROM ` + table + ` AS e USING (` + storeDeferred + `) AS d
+		complete:         complete(commitDurable),
+		completeDeferred: complete(commitDeferred),
+		release: `DELETE FROM ` + table + ` AS e USING (` + commitDeferred + `) AS d
 			WHERE e.scope = $1 AND e.key = $2 AND e.token = $3 AND e.state = $4`,
-		renew: `UPDATE ` + table + ` AS e SET locked_at = $5 FROM (` + storeDurable + `) AS d
+		renew: `UPDATE ` + table + ` AS e SET locked_at = $5 FROM (` + commitDurable + `) AS d
 			WHERE e.scope = $1 AND e.key = $2 AND e.token = $3 AND e.state = $4`,
 		get: `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE scope = $1 AND key = $2 AND expires_at > $3`,
 		// One batch of expired entries. SKIP LOCKED passes over the rows a
 		// claim is replacing, and lets replicas that sweep at once share
 		// the work instead of queueing on each other.
-		sweep: `DELETE FROM ` + table + ` AS e USING (` + storeDeferred + `) AS d
+		sweep: `DELETE FROM ` + table + ` AS e USING (` + commitDeferred + `) AS d
 			WHERE (e.scope, e.key) IN (
 				SELECT scope, key FROM ` + table + ` WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
 			AND e.expires_at <= $1`,

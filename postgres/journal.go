@@ -272,7 +272,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 	}
 	defer done()
 	var out []idem.Record
-	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+	err = j.inTx(ctx, func(tx pgx.Tx) error {
 		out = out[:0]
 		now := j.now()
 		due := now
@@ -332,8 +332,30 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		}
 		return tx.SendBatch(ctx, b).Close()
 	})
+	if asDoubt(err) != nil && len(out) == 0 {
+		return nil, nil // nothing was claimed: nothing to be in doubt about
+	}
+	if d := asDoubt(err); d != nil {
+		// The claims are written with their events: found, they are this
+		// call's, which its owner must drive; lost, they would be held by
+		// no call until their leases lapsed.
+		rctx, cancel := readBackCtx(ctx)
+		defer cancel()
+		found, rerr := j.written(rctx, d, out[:1])
+		switch {
+		case rerr != nil:
+			return nil, inDoubt(j.where()+": "+describeClaim(req.Owner, out), d.err, rerr)
+		case len(found) == 1 && found[0]:
+			return out, nil
+		}
+		return nil, fmt.Errorf("%s: %s: its commit's acknowledgement was lost (%w), and it was not committed; claim again",
+			j.where(), describeClaim(req.Owner, out), d.err)
+	}
 	if err != nil {
-		return nil, classify(ctx, err)
+		if err = classify(ctx, err); err == ctx.Err() {
+			return nil, err // a canceled context stays one
+		}
+		return nil, fmt.Errorf("%s: claim by %s: %w", j.where(), req.Owner, err)
 	}
 	return out, nil
 }
@@ -353,19 +375,55 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 	}
 	keys := slices.Sorted(maps.Keys(held)) // rows are locked in key order, as every batch does
 	until := wire.Millis(journal.TruncateTime(j.now().Add(lease)))
-	var n int64
-	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(commitDeferred)
-		for _, k := range keys {
-			b.Queue(j.q.renew, k, held[k].Epoch, held[k].Owner, until).Exec(func(tag pgconn.CommandTag) error {
-				n += tag.RowsAffected()
-				return nil
-			})
+	renew := func(ctx context.Context) (int, error) {
+		var n int64
+		err := j.inTx(ctx, func(tx pgx.Tx) error {
+			n = 0
+			b := &pgx.Batch{}
+			b.Queue(commitDeferred)
+			for _, k := range keys {
+				b.Queue(j.q.renew, k, held[k].Epoch, held[k].Owner, until).Exec(func(tag pgconn.CommandTag) error {
+					n += tag.RowsAffected()
+					return nil
+				})
+			}
+			return tx.SendBatch(ctx, b).Close()
+		})
+		return int(n), err
+	}
+	n, err := renew(ctx)
+	if d := asDoubt(err); d != nil {
+		// A renewal sets each lease's expiry to the later of its own and
+		// the new one: run again once the first has settled, it changes
+		// nothing the first did, and counts the leases still held.
+		rctx, cancel := readBackCtx(ctx)
+		defer cancel()
+		if err := settle(rctx, j.pool, d); err != nil {
+			return 0, inDoubt(j.where()+": "+fmt.Sprintf("the renewal of %d leases", len(keys)), d.err, err)
 		}
-		return tx.SendBatch(ctx, b).Close()
-	})
-	return int(n), classify(ctx, err)
+		n, err = renew(rctx)
+	}
+	return n, classify(ctx, err)
+}
+
+// inTx runs fn in a transaction on a connection of the pool, and reports a
+// commit sent without an answer as a commitDoubt. (pgx.BeginFunc would
+// report the rollback's "conn closed" after such a commit instead.)
+func (j *Journal) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	conn, err := j.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return doubtful(conn.Conn(), tx.Commit(ctx))
 }
 
 // Sync implements idem.Journal: a commit with synchronous_commit on flushes
@@ -376,8 +434,27 @@ func (j *Journal) Sync(ctx context.Context) error {
 		return err
 	}
 	defer done()
-	_, err = j.pool.Exec(ctx, `UPDATE `+j.q.table("sync")+` AS s SET at = $1 FROM (`+commitDurable+`) AS d WHERE s.id = 1`,
-		wire.Millis(j.now()))
+	sync := func(ctx context.Context) error {
+		conn, err := j.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		_, err = conn.Exec(ctx, `UPDATE `+j.q.table("sync")+` AS s SET at = $1 FROM (`+commitDurable+`) AS d WHERE s.id = 1`,
+			wire.Millis(j.now()))
+		return doubtful(conn.Conn(), err)
+	}
+	err = sync(ctx)
+	if d := asDoubt(err); d != nil {
+		// Committed or not, a Sync run again once the first has settled
+		// flushes the WAL as far as the first would have.
+		rctx, cancel := readBackCtx(ctx)
+		defer cancel()
+		if err := settle(rctx, j.pool, d); err != nil {
+			return inDoubt(j.where()+": "+"the sync", d.err, err)
+		}
+		err = sync(rctx)
+	}
 	return classify(ctx, err)
 }
 

@@ -3,6 +3,8 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
@@ -55,24 +57,32 @@ func (s *Store) insertClaims(ctx context.Context, batch []*claimWrite) {
 		methods, paths = append(methods, w.req.Method), append(paths, w.req.Path)
 		nows, expires = append(nows, storeNanos(w.req.Now)), append(expires, storeNanos(w.req.ExpiresAt))
 	}
-	rows, err := s.pool.Query(ctx, s.q.insert, scopes, keys, fps, methods, paths, nows, expires)
-	if err == nil {
+	err := s.withConn(ctx, func(conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, s.q.insert, scopes, keys, fps, methods, paths, nows, expires)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
 		for rows.Next() {
 			var (
 				k     scopedKey
 				token int64
 			)
 			if err = rows.Scan(&k.scope, &k.key, &token); err != nil {
-				break
+				return err
 			}
 			if w := sent[k]; w != nil {
 				w.inserted, w.token = true, token
 			}
 		}
 		rows.Close()
-		if err == nil {
-			err = rows.Err()
+		return rows.Err()
+	})
+	if d := asDoubt(err); d != nil {
+		if s.readBackClaims(ctx, d, sent) != notCommitted {
+			return
 		}
+		err = fmt.Errorf("its commit's acknowledgement was lost (%w), and it was not committed", d.err)
 	}
 	if err != nil {
 		storeRetryAlone(ctx, batch, err, func(w *claimWrite) { w.inserted, w.token = false, 0 },
@@ -90,7 +100,7 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 		return cmp.Or(cmp.Compare(a.req.Scope, b.req.Scope), cmp.Compare(a.req.Key, b.req.Key))
 	})
 	var (
-		sent  = make(map[scopedKey]bool, len(batch))
+		sent  = make(map[scopedKey]*completeWrite, len(batch))
 		again []*completeWrite
 		b     = &pgx.Batch{}
 	)
@@ -98,18 +108,28 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 	// transaction as one implicit transaction, so they commit together.
 	for _, w := range batch {
 		k := scopedKey{w.req.Scope, w.req.Key}
-		if sent[k] {
+		if sent[k] != nil {
 			again = append(again, w)
 			continue
 		}
-		sent[k] = true
+		sent[k] = w
 		b.Queue(q, w.req.Scope, w.req.Key, w.req.Token, storeNanos(w.req.ExpiresAt), int32(w.req.Response.Status),
 			w.header, w.body).Exec(func(tag pgconn.CommandTag) error {
 			w.done = tag.RowsAffected() == 1
 			return nil
 		})
 	}
-	err := s.pool.SendBatch(ctx, b).Close()
+	err := s.withConn(ctx, func(conn *pgx.Conn) error { return conn.SendBatch(ctx, b).Close() })
+	if d := asDoubt(err); d != nil {
+		switch s.readBackCompletes(ctx, d, batch, sent) {
+		case unreadable:
+			return
+		case committed:
+			err = nil
+		default:
+			err = fmt.Errorf("its commit's acknowledgement was lost (%w), and it was not committed", d.err)
+		}
+	}
 	if err != nil {
 		storeRetryAlone(ctx, batch, err, func(w *completeWrite) { w.done = false },
 			func(ctx context.Context, b []*completeWrite) { s.completeAll(ctx, q, b) },
@@ -134,4 +154,95 @@ func storeRetryAlone[W any](ctx context.Context, batch []*W, err error, reset fu
 		reset(w)
 		run(ctx, []*W{w})
 	}
+}
+
+// withConn runs fn on a connection of the pool: fn's statements carry an
+// implicit transaction's commit, and an error that leaves it in doubt
+// comes back as a commitDoubt naming the connection's server process.
+func (s *Store) withConn(ctx context.Context, fn func(*pgx.Conn) error) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	return doubtful(conn.Conn(), fn(conn.Conn()))
+}
+
+// readBackClaims settles a batch of new keys whose insert is in doubt: a
+// key whose row is in progress with this claim's fingerprint, created and
+// locked at this claim's time (in nanoseconds), is this claim's, with the
+// row's token. One found means the statement committed, and a key not
+// found was taken by another request: its claim reads the entry in its
+// way, as after any insert that ran into a row. Unreadable, each claim
+// gets an ErrCommitInDoubt error.
+func (s *Store) readBackClaims(ctx context.Context, d *commitDoubt, sent map[scopedKey]*claimWrite) readResult {
+	rows, err := storeReadBack(ctx, s, d, sent)
+	if err != nil {
+		for k, w := range sent {
+			w.inserted, w.token = false, 0
+			w.err = inDoubt(fmt.Sprintf("the claim of key %q in scope %q", k.key, k.scope), d.err, err)
+		}
+		return unreadable
+	}
+	res := notCommitted
+	for k, w := range sent {
+		e, ok := rows[k]
+		now := storeNanos(w.req.Now)
+		w.inserted = ok && e.State == server.InProgress && e.Fingerprint == w.req.Fingerprint &&
+			storeNanos(e.CreatedAt) == now && storeNanos(e.LockedAt) == now
+		w.token = 0
+		if w.inserted {
+			w.token, res = e.Token, committed
+		}
+	}
+	return res
+}
+
+// readBackCompletes settles a batch of completions whose commit is in
+// doubt: an entry completed under this completion's token is this one's.
+// One found means the statement committed, and a completion not found
+// lost its lock. Unreadable, each gets an ErrCommitInDoubt error.
+func (s *Store) readBackCompletes(ctx context.Context, d *commitDoubt, batch []*completeWrite, sent map[scopedKey]*completeWrite) readResult {
+	rows, err := storeReadBack(ctx, s, d, sent)
+	if err != nil {
+		for _, w := range batch {
+			w.done = false
+			w.err = inDoubt(fmt.Sprintf("the completion of key %q in scope %q", w.req.Key, w.req.Scope), d.err, err)
+		}
+		return unreadable
+	}
+	res := notCommitted
+	for k, w := range sent {
+		e, ok := rows[k]
+		w.done = ok && e.State == server.Completed && e.Token == w.req.Token
+		if w.done {
+			res = committed
+		}
+	}
+	return res
+}
+
+// storeReadBack waits for the session of a commit in doubt to settle, then
+// reads the entries of the keys it wrote.
+func storeReadBack[W any](ctx context.Context, s *Store, d *commitDoubt, keys map[scopedKey]W) (map[scopedKey]server.Entry, error) {
+	ctx, cancel := readBackCtx(ctx)
+	defer cancel()
+	if err := settle(ctx, s.pool, d); err != nil {
+		return nil, err
+	}
+	out := make(map[scopedKey]server.Entry, len(keys))
+	b := &pgx.Batch{}
+	for k := range keys {
+		b.Queue(s.q.reread, k.scope, k.key).QueryRow(func(row pgx.Row) error {
+			e, err := scanStoreEntry(row)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			if err == nil {
+				out[k] = e
+			}
+			return err
+		})
+	}
+	return out, s.pool.SendBatch(ctx, b).Close()
 }

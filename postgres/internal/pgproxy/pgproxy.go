@@ -142,12 +142,25 @@ func Executes(parts ...string) func(Message) bool {
 	}
 }
 
+// IsCommit is a match for a message that executes COMMIT (or END) as a
+// statement of its own, as pgx's Tx.Commit and a batch's queued COMMIT do:
+// unlike Executes("commit"), it does not take a statement that merely
+// names synchronous_commit.
+func IsCommit(m Message) bool {
+	if m.Type != 'Q' && m.Type != 'B' {
+		return false
+	}
+	sql := strings.ToUpper(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(m.SQL), ";")))
+	return sql == "COMMIT" || sql == "END" || sql == "COMMIT TRANSACTION" || sql == "COMMIT WORK"
+}
+
 // A Fault is an armed DropReply: it fires once, on the first message of
 // any session that it matches.
 type Fault struct {
-	match func(Message) bool
-	done  chan struct{}
-	once  sync.Once
+	match  func(Message) bool
+	refuse time.Duration // DropReplyAndRefuse's
+	done   chan struct{}
+	once   sync.Once
 }
 
 // Done is closed once the fault has fired: the message went to the server,
@@ -176,6 +189,17 @@ func (p *Proxy) DropReply(match func(Message) bool) *Fault {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.faults = append(p.faults, f)
+	return f
+}
+
+// DropReplyAndRefuse is DropReply for a database that goes out of reach
+// with the reply: when the fault fires, new connections are refused for d,
+// and when it ends the session, every other session is cut too.
+func (p *Proxy) DropReplyAndRefuse(match func(Message) bool, d time.Duration) *Fault {
+	f := p.DropReply(match)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f.refuse = d
 	return f
 }
 
@@ -398,6 +422,9 @@ func (s *session) fromClient() {
 		if fault == nil {
 			if f := s.p.take(s.describe(msg)); f != nil {
 				fault = f
+				if f.refuse > 0 {
+					s.p.Refuse(f.refuse)
+				}
 				s.mu.Lock()
 				s.fault = f
 				s.mu.Unlock()
@@ -450,6 +477,9 @@ func (s *session) fromServer() {
 		s.mu.Unlock()
 		if fault != nil {
 			if done {
+				if fault.refuse > 0 {
+					s.p.CutAll()
+				}
 				fault.once.Do(func() { close(fault.done) })
 				return
 			}

@@ -95,7 +95,7 @@ func TestDropsTheReplyOfACommit(t *testing.T) {
 	p, cfg := start(t)
 
 	c := connect(t, cfg)
-	f := p.DropReply(pgproxy.Executes("commit"))
+	f := p.DropReply(pgproxy.IsCommit)
 	tx, err := c.Begin(ctx)
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `INSERT INTO `+schema+`.t VALUES (1)`)
@@ -110,7 +110,7 @@ func TestDropsTheReplyOfACommit(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	require.NoError(t, err)
 	defer pool.Close()
-	f = p.DropReply(pgproxy.Executes("commit"))
+	f = p.DropReply(pgproxy.IsCommit)
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`INSERT INTO `+schema+`.t VALUES ($1)`, 2)

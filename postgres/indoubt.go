@@ -41,8 +41,8 @@ func (e *commitDoubt) Error() string { return e.err.Error() }
 func (e *commitDoubt) Unwrap() error { return e.err }
 
 // doubtful wraps err, the error of a statement sent on conn that carried a
-// commit, as a commitDoubt unless the server answered it with an error of
-// its own (which aborted the transaction). pgconn.SafeToRetry cannot tell
+// commit, as a commitDoubt unless the server answered it: with an error of
+// its own (which aborted the transaction), or in full with no row. pgconn.SafeToRetry cannot tell
 // that the commit was not sent: a COMMIT whose answer was lost on a
 // simple query comes back as "conn closed", which it calls safe.
 func doubtful(conn *pgx.Conn, err error) error {
@@ -50,7 +50,7 @@ func doubtful(conn *pgx.Conn, err error) error {
 		return nil
 	}
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
+	if errors.As(err, &pe) || errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
 	d := &commitDoubt{pid: conn.PgConn().PID(), port: -1, err: err}

@@ -281,3 +281,29 @@ func TestDoWhoseIntentCannotBeReadBack(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, idem.StateSucceeded, rec.State)
 }
+
+// A take-over of a stale lock whose acknowledgement is lost: the store
+// reads it back, and the request holds the key.
+func TestStoreTakeOverWhoseAcknowledgementIsLost(t *testing.T) {
+	t.Parallel()
+	p, pool := proxiedPool(t)
+	schema := pgtest.Schema(t)
+	s := openStoreIn(t, pool, schema)
+	direct := openStoreIn(t, pgtest.Pool(t), schema)
+	now := time.Now()
+	first, err := direct.Claim(ctx, claimAt("k1", "fp", now.Add(-time.Hour)))
+	require.NoError(t, err)
+	require.True(t, first.Claimed)
+
+	f := p.DropReply(pgproxy.Executes("UPDATE", "store_entries", "nextval"))
+	req := claimAt("k1", "fp", now)
+	req.StaleBefore = now.Add(-time.Minute)
+	res, err := s.Claim(ctx, req)
+	fired(t, f)
+	require.NoError(t, err)
+	assert.True(t, res.Claimed && res.TookOver, "the take-over committed: the key is this request's")
+	e, err := direct.Get(ctx, "tenant", "k1", now)
+	require.NoError(t, err)
+	assert.Equal(t, e.Token, res.Token)
+	assert.Greater(t, res.Token, first.Token)
+}

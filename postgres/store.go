@@ -183,14 +183,12 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 		case err != nil:
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		case !e.ExpiresAt.After(req.Now):
-			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.replace,
-				req.Scope, req.Key, req.Fingerprint, req.Method, req.Path, now, expires))
+			e, err = s.claimRow(ctx, &req, s.q.replace, req.Scope, req.Key, req.Fingerprint, req.Method, req.Path, now, expires)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
 			}
 		case e.State == server.InProgress && e.Fingerprint == req.Fingerprint && e.LockedAt.Before(req.StaleBefore):
-			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.takeOver,
-				req.Scope, req.Key, req.Fingerprint, now, expires, stale))
+			e, err = s.claimRow(ctx, &req, s.q.takeOver, req.Scope, req.Key, req.Fingerprint, now, expires, stale)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, TookOver: true, Token: e.Token, Entry: e}, nil
 			}
@@ -205,6 +203,34 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 	}
 	return server.ClaimResult{}, fmt.Errorf("postgres store in schema %q: claim of a key that changed under it %d times in a row; retry the request",
 		s.schema, claimRounds)
+}
+
+// claimRow runs a replacement or a take-over, which returns the entry it
+// claimed, or pgx.ErrNoRows when the entry no longer qualified. One whose
+// commit is in doubt is read back: an entry in progress with this claim's
+// fingerprint, locked at this claim's time, is this claim's; any other
+// reads as not claimed, and the claim looks again.
+func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, sql string, args ...any) (server.Entry, error) {
+	var e server.Entry
+	err := s.withConn(ctx, func(conn *pgx.Conn) error {
+		var err error
+		e, err = scanStoreEntry(conn.QueryRow(ctx, sql, args...))
+		return err
+	})
+	d := asDoubt(err)
+	if d == nil {
+		return e, err
+	}
+	k := scopedKey{req.Scope, req.Key}
+	rows, rerr := storeReadBack(ctx, s, d, map[scopedKey]bool{k: true})
+	if rerr != nil {
+		return server.Entry{}, inDoubt(fmt.Sprintf("the claim of key %q in scope %q", req.Key, req.Scope), d.err, rerr)
+	}
+	e, ok := rows[k]
+	if ok && e.State == server.InProgress && e.Fingerprint == req.Fingerprint && storeNanos(e.LockedAt) == storeNanos(req.Now) {
+		return e, nil
+	}
+	return server.Entry{}, pgx.ErrNoRows
 }
 
 // Complete implements server.Store.

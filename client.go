@@ -49,6 +49,13 @@ type Config struct {
 	// fresh, and no credential is ever journaled. OperationFrom tells it
 	// which operation (scope, ID, key) the request is for, so it can choose
 	// credentials per tenant.
+	//
+	// When it returns an error the request is not sent, and that is no
+	// attempt: the call stops at once with an error matching
+	// ErrAuthorizeFailed and Authorize's own error, the operation staying
+	// pending (unknown if an earlier attempt may have reached the server).
+	// The next Do of the operation, or a Resume once it is due (after
+	// RetryPolicy.MaxBackoff), runs Authorize again.
 	Authorize func(*http.Request) error
 	// HTTPClient supplies the transport (and cookie jar). Its Timeout and
 	// CheckRedirect are not used: each attempt is bounded by AttemptTimeout,
@@ -124,11 +131,16 @@ type Config struct {
 	// operations a call left unsettled (the server was down, the outcome
 	// unknown) and those a crashed process left behind are finished without
 	// the application calling Resume. Its reports go to OnResumeProgress
-	// and the logger. Zero (the default) leaves Resume to the application.
+	// and the logger. A pass whose slow operations outlast an interval
+	// claims again every interval with its free slots, so that an
+	// operation whose owner died, or one that became due, waits for no
+	// slow one. Zero (the default) leaves Resume to the application.
 	ResumeInterval time.Duration
 
 	// Logger receives the client's logs: no bodies, no header values, no
-	// secrets. Defaults to discarding them.
+	// secrets. Each Resume pass is one line, at Info when it claimed or
+	// expired something and at Debug when it found nothing to do.
+	// Defaults to discarding them.
 	Logger *slog.Logger
 	// OnTransition is called after every journaled state change, for
 	// metrics and tracing, on the goroutine that made the change: it may be
@@ -339,7 +351,7 @@ func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 		base = t
 	}
 	own := &http.Client{
-		Transport: authorizing{base: base, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate,
+		Transport: authorizing{base: callCredentials{base}, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate,
 			timeout: c.cfg.AttemptTimeout},
 		Jar:           jar,
 		CheckRedirect: sameOriginRedirect,
@@ -410,7 +422,7 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		if req.Body != nil {
 			req.Body.Close()
 		}
-		return nil, fmt.Errorf("idem: Config.Authorize: %w", err)
+		return nil, &authorizeError{err}
 	}
 	return a.base.RoundTrip(r)
 }
@@ -674,6 +686,7 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	d := c.newDriver(stored)
 	// in_flight, attempt 1, journaled: but not sent yet.
 	d.next, d.journaled, d.maybeApplied = stepSend, true, false
+	d.callersDeadline = true
 	return d.run(ctx)
 }
 
@@ -903,7 +916,9 @@ func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, err
 		}
 		acquired, err := c.journal.Acquire(ctx, rec.Key, c.owner, c.cfg.LeaseDuration)
 		if err == nil {
-			return c.newDriver(acquired).run(ctx)
+			d := c.newDriver(acquired)
+			d.callersDeadline = true
+			return d.run(ctx)
 		}
 		if !errors.Is(err, ErrLeased) && !errors.Is(err, ErrNotActive) {
 			return nil, err
@@ -969,14 +984,13 @@ func (c *Client) resumeEvery(interval time.Duration) {
 			return
 		case <-t.C:
 		}
-		rep, err := c.Resume(c.bgCtx)
+		// Resume logs the pass itself.
+		_, err := c.Resume(c.bgCtx, inBackground())
 		switch {
 		case errors.Is(err, ErrClientClosed), c.bgCtx.Err() != nil:
 			return
 		case err != nil:
 			c.log.Warn("idem: background resume failed", "error", err)
-		case rep.Claimed > 0 || rep.Expired > 0:
-			c.log.Info("idem: background resume", rep.logAttrs()...)
 		}
 	}
 }

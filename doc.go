@@ -63,6 +63,8 @@
 // with errors.Is: ErrBadStatus (a status answer of the wrong shape),
 // ErrRetryBudgetExhausted (many operations fail at once), ErrLeaseLost
 // (another worker took the operation over and drives it now),
+// ErrAuthorizeFailed (Config.Authorize returned an error, which the error
+// wraps too: nothing was sent, and no attempt is counted),
 // context.DeadlineExceeded or context.Canceled (your context ended), or a
 // journal error such as ErrDiskFull. A journal error before anything was
 // sent (ErrDiskFull, ErrJournalClosed, ErrJournalCorrupt, a context error)
@@ -137,6 +139,18 @@
 // parse leaves the operation unknown: it is never read as "not found", and
 // the error says why (ErrBadStatus, naming the checker).
 //
+// A server that says it is still processing the key (a 409 in progress,
+// a status answering "processing") is waited for: by Do and Send until
+// their context's deadline when it has one, else for at most
+// RetryPolicy.MaxStatusChecks checks within RetryPolicy.Budget; each
+// operation of Resume gets the count. The error names the bound that ended
+// the wait (context.DeadlineExceeded, or the RetryPolicy field), and the
+// operation stays unknown for Resume. After a server crash, a key whose
+// request was running keeps its lock until the server's lock timeout
+// lapses (one minute by default for package server's LockTimeout), and
+// reads "processing" all that time: give Do a deadline past it to wait it
+// out, or let Resume finish the operation later.
+//
 // A server that does not keep keys executes a replay again. When the client
 // holds the beginning of a first answer (its body broke off) and the next
 // answer for the same key differs, it stops: nothing more is sent, and the
@@ -175,6 +189,22 @@
 // middleware did with each request. The module github.com/idemkit/idem/otel
 // implements all of them with OpenTelemetry; a client without hooks pays a
 // nil check for each. OnTransition reports each journaled state change.
+//
+// # With the client you already have
+//
+// A vendor SDK or a generated OpenAPI client takes an *http.Client or an
+// http.RoundTripper: give it Client.StandardClient (or Client.RoundTripper),
+// and name the operation in the context of the call with WithOperation
+// (WithScopedOperation for another tenant's). The request is then that
+// operation, journaled, keyed, settled and resumed as Do's. A definitive
+// answer (2xx, a rejection, a replay) is an *http.Response, and ResultOf
+// gives its Result; anything else is an error that errors.Is matches with
+// the sentinels above through the *url.Error of net/http. The request's
+// credentials go with this call only, never to the journal (Resume uses
+// Config.Authorize); a key the SDK sets itself is replaced by the
+// operation's journaled key, so that one operation has one key across the
+// SDK's calls and restarts. A request whose context names no operation
+// passes through untouched (RefuseUnnamedWrites refuses writes instead).
 //
 // # Server side
 //

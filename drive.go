@@ -35,9 +35,13 @@ type driver struct {
 	journaled bool
 
 	deadline time.Time // end of this call's budget
-	sends    int       // attempts this call made
-	checks   int       // status checks this call made
-	replayed bool      // the status check in progress re-sent the request
+	// callersDeadline: this call drives one operation for its caller (Do,
+	// Send), whose context's deadline, when it has one, bounds the wait
+	// for a server that says it is processing (see waitsForDeadline).
+	callersDeadline bool
+	sends           int  // attempts this call made
+	checks          int  // status checks this call made
+	replayed        bool // the status check in progress re-sent the request
 
 	// cause is the latest reason the operation is not settled.
 	cause error
@@ -186,7 +190,9 @@ func (d *driver) send(ctx context.Context) error {
 	if !d.journaled {
 		next := d.rec
 		next.State = StateInFlight
-		next.Attempts++
+		if !unsentIntent(d.rec) {
+			next.Attempts++
+		}
 		next.NextAttemptAt = time.Time{}
 		// The server's retention starts when it may first see the key:
 		// now, for a pending operation or one the server said it never saw.
@@ -209,6 +215,16 @@ func (d *driver) send(ctx context.Context) error {
 	last, err := rd.run()
 	if rd.journalErr != nil {
 		return d.journalFailed(rd.journalErr)
+	}
+	if rd.unauthorized != nil {
+		// Pending when nothing of the operation may have reached the
+		// server; the intent just journaled is reused by the next send.
+		state := StatePending
+		if d.maybeApplied {
+			state = StateUnknown
+		}
+		d.cause = rd.unauthorized
+		return d.leave(ctx, state, d.cause, d.failedDue(), EventStop)
 	}
 	if last == nil {
 		// No attempt finished: the request could not even be built.
@@ -276,7 +292,7 @@ func (d *driver) sleep(ctx context.Context, wait time.Duration, what string) err
 	if dl, ok := ctx.Deadline(); ok && until.After(dl) {
 		why = fmt.Errorf("%w: the wait for %s (%s) would end after the context's deadline",
 			context.DeadlineExceeded, what, wait.Round(time.Millisecond))
-	} else if until.After(d.deadline) {
+	} else if until.After(d.deadline) && !d.waitsForDeadline(ctx) {
 		why = fmt.Errorf("the wait for %s (%s) would end after this call's budget of %s (RetryPolicy.Budget)",
 			what, wait.Round(time.Millisecond), d.c.retry.Budget)
 	} else if err := sleep(ctx, wait); err != nil {
@@ -289,6 +305,16 @@ func (d *driver) sleep(ctx context.Context, wait time.Duration, what string) err
 		why = fmt.Errorf("%w; before that: %w", why, d.cause)
 	}
 	return d.stop(ctx, why, until)
+}
+
+// waitsForDeadline reports whether the wait for a server that says it is
+// still processing the key is bounded by the caller's deadline alone, not
+// by RetryPolicy.MaxStatusChecks nor Budget: a caller who gave a deadline
+// said how long the answer is worth waiting for. Resume's calls keep the
+// count: one operation must not hold a worker for the whole pass.
+func (d *driver) waitsForDeadline(ctx context.Context) bool {
+	_, ok := ctx.Deadline()
+	return ok && d.callersDeadline && d.cause == errProcessing
 }
 
 // stored turns a response into what the journal keeps: no Set-Cookie, no

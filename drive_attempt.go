@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -46,6 +47,9 @@ type round struct {
 	// journalErr: the journal refused to record the next attempt (a lost
 	// lease, a full disk): nothing more may be sent.
 	journalErr error
+	// unauthorized: Config.Authorize failed, so the last attempt was not
+	// sent and the round stopped.
+	unauthorized *authorizeError
 }
 
 // An attempt is one send of the request and what came back.
@@ -142,6 +146,15 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	d := rd.d
 	a := rd.cur.Load()
 	rd.last = a
+	var ae *authorizeError
+	if resp == nil && !a.written.Load() && errors.As(err, &ae) {
+		// Authorize runs before the transport: nothing was written, so
+		// this is no attempt, and another now would fail the same way.
+		a.err = err
+		a.decision = Decision{Verdict: Retry, Reason: ae.Error()}
+		rd.unauthorized = ae
+		return false, nil
+	}
 	d.sends++
 	if d.sends == 1 {
 		d.c.budget.deposit()

@@ -20,7 +20,7 @@ func (d *driver) checkStatus(ctx context.Context) error {
 		if err := ctx.Err(); err != nil {
 			return d.stop(ctx, fmt.Errorf("%w; before that: %w", err, d.cause), d.failedDue())
 		}
-		if d.checks >= d.c.retry.MaxStatusChecks {
+		if d.checks >= d.c.retry.MaxStatusChecks && !d.waitsForDeadline(ctx) {
 			return d.stop(ctx, fmt.Errorf("no definitive status after %d checks (RetryPolicy.MaxStatusChecks): %w", d.checks, d.cause), d.failedDue())
 		}
 		var backoff time.Duration
@@ -46,9 +46,20 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			if errors.As(err, &je) {
 				return d.journalFailed(je.err)
 			}
+			before := d.cause
 			d.cause = fmt.Errorf("status check by %s: %w", d.c.statusName, err)
+			if errors.Is(err, ErrAuthorizeFailed) {
+				// Every further check would fail the same way.
+				return d.stop(ctx, d.cause, d.failedDue())
+			}
 			if ctx.Err() != nil {
-				return d.stop(ctx, fmt.Errorf("%w; %w", ctx.Err(), d.cause), d.failedDue())
+				why := fmt.Errorf("%w; %w", ctx.Err(), d.cause)
+				if before == errProcessing {
+					// The check the context cut off says nothing: the
+					// last answer is what the caller waited for.
+					why = fmt.Errorf("%w; before that: %w", why, before)
+				}
+				return d.stop(ctx, why, d.failedDue())
 			}
 			if err := d.recordCheck(ctx, "failed: "+err.Error()); err != nil {
 				return err

@@ -91,6 +91,7 @@ var sentinels = map[string]error{
 	"ErrNeedsReconciliation": idem.ErrNeedsReconciliation, "ErrCanceled": idem.ErrCanceled, "ErrNotSent": idem.ErrNotSent,
 	"ErrOutcomeUnknown": idem.ErrOutcomeUnknown, "ErrBadStatus": idem.ErrBadStatus,
 	"ErrRetryBudgetExhausted": idem.ErrRetryBudgetExhausted, "ErrLeaseLost": idem.ErrLeaseLost,
+	"ErrAuthorizeFailed":       idem.ErrAuthorizeFailed,
 	"context.DeadlineExceeded": context.DeadlineExceeded, "context.Canceled": context.Canceled,
 }
 
@@ -322,6 +323,12 @@ var causeProducers = map[string]producer{
 			w.WriteHeader(http.StatusConflict)
 		})
 		c, _ := newClient(t, idem.Config{Journal: openJournal(t, path), BaseURL: srv.URL, Retry: fastRetry(), Status: idem.ReplayStatus()})
+		return c.Do(context.Background(), idem.Op{ID: "op", URL: "/orders"})
+	},
+	"ErrAuthorizeFailed": func(t *testing.T) (*idem.Result, error) {
+		srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+		c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(),
+			Authorize: func(*http.Request) error { return errors.New("no token") }})
 		return c.Do(context.Background(), idem.Op{ID: "op", URL: "/orders"})
 	},
 	"context.DeadlineExceeded": func(t *testing.T) (*idem.Result, error) {

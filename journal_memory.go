@@ -71,6 +71,9 @@ func NewMemoryJournal() *MemoryJournal {
 	}
 }
 
+// MaxBodySize is the largest request body the journal accepts.
+func (m *MemoryJournal) MaxBodySize() int { return m.maxBody }
+
 // ownerGone reports whether owner registered and then unregistered. The
 // caller holds m.mu.
 func (m *MemoryJournal) ownerGone(owner string) bool { return m.gone[owner] }

@@ -32,6 +32,12 @@ var (
 	ErrJournalPath = sqlitefile.ErrBadPath
 	// ErrDiskFull: the file system is full; the failed write changed nothing.
 	ErrDiskFull = sqlitefile.ErrFull
+	// ErrSchemaTooOld: a journal opened with SQLiteReadOnly has an older
+	// schema than this build's; opening it without SQLiteReadOnly migrates
+	// it in place.
+	ErrSchemaTooOld = sqlitefile.ErrSchemaTooOld
+	// ErrJournalReadOnly: a write to a journal opened with SQLiteReadOnly.
+	ErrJournalReadOnly = sqlitefile.ErrReadOnly
 )
 
 // FileError is a failure tied to a journal file: its path, the kind of
@@ -128,6 +134,16 @@ func SQLiteMustExist() SQLiteOption {
 	return func(c *sqliteConfig) { c.file.MustExist = true }
 }
 
+// SQLiteReadOnly opens an existing journal for reading only, for tools that
+// inspect a journal without changing it: nothing is created, migrated or
+// locked for writing, and no lock file of a gone client is swept. Every
+// write (Create, Update, Claim, Register, Prune...) fails with
+// ErrJournalReadOnly. A journal of an older schema is refused with
+// ErrSchemaTooOld, a missing or empty file as with SQLiteMustExist.
+func SQLiteReadOnly() SQLiteOption {
+	return func(c *sqliteConfig) { c.file.ReadOnly, c.file.MustExist = true, true }
+}
+
 // SQLiteMaxBatch sets the most writes committed in one transaction by
 // group commit. 1 commits every write on its own (a Buffered write too, at
 // once), which is slower under concurrency and exists for comparison.
@@ -182,6 +198,9 @@ func OpenSQLite(path string, opts ...SQLiteOption) (*SQLiteJournal, error) {
 	}
 	j := &SQLiteJournal{db: db, dict: d, copies: cp, owners: liveness.New(db.Path() + "-owners"),
 		maxBody: cfg.maxBody, now: time.Now}
+	if cfg.file.ReadOnly {
+		return j, nil
+	}
 	// Processes that ended without anyone needing their leases leave their
 	// lock files behind; forget those no active record refers to.
 	_ = j.owners.Sweep(func(owner string) bool { return j.holdsLeases(context.Background(), owner) })
@@ -222,6 +241,10 @@ func (j *SQLiteJournal) Stats() SQLiteStats {
 
 // Close makes every deferred write durable and closes the file.
 func (j *SQLiteJournal) Close() error { return j.db.Close() }
+
+// MaxBodySize is the largest request body the journal accepts
+// (SQLiteMaxBodySize): Client.RoundTripper reads no more of a body.
+func (j *SQLiteJournal) MaxBodySize() int { return j.maxBody }
 
 // Create implements Journal.
 func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
@@ -565,6 +588,9 @@ func (j *SQLiteJournal) Register(ctx context.Context, owner string) (func() erro
 	}
 	if err := j.db.ErrIfClosed(); err != nil {
 		return nil, err
+	}
+	if j.db.ReadOnly() {
+		return nil, &FileError{What: "journal", Path: j.Path(), Kind: ErrJournalReadOnly}
 	}
 	release, err := j.owners.Register(owner)
 	if errors.Is(err, liveness.ErrRegistered) {

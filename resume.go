@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -89,6 +90,14 @@ type resumeOptions struct {
 	scopes    []string // "" alone: every scope
 	anyOrigin bool
 	wait      bool
+	// background: the pass of Config.ResumeInterval, which the next one
+	// follows: it takes what becomes due while it runs.
+	background bool
+}
+
+// inBackground marks the passes of Config.ResumeInterval.
+func inBackground() ResumeOption {
+	return func(o *resumeOptions) { o.background = true }
 }
 
 // ResumeAllScopes makes Resume take up the operations of every scope, not
@@ -127,7 +136,10 @@ func ResumeWait() ResumeOption {
 // would, except that an operation found in_flight or unknown gets a status
 // check before anything is re-sent. An operation leased by a process that
 // is gone is taken at once, when the journal can see that (the SQLite
-// journal always can); one leased by a live owner is left to it. Without
+// journal always can); one leased by a live owner is left to it. While
+// slow operations keep some of its slots busy, it claims again every
+// Config.ResumeInterval (every second without one) with the free ones, so
+// that an operation whose owner dies meanwhile waits for no slow one. Without
 // ResumeWait, Resume makes one pass: an operation it leaves unsettled is
 // due again later, and not taken up again by the same call.
 //
@@ -147,7 +159,13 @@ func (c *Client) Resume(ctx context.Context, opts ...ResumeOption) (ResumeReport
 	r := &resumer{c: c, opts: o, prefix: c.resumePrefix(o), unsettled: map[uint64]outcome{}}
 	err = r.run(ctx)
 	rep := r.report()
-	c.log.Info("idem: resume done", rep.logAttrs()...)
+	// One line per pass, at Info only when it did something: a background
+	// resume runs every ResumeInterval, mostly finding nothing.
+	level := slog.LevelInfo
+	if rep.Claimed == 0 && rep.Expired == 0 {
+		level = slog.LevelDebug
+	}
+	c.log.Log(ctx, level, "idem: resume done", rep.logAttrs()...)
 	return rep, err
 }
 
@@ -194,10 +212,8 @@ func (r *resumer) run(ctx context.Context) error {
 		if err := r.expireOverdue(ctx); err != nil {
 			return err
 		}
-		for _, scope := range r.opts.scopes {
-			if err := r.claimAndDrive(ctx, scope, started); err != nil {
-				return err
-			}
+		if err := r.claimAndDrive(ctx, started); err != nil {
+			return err
 		}
 		s, err := r.look(ctx)
 		if err != nil {
@@ -334,25 +350,38 @@ func (r *resumer) expireOverdue(ctx context.Context) error {
 	return nil
 }
 
-// claimAndDrive claims the operations of scope due by started and drives
-// them, ResumeConcurrency at a time, until none is left.
+// claimAndDrive claims the operations of Resume's scopes due by started
+// and drives them, ResumeConcurrency at a time, until none is left to
+// claim and every driver is done.
 //
 // As many operations again are claimed ahead of the drivers, so that a
 // driver that finishes finds its next operation claimed instead of waiting
 // for a claim, a durable write of its own. Those waiting are held as the
 // driven ones are: the renewer keeps their leases, however long the
 // operations before them take.
-func (r *resumer) claimAndDrive(ctx context.Context, scope string, started time.Time) error {
+//
+// When nothing is left to claim but drivers are still busy, it claims
+// again every poll interval with the slots that are free, so that slow
+// operations (a status check that hangs, a server that holds requests up
+// to the retry budget) never keep free slots from work that became
+// claimable meanwhile: an operation whose owner died, and, in the
+// background and with ResumeWait, one that became due.
+func (r *resumer) claimAndDrive(ctx context.Context, started time.Time) error {
 	c := r.c
 	drivers := c.cfg.ResumeConcurrency
 	slots := make(chan struct{}, 2*drivers) // claimed and not yet settled
 	ready := make(chan Record, 2*drivers)
+	freed := make(chan struct{}, 1) // a driver finished one
 	var wg sync.WaitGroup
 	for range drivers {
 		wg.Go(func() {
 			for rec := range ready {
 				r.drive(ctx, rec)
 				<-slots
+				select {
+				case freed <- struct{}{}:
+				default:
+				}
 			}
 		})
 	}
@@ -372,23 +401,72 @@ func (r *resumer) claimAndDrive(ctx context.Context, scope string, started time.
 				break fill
 			}
 		}
-		recs, err := c.journal.Claim(ctx, ClaimRequest{Owner: c.owner, Limit: n, Lease: c.cfg.LeaseDuration,
-			DueBy: started, Scope: scope, URLPrefix: r.prefix})
+		dueBy := started
+		if r.opts.wait || r.opts.background {
+			dueBy = c.now()
+		}
+		recs, err := r.claim(ctx, n, dueBy)
 		for range n - len(recs) {
 			<-slots
-		}
-		if err != nil {
-			return err
-		}
-		if len(recs) == 0 {
-			return nil
 		}
 		for _, rec := range recs {
 			c.hold(rec.Key, rec.Lease)
 			ready <- rec
 		}
+		if err != nil {
+			return err
+		}
+		if len(recs) == 0 && !r.awaitClaimable(ctx, slots, freed) {
+			return nil
+		}
 	}
 	return nil
+}
+
+// claim claims up to n operations of Resume's scopes due by dueBy.
+func (r *resumer) claim(ctx context.Context, n int, dueBy time.Time) ([]Record, error) {
+	c := r.c
+	var out []Record
+	for _, scope := range r.opts.scopes {
+		if len(out) == n {
+			break
+		}
+		recs, err := c.journal.Claim(ctx, ClaimRequest{Owner: c.owner, Limit: n - len(out), Lease: c.cfg.LeaseDuration,
+			DueBy: dueBy, Scope: scope, URLPrefix: r.prefix})
+		out = append(out, recs...)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// awaitClaimable waits, after a claim that found nothing, until it is time
+// to claim again: one poll interval, while some driver is busy. It
+// reports false, at once, when every driver is idle (the pass is over),
+// or once ctx ends.
+func (r *resumer) awaitClaimable(ctx context.Context, slots chan struct{}, freed <-chan struct{}) bool {
+	if len(slots) == 0 {
+		return false
+	}
+	poll := r.c.cfg.ResumeInterval
+	if poll <= 0 {
+		poll = time.Second
+	}
+	t := time.NewTimer(poll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-freed:
+			if len(slots) == 0 {
+				return false
+			}
+		}
+	}
 }
 
 // drive drives one claimed operation, unless a call of this client is on

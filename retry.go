@@ -41,9 +41,18 @@ type RetryPolicy struct {
 	// started.
 	MaxRetryAfter time.Duration
 	// Budget is the total time one call may spend starting attempts and
-	// status checks. Defaults to 30 s.
+	// status checks. Defaults to 30 s. It does not end a Do or Send whose
+	// context has a deadline while the server says it is processing the
+	// key: the deadline does (see MaxStatusChecks).
 	Budget time.Duration
 	// MaxStatusChecks is the most status checks per call. Defaults to 8.
+	// A Do or Send whose context has a deadline waits for a server that
+	// says it is still processing the key (status "processing") until the
+	// deadline instead, however many checks that takes; the count bounds
+	// calls without a deadline, and each operation of Resume. After a
+	// server crash, a key whose request was running reads "processing"
+	// until the server's lock timeout lapses (a minute by default for
+	// package server).
 	MaxStatusChecks int
 	// RetryRatio and MinRetriesPerSecond size the retry budget that the
 	// client's operations share, so that an outage does not turn into a

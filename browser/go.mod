@@ -2,12 +2,18 @@ module github.com/idemkit/idem/browser
 
 go 1.26
 
-// The root module is this repository's own: build against it as it is.
-replace github.com/idemkit/idem => ../
+// The root and postgres modules are this repository's own: build against
+// them as they are. (The ui tests run on a PostgreSQL journal too.)
+replace (
+	github.com/idemkit/idem => ../
+	github.com/idemkit/idem/postgres => ../postgres
+)
 
 require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/postgres v0.0.0-00010101000000-000000000000
+	github.com/jackc/pgx/v5 v5.12.0
 	github.com/stretchr/testify v1.12.1
 )
 
@@ -17,6 +23,11 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
 	github.com/hashicorp/go-retryablehttp v0.7.8 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/mattn/go-sqlite3 v1.14.53 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+	golang.org/x/text v0.41.0 // indirect
 )

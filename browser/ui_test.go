@@ -40,7 +40,10 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	idemBin = filepath.Join(dir, "idem")
-	build := exec.Command("go", "build", "-o", idemBin, "github.com/idemkit/idem/cmd/idem")
+	// cmd/idem is a module of its own (it imports the postgres module):
+	// build it there, against this repository's root and postgres modules.
+	build := exec.Command("go", "build", "-o", idemBin, ".")
+	build.Dir = filepath.Join("..", "cmd", "idem")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the idem binary:", err)
@@ -70,11 +73,11 @@ type ui struct {
 	url string
 }
 
-// startUI runs "idem ui" on the journal at path with args, and returns
-// once it has printed its URL. t.Cleanup stops it as Ctrl-C does.
-func startUI(t *testing.T, path string, args ...string) *ui {
+// startUI runs "idem ui" on the journal jt with args, and returns once it
+// has printed its URL. t.Cleanup stops it as Ctrl-C does.
+func startUI(t *testing.T, jt journalUnderTest, args ...string) *ui {
 	t.Helper()
-	cmd := exec.Command(idemBin, append([]string{"--journal", path, "ui"}, args...)...)
+	cmd := exec.Command(idemBin, append(append(jt.args, "ui"), args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
@@ -216,10 +219,15 @@ func shots(t *testing.T) string {
 // content that never runs; and the page following the journal while
 // another process writes it.
 func TestOperatorInABrowser(t *testing.T) {
+	for _, kind := range journalKinds {
+		t.Run(kind.name, func(t *testing.T) { operatorInABrowser(t, kind.make) })
+	}
+}
+
+func operatorInABrowser(t *testing.T, make func(*testing.T) (journalUnderTest, uitest.Fixture)) {
 	b := browse(t)
-	path := filepath.Join(t.TempDir(), "ops.db")
-	f := uitest.Build(t, path)
-	u := startUI(t, path, "--allow-writes")
+	jt, f := make(t)
+	u := startUI(t, jt, "--allow-writes")
 	dir := shots(t)
 
 	// The overview.
@@ -270,7 +278,7 @@ func TestOperatorInABrowser(t *testing.T) {
 	assert.Equal(t, 0, b.count("#reconcile"), "a settled operation has no form")
 	assert.Equal(t, 1, b.count("#timeline g.event-operator"), "the decision is on the timeline")
 	b.screenshot(dir, "5-operation-reconciled")
-	rec := lookup(t, path, f.Keys[uitest.Unknown])
+	rec := lookup(t, jt, f.Keys[uitest.Unknown])
 	assert.Equal(t, idem.StateSucceeded, rec.State)
 	assert.Equal(t, "matched order ord_5 in the ERP", rec.Note)
 
@@ -297,9 +305,8 @@ func TestOperatorInABrowser(t *testing.T) {
 	// Live: the overview follows what another process writes.
 	b.open(u.url+"/", "#total")
 	assert.Equal(t, "12", b.text("#total"))
-	app, err := idem.OpenSQLite(path)
-	require.NoError(t, err)
-	_, _, err = app.Create(context.Background(), idem.Record{Key: "0b9b9f0e-7b1c-4d0a-9a59-3d0c6a1f2e11", Scope: "default",
+	app := jt.open(t)
+	_, _, err := app.Create(context.Background(), idem.Record{Key: "0b9b9f0e-7b1c-4d0a-9a59-3d0c6a1f2e11", Scope: "default",
 		ID: "written/while-watching", Method: "POST", URL: "https://api.example.com/orders", Fingerprint: "f",
 		KeyHeader: "Idempotency-Key", State: idem.StatePending})
 	require.NoError(t, err)
@@ -313,10 +320,15 @@ func TestOperatorInABrowser(t *testing.T) {
 // Without --allow-writes the forms are absent, and a POST forged from
 // the page itself (with its cookies) is refused.
 func TestReadOnlyInABrowser(t *testing.T) {
+	for _, kind := range journalKinds {
+		t.Run(kind.name, func(t *testing.T) { readOnlyInABrowser(t, kind.make) })
+	}
+}
+
+func readOnlyInABrowser(t *testing.T, make func(*testing.T) (journalUnderTest, uitest.Fixture)) {
 	b := browse(t)
-	path := filepath.Join(t.TempDir(), "ops.db")
-	f := uitest.Build(t, path)
-	u := startUI(t, path)
+	jt, f := make(t)
+	u := startUI(t, jt)
 	dir := shots(t)
 
 	b.open(u.url+"/op?key="+f.Keys[uitest.Unknown], "#fields")
@@ -332,22 +344,20 @@ func TestReadOnlyInABrowser(t *testing.T) {
 	require.Len(t, res, 2)
 	assert.Equal(t, float64(http.StatusForbidden), res[0])
 	assert.Contains(t, res[1], "read-only")
-	assert.Equal(t, idem.StateUnknown, lookup(t, path, f.Keys[uitest.Unknown]).State)
+	assert.Equal(t, idem.StateUnknown, lookup(t, jt, f.Keys[uitest.Unknown]).State)
 
 	// And outside the browser, a POST with no cookie at all.
 	resp, err := http.PostForm(u.url+"/op/cancel", url.Values{"key": {f.Keys[uitest.Pending]}})
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
-	assert.Equal(t, idem.StatePending, lookup(t, path, f.Keys[uitest.Pending]).State)
+	assert.Equal(t, idem.StatePending, lookup(t, jt, f.Keys[uitest.Pending]).State)
 }
 
-// lookup reads an operation from the journal at path, as another
-// process would.
-func lookup(t *testing.T, path, key string) idem.Record {
+// lookup reads an operation from the journal, as another process would.
+func lookup(t *testing.T, jt journalUnderTest, key string) idem.Record {
 	t.Helper()
-	j, err := idem.OpenSQLite(path, idem.SQLiteMustExist())
-	require.NoError(t, err)
+	j := jt.open(t)
 	defer j.Close()
 	rec, err := j.Get(context.Background(), key)
 	require.NoError(t, err)

@@ -40,7 +40,9 @@ type Record struct {
 	// State is where the operation stands.
 	State State
 	// Attempts counts the attempts the client started, each a send of the
-	// request (a replay made to check the status included).
+	// request (a replay made to check the status included). A pending
+	// record whose LastError says Config.Authorize failed counts one that
+	// was journaled and never sent; its next send reuses it.
 	Attempts int
 	// TransportResends counts the times Go's HTTP transport sent an attempt
 	// again by itself, on a new connection, after a reused one died before

@@ -43,9 +43,27 @@
 // Liveness. Register holds a session-level advisory lock for the owner on
 // a connection set aside for it: PostgreSQL releases the lock when the
 // session ends, however the worker ended (exit, crash, SIGKILL, a network
-// partition), and Claim and Acquire then take its leases at once. The
-// lease's lapse remains the fallback, and the only rule with
-// WithoutLiveness.
+// partition). A session may also end while its worker lives on (an
+// administrator's pg_terminate_backend, a restart of the database, a
+// pooler or idle_session_timeout closing the connection): the journal
+// watches the session and takes the lock again on a new one at once. So a
+// free lock makes its owner gone only once it has stayed free for
+// LivenessGrace (2 s by default, on the database's clock); Claim and
+// Acquire then take its leases, before they lapse. Every judgement is made
+// afresh: an owner found gone once and holding its lock again is alive.
+// While a worker has no liveness session it keeps driving what it holds
+// under its leases, fenced by their epochs, and nobody takes those before
+// the leases lapse unless the worker stays without a session for the
+// grace, when it is taken for dead and its late writes are refused
+// (idem.ErrLeaseLost). An owner that unregisters (Client.Close,
+// Journal.Close) is gone at once. Registering removes the owners that are
+// gone and hold no lease, so the owners table does not grow with every
+// process start. The lease's lapse remains the fallback, and the only rule
+// with WithoutLiveness, which records nothing: a fleet may mix journals
+// with and without liveness.
+//
+// Time. Leases are judged on the database server's clock, never a
+// worker's: see Time below.
 //
 // Durability and group commit: see Journal. An intent is committed with
 // synchronous_commit on before anything is sent; an outcome the server can
@@ -89,9 +107,13 @@
 //
 // Tables. In the schema that Schema names ("idem" by default; the
 // journal's may be the same): store_entries, one row per (scope, key),
-// its primary key, holding the request's fingerprint, method and path, the
-// state, the lock's token, the times, and once completed the response
-// (status, header as JSON, body); an index on expires_at for the sweeper;
+// whose primary key id is the SHA-256 of the two (the scope's length
+// first), holding the scope, key, fingerprint, method and path as bytes
+// (bytea: a scope or key of any length, a path that decodes to bytes that
+// are not UTF-8 or to a NUL, all kept byte for byte, as the memory and
+// SQLite stores keep them), the state, the lock's token, the times, and
+// once completed the response (status, header as JSON, body); an index on
+// expires_at for the sweeper;
 // the sequence store_tokens; and idem_schema, the version of each kind of
 // idem's tables. Times are nanoseconds since the Unix epoch, as in the
 // SQLite store, because the middleware fences on them (a lock is stale
@@ -103,7 +125,7 @@
 // the same name is refused (server.ErrNotStore), and so is a store written
 // by a newer idem (server.ErrSchemaTooNew), changing nothing.
 //
-// Claims. A claim of a new key is INSERT ... ON CONFLICT (scope, key) DO
+// Claims. A claim of a new key is INSERT ... ON CONFLICT (id) DO
 // NOTHING: of any number of concurrent claims, in any number of replicas,
 // the unique index lets one insert the row, and the others read the entry
 // in their way. Neither reading nor finding the key taken writes anything.
@@ -138,8 +160,32 @@
 // DeferCompletes: Store says what each choice costs when the database
 // server crashes.
 //
+// Time. Locks and retention are judged on the database server's clock,
+// as the journal's leases are: see Time below.
+//
 // Group commit. Claims of new keys that arrive together share one INSERT
 // and one commit, and so do completions; a lone request sends its write at
 // once. A Store therefore needs few connections: one per batch in flight
 // and one per lookup.
+//
+// # Time
+//
+// What the journal and the store keep and judge by time (a lease's end, a
+// lock's staleness, a key's retention, an operation's due time) is on the
+// database server's clock, so that workers and replicas whose clocks
+// disagree agree on it: a clock that runs ahead, by any amount, never
+// takes a live worker's lease or a live handler's key, nor expires a kept
+// response; one that runs behind never keeps a dead one's. Each Journal
+// and Store reads clock_timestamp() when it opens, and again every 30
+// seconds on a claim or a renewal, and keeps the offset between that clock
+// and its process's own, to within half the round trip of the reading
+// (an offset within that error is taken as none). The times a caller
+// passes in (the middleware's Now, StaleBefore and ExpiresAt; a record's
+// lease end, retention and next attempt) are moved onto the server's
+// clock by that offset, and the times it reads back are moved onto its own,
+// so that a worker whose clock is an hour off still sees a 15-second lease
+// end 15 seconds from its now. The journal keeps the offset in whole
+// milliseconds, its unit of time; the store in nanoseconds, as it keeps
+// its times. A step of a process's clock is followed within 30 seconds;
+// until then its times are off by the step.
 package postgres

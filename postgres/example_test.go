@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log"
 	"net/http"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -101,4 +102,42 @@ func ExampleErrCommitInDoubt() {
 		log.Fatal(err)
 	}
 	log.Printf("paid: HTTP %d", res.StatusCode)
+}
+
+// A worker whose way to the database is unreliable (another region, a
+// flaky link): a blip that ends its liveness session and keeps it from
+// reconnecting for a while must not cost it the operations it drives, so
+// the grace is longer than such blips last. The pool checks each
+// connection before use, so that the first statements after a blip or a
+// restart of the database do not fail on dead connections. A worker that
+// dies is then taken over a minute later, still long before its leases
+// would lapse. Every worker of the fleet opens its journal with the same
+// grace: the one that counts is that of the journal judging.
+func ExampleLivenessGrace() {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig("postgres://app@db.internal:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return true }
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	journal, err := postgres.OpenJournal(ctx, pool, postgres.LivenessGrace(time.Minute))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer journal.Close()
+	client, err := idem.New(idem.Config{
+		Journal:       journal,
+		BaseURL:       "https://api.example.com",
+		Status:        idem.StatusEndpoint("https://api.example.com/idempotency"),
+		LeaseDuration: 5 * time.Minute,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,4 +34,32 @@ func MigrateJournalTo(ctx context.Context, pool *pgxpool.Pool, schema string, ve
 	k := journalKind
 	k.Migrations = k.Migrations[:version]
 	return pgschema.Migrate(ctx, pool, schema, k)
+}
+
+// MigrateStoreTo migrates the store's tables in schema up to version, as
+// an older idem left them: for the tests of later migrations.
+func MigrateStoreTo(ctx context.Context, pool *pgxpool.Pool, schema string, version int) error {
+	k := storeKind
+	k.Migrations = k.Migrations[:version]
+	return pgschema.Migrate(ctx, pool, schema, k)
+}
+
+// SkewJournalClock makes the journal's process clock read d off the real
+// one, as a machine whose clock is wrong would, and measures the server's
+// clock against it again. Call it before the journal is used.
+func SkewJournalClock(ctx context.Context, j *Journal, d time.Duration) error {
+	return skewClock(ctx, j.clock, j.pool, d)
+}
+
+// SkewStoreClock is SkewJournalClock for a store.
+func SkewStoreClock(ctx context.Context, s *Store, d time.Duration) error {
+	return skewClock(ctx, s.clock, s.pool, d)
+}
+
+func skewClock(ctx context.Context, c *dbClock, pool *pgxpool.Pool, d time.Duration) error {
+	c.mu.Lock()
+	c.local = func() time.Time { return time.Now().Add(d) }
+	c.measured = time.Time{}
+	c.mu.Unlock()
+	return c.refresh(ctx, pool)
 }

@@ -77,8 +77,8 @@ func newFleetClient(j idem.Journal, base, owner string, lease time.Duration) (*i
 // TestFleetOfWorkerProcesses: four worker processes share one journal and
 // forty operations; the server holds some answers; worker-1 is SIGKILLed
 // while operations it leased are on the wire. The three others take them
-// over (at once while liveness is on; once their leases lapse when it is
-// off) and finish everything: the server ran its handler once per
+// over (within the journal's LivenessGrace while liveness is on; once their
+// leases lapse when it is off) and finish everything: the server ran its handler once per
 // operation and holds one order for each.
 func TestFleetOfWorkerProcesses(t *testing.T) {
 	for _, tc := range []struct {

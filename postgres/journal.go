@@ -65,8 +65,10 @@ import (
 // keyed by the schema's owners table and the owner's number in it, for as
 // long as the owner is registered: PostgreSQL drops it when that
 // session ends, whether the worker exited, crashed, or lost its network.
-// Claim and Acquire take the leases of an owner whose lock is gone at once;
-// WithoutLiveness leaves them to lapse.
+// Should the session end while the worker lives on, the journal takes the
+// lock again on a new session at once. Claim and Acquire take the leases
+// of an owner whose lock has stayed free for LivenessGrace, or that
+// unregistered, at once; WithoutLiveness leaves them to lapse.
 type Journal struct {
 	pool     *pgxpool.Pool
 	schema   string
@@ -74,7 +76,8 @@ type Journal struct {
 	maxBatch int
 	onCommit func(idem.CommitInfo) // OnCommit's, or nil
 	liveness bool
-	now      func() time.Time
+	grace    time.Duration // LivenessGrace
+	clock    *dbClock      // the database server's: see the package documentation
 
 	ownersOID uint32 // the owners table's: the first key of its liveness locks
 
@@ -83,9 +86,8 @@ type Journal struct {
 	mu       sync.Mutex
 	closed   bool
 	queue    []*writeReq
-	running  int             // commit goroutines
-	gone     map[string]bool // owners known gone: final, names are never reused
-	mine     map[string]*pgxpool.Conn
+	running  int                      // commit goroutines
+	mine     map[string]*registration // owners registered through this journal
 	draining sync.WaitGroup
 
 	copiesMu sync.Mutex
@@ -125,6 +127,9 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 	if cfg.maxBody < 1 {
 		return nil, fmt.Errorf("postgres: MaxBodySize %d: at least 1", cfg.maxBody)
 	}
+	if cfg.grace < 0 {
+		return nil, fmt.Errorf("postgres: LivenessGrace %v: zero or more", cfg.grace)
+	}
 	if cfg.migrate {
 		if err := MigrateJournal(ctx, pool, cfg.schema); err != nil {
 			return nil, err
@@ -142,18 +147,27 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 	if err := pool.QueryRow(ctx, `SELECT $1::regclass::oid`, pgschema.Ident(cfg.schema)+".owners").Scan(&ownersOID); err != nil {
 		return nil, classify(ctx, err)
 	}
+	clock := newDBClock()
+	if err := clock.refresh(ctx, pool); err != nil {
+		return nil, classify(ctx, err)
+	}
 	j := &Journal{ownersOID: ownersOID, pool: pool, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
-		liveness: cfg.liveness, onCommit: cfg.onCommit, now: time.Now, q: newQueries(cfg.schema),
-		gone: map[string]bool{}, mine: map[string]*pgxpool.Conn{}, copies: map[string]rowCopy{}}
+		liveness: cfg.liveness, grace: cfg.grace, onCommit: cfg.onCommit, clock: clock, q: newQueries(cfg.schema),
+		mine: map[string]*registration{}, copies: map[string]rowCopy{}}
 	return j, nil
 }
 
 // Schema returns the name of the schema that holds the journal.
 func (j *Journal) Schema() string { return j.schema }
 
+// MaxBodySize is the largest request body the journal accepts
+// (MaxBodySize option): idem.Client.RoundTripper reads no more of a body.
+func (j *Journal) MaxBodySize() int { return j.maxBody }
+
 // Close waits for the writes in progress and refuses later calls with
-// idem.ErrJournalClosed. It ends the registrations still held, as if their
-// owners had exited, and does not close the pool.
+// idem.ErrJournalClosed. It ends the registrations still held, as their
+// unregister functions do: other journals see their owners gone at once.
+// It does not close the pool.
 func (j *Journal) Close() error {
 	j.mu.Lock()
 	if j.closed {
@@ -161,14 +175,19 @@ func (j *Journal) Close() error {
 		return idem.ErrJournalClosed
 	}
 	j.closed = true
-	mine := j.mine
-	j.mine = map[string]*pgxpool.Conn{}
 	j.mu.Unlock()
 	j.draining.Wait()
-	for _, c := range mine {
-		c.Release()
+	j.mu.Lock()
+	mine := j.mine
+	j.mine = map[string]*registration{}
+	j.mu.Unlock()
+	var errs []error
+	for _, r := range mine {
+		if err := j.end(r); err != nil {
+			errs = append(errs, fmt.Errorf("postgres journal in schema %q: ending owner %q's registration: %w", j.schema, r.owner, err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (j *Journal) enter(ctx context.Context) (func(), error) {
@@ -197,18 +216,19 @@ func classify(ctx context.Context, err error) error {
 
 // Create implements idem.Journal.
 func (j *Journal) Create(ctx context.Context, rec idem.Record) (idem.Record, bool, error) {
-	nr, ev, err := journal.NewRecord(rec, j.now(), j.maxBody)
+	off := j.off()
+	nr, ev, err := journal.NewRecord(shiftRecord(rec, off), j.now(), j.maxBody)
 	if err != nil {
 		return idem.Record{}, false, err
 	}
 	w := &writeReq{op: opCreate, key: nr.Key, rec: nr, ev: ev, dur: idem.Durable}
 	if err := j.write(ctx, w); err != nil {
 		if errors.Is(err, idem.ErrFingerprintMismatch) {
-			return journal.CloneRecord(w.out), false, err
+			return shiftRecord(journal.CloneRecord(w.out), -off), false, err
 		}
 		return idem.Record{}, false, err
 	}
-	return journal.CloneRecord(w.out), w.created, nil
+	return shiftRecord(journal.CloneRecord(w.out), -off), w.created, nil
 }
 
 // Update implements idem.Journal.
@@ -216,18 +236,20 @@ func (j *Journal) Update(ctx context.Context, rec idem.Record, d idem.Durability
 	if err := journal.CheckDurability(d); err != nil {
 		return idem.Record{}, err
 	}
-	w := &writeReq{op: opUpdate, key: rec.Key, rec: journal.CloneRecord(rec), ev: why, dur: d}
+	off := j.off()
+	w := &writeReq{op: opUpdate, key: rec.Key, rec: shiftRecord(journal.CloneRecord(rec), off), ev: why, dur: d}
 	if err := j.write(ctx, w); err != nil {
 		return idem.Record{}, err
 	}
-	return journal.CloneRecord(w.out), nil
+	return shiftRecord(journal.CloneRecord(w.out), -off), nil
 }
 
 // Acquire implements idem.Journal.
 func (j *Journal) Acquire(ctx context.Context, key, owner string, lease time.Duration) (idem.Record, error) {
+	off := j.off()
 	w := &writeReq{op: opAcquire, key: key, owner: owner, lease: lease, dur: idem.Durable}
 	err := j.write(ctx, w)
-	return journal.CloneRecord(w.out), err
+	return shiftRecord(journal.CloneRecord(w.out), -off), err
 }
 
 // Release implements idem.Journal. A lost release only delays the next
@@ -252,11 +274,12 @@ func (j *Journal) readOne(ctx context.Context, what, query string, args ...any) 
 		return idem.Record{}, err
 	}
 	defer done()
+	off := j.off()
 	_, rec, err := scanRecord(j.pool.QueryRow(ctx, query, args...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, journal.NotFound(what)
 	}
-	return rec, classify(ctx, err)
+	return shiftRecord(rec, -off), classify(ctx, err)
 }
 
 // Claim implements idem.Journal. Workers claim with FOR UPDATE SKIP LOCKED:
@@ -271,13 +294,17 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		return nil, err
 	}
 	defer done()
+	if err := j.clock.refresh(ctx, j.pool); err != nil {
+		return nil, classify(ctx, err)
+	}
+	off := j.off()
 	var out []idem.Record
 	err = j.inTx(ctx, func(tx pgx.Tx) error {
 		out = out[:0]
 		now := j.now()
 		due := now
-		if !req.DueBy.IsZero() && req.DueBy.Before(now) {
-			due = req.DueBy
+		if dueBy := req.DueBy.Add(off); !req.DueBy.IsZero() && dueBy.Before(now) {
+			due = dueBy
 		}
 		q := `SELECT ` + recordColumns + ` FROM ` + j.q.operations + `
 			WHERE state IN (1, 2, 3) AND next_attempt_at <= $1
@@ -308,9 +335,9 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		if err != nil {
 			return err
 		}
+		var gone []string // judged once for this claim
 		if len(recs) < req.Limit {
-			gone, err := j.goneOwners(ctx, tx, due, now)
-			if err != nil {
+			if gone, err = j.goneOwners(ctx, tx, due, now); err != nil {
 				return err
 			}
 			if len(gone) > 0 {
@@ -322,13 +349,13 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		b := &pgx.Batch{}
 		b.Queue(commitDurable) // a claim is an intent: on disk before its owner sends
 		for i, rec := range recs {
-			claimed, ev, err := journal.ApplyClaim(rec, req.Owner, req.Lease, now, j.isGone)
+			claimed, ev, err := journal.ApplyClaim(rec, req.Owner, req.Lease, now, func(o string) bool { return slices.Contains(gone, o) })
 			if err != nil {
 				return err
 			}
 			j.q.queueStore(b, ids[i], claimed)
 			j.q.queueEvent(b, ids[i], ev)
-			out = append(out, claimed)
+			out = append(out, shiftRecord(claimed, -off))
 		}
 		return tx.SendBatch(ctx, b).Close()
 	})
@@ -372,6 +399,9 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 	defer done()
 	if len(held) == 0 {
 		return 0, nil
+	}
+	if err := j.clock.refresh(ctx, j.pool); err != nil {
+		return 0, classify(ctx, err)
 	}
 	keys := slices.Sorted(maps.Keys(held)) // rows are locked in key order, as every batch does
 	until := wire.Millis(journal.TruncateTime(j.now().Add(lease)))
@@ -518,8 +548,9 @@ func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, a
 	}
 	defer done()
 	created := int64(0)
+	off := j.off()
 	if !f.CreatedBefore.IsZero() {
-		created = wire.Millis(f.CreatedBefore)
+		created = wire.Millis(f.CreatedBefore.Add(off))
 	}
 	rows, err := j.pool.Query(ctx, `SELECT `+recordColumns+` FROM `+j.q.operations+`
 		WHERE id > $1 AND ($2 = '' OR scope = $2) AND (cardinality($3::smallint[]) = 0 OR state = ANY($3))
@@ -535,7 +566,7 @@ func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, a
 		if id, rec, err = scanRecord(rows); err != nil {
 			return nil, 0, err
 		}
-		page = append(page, rec)
+		page = append(page, shiftRecord(rec, -off))
 	}
 	return page, id, classify(ctx, rows.Err())
 }
@@ -561,7 +592,7 @@ func (j *Journal) Count(ctx context.Context) ([]idem.Count, error) {
 		if err := rows.Scan(&c.Scope, &state, &n, &oldest); err != nil {
 			return nil, err
 		}
-		c.State, c.N, c.Oldest = idem.State(state), int(n), wire.FromMillis(oldest)
+		c.State, c.N, c.Oldest = idem.State(state), int(n), wire.FromMillis(oldest).Add(-j.off())
 		out = append(out, c)
 	}
 	return out, classify(ctx, rows.Err())
@@ -600,7 +631,7 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		if err := rows.Scan(&ev.Version, &at, &kind, &detail, &from, &to, &attempt, &status, &msg, &owner); err != nil {
 			return nil, err
 		}
-		ev.At, ev.Kind, ev.To, ev.Attempt = wire.FromMillis(at), idem.EventKind(kind), idem.State(to), int(attempt)
+		ev.At, ev.Kind, ev.To, ev.Attempt = wire.FromMillis(at).Add(-j.off()), idem.EventKind(kind), idem.State(to), int(attempt)
 		if from != nil {
 			ev.From = idem.State(*from)
 		}
@@ -634,7 +665,7 @@ func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
 			ids = ids[:0]
 			rows, err := tx.Query(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
 				SELECT id FROM `+j.q.operations+` WHERE state IN (4, 5, 7) AND updated_at < $1 ORDER BY id LIMIT $2)
-				RETURNING id`, wire.Millis(before), pruneChunk)
+				RETURNING id`, wire.Millis(before.Add(j.off())), pruneChunk)
 			if err != nil {
 				return err
 			}
@@ -665,3 +696,34 @@ func deref(s *string) string {
 
 // table is the schema-qualified name of one of the journal's tables.
 func (q queries) table(name string) string { return pgschema.Ident(q.schema) + "." + name }
+
+// now is the database server's time: what the journal writes and judges
+// leases by.
+func (j *Journal) now() time.Time { return j.clock.local().Add(j.off()) }
+
+// off is the offset that moves this process's times onto the database
+// server's clock, in whole milliseconds, the journal's unit: a time moved
+// there and back comes back as it was.
+func (j *Journal) off() time.Duration { return j.clock.off().Round(time.Millisecond) }
+
+// shiftRecord moves rec's times by off: a caller's onto the server's
+// clock on the way in (the times a client sets: the lease's end, the next
+// attempt, the retention), and every time back on the way out.
+func shiftRecord(rec idem.Record, off time.Duration) idem.Record {
+	if off == 0 {
+		return rec
+	}
+	shift := func(t *time.Time) {
+		if !t.IsZero() {
+			*t = t.Add(off)
+		}
+	}
+	shift(&rec.NextAttemptAt)
+	shift(&rec.ExpiresAt)
+	shift(&rec.Lease.ExpiresAt)
+	if off < 0 {
+		shift(&rec.CreatedAt)
+		shift(&rec.UpdatedAt)
+	}
+	return rec
+}

@@ -7,11 +7,11 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -120,9 +120,10 @@ func claimUntil(t *testing.T, j idem.Journal, owner string, want int) ([]idem.Re
 }
 
 // TestKilledWorkersOperationsAreTakenAtOnce: a worker process holding
-// leases for an hour is SIGKILLed; another worker takes its operations as
-// soon as PostgreSQL has ended its session, not an hour later, and the
-// history says why. While it lives, they are never taken.
+// leases for an hour is SIGKILLed; another worker takes its operations
+// once PostgreSQL has ended its session and the journal's LivenessGrace
+// has passed, not an hour later, and the history says why. While it lives,
+// they are never taken.
 func TestKilledWorkersOperationsAreTakenAtOnce(t *testing.T) {
 	t.Parallel()
 	j := openJournal(t)
@@ -154,54 +155,45 @@ func TestKilledWorkersOperationsAreTakenAtOnce(t *testing.T) {
 	}
 }
 
-// TestWorkerWhoseSessionEndsIsFencedOff: a worker whose liveness session
-// ends while its process lives on (a network partition, a database
-// restart, an administrator's pg_terminate_backend) has its operations
-// taken at once, and every late write it makes is refused, however long
-// its lease had to run.
-func TestWorkerWhoseSessionEndsIsFencedOff(t *testing.T) {
+// TestWorkerCutOffPastTheGraceIsFencedOff: a worker whose liveness
+// session ends while it is cut off from the database (a network partition)
+// cannot take its lock again; once that has lasted another worker's
+// LivenessGrace, the other takes its operations, however long their
+// leases had to run, and every late write of the first is refused. Back
+// in touch, the first worker holds its lock again and is judged alive
+// afresh: what it leases next is not taken.
+func TestWorkerCutOffPastTheGraceIsFencedOff(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
-	// The first worker has a pool of its own, as a process would.
-	poolA, err := pgxpool.New(ctx, pgtest.DSN())
-	require.NoError(t, err)
-	defer poolA.Close()
-	a, err := postgres.OpenJournal(ctx, poolA, postgres.Schema(schema))
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))
-	require.NoError(t, err)
-	defer b.Close()
+	var refuse atomic.Bool
+	a := openOn(t, workerPool(t, &refuse), schema)
+	b := openOn(t, pgtest.Pool(t), schema, postgres.LivenessGrace(200*time.Millisecond))
 
-	keys := createRecords(t, a, 2)
+	keys := createRecords(t, a, 3)
 	unregisterA, err := a.Register(ctx, "worker-a")
 	require.NoError(t, err)
 	defer unregisterA()
-	held := make([]idem.Record, len(keys))
-	for i, k := range keys {
+	held := make([]idem.Record, 2)
+	for i, k := range keys[:2] {
 		held[i], err = a.Acquire(ctx, k, "worker-a", time.Hour)
 		require.NoError(t, err)
 	}
 	unregisterB, err := b.Register(ctx, "worker-b")
 	require.NoError(t, err)
 	defer unregisterB()
-	recs, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	recs, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 2, Lease: time.Hour})
 	require.NoError(t, err)
-	require.Empty(t, recs, "worker-a lives")
+	require.Len(t, recs, 1, "worker-a lives: only the free operation is taken")
+	require.Equal(t, keys[2], recs[0].Key)
 
-	// End worker-a's liveness session, and that session only.
-	var ended int
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l
-		JOIN `+pgschema.Ident(schema)+`.owners o ON l.objid = o.id::oid
-		WHERE l.locktype = 'advisory' AND l.classid = $1::regclass::oid AND l.objsubid = 2 AND l.granted
-		AND o.name = 'worker-a' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-		pgschema.Ident(schema)+".owners").Scan(&ended))
-	require.Equal(t, 1, ended, "one session holds worker-a's liveness lock")
-
-	got, _ := claimUntil(t, b, "worker-b", len(keys))
-	assert.Len(t, got, len(keys), "worker-b takes worker-a's operations at once")
+	refuse.Store(true)
+	require.Equal(t, 1, terminateLiveness(t, schema, "worker-a"), "one session holds worker-a's liveness lock")
+	got, _ := claimUntil(t, b, "worker-b", len(held))
+	assert.Len(t, got, len(held), "worker-b takes worker-a's operations once worker-a has stayed gone")
+	assert.False(t, livenessHeld(t, schema, "worker-a"), "worker-a had no session all along")
 
 	// worker-a's late writes are refused: an update, a renewal, a release.
+	refuse.Store(false)
 	next := held[0]
 	next.State = idem.StateInFlight
 	next.Attempts = 1
@@ -212,12 +204,21 @@ func TestWorkerWhoseSessionEndsIsFencedOff(t *testing.T) {
 	assert.Zero(t, n, "a renewal of the lost lease renews nothing")
 	err = a.Release(ctx, held[1].Key, held[1].Lease)
 	require.True(t, errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrLeased), "a release of the lost lease: %v", err)
-	for _, k := range keys {
+	for _, k := range keys[:2] {
 		rec, err := b.Get(ctx, k)
 		require.NoError(t, err)
 		assert.Equal(t, "worker-b", rec.Lease.Owner, "worker-b still holds %s", k)
 		assert.Equal(t, idem.StatePending, rec.State)
 	}
+
+	// Back: worker-a's new lease is its own.
+	waitLivenessHeld(t, schema, "worker-a")
+	fresh := createRecords(t, a, 1)
+	_, err = a.Acquire(ctx, fresh[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+	recs, err = b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	assert.Empty(t, recs, "worker-a, once found gone, is alive again")
 }
 
 // TestWithoutLivenessLeasesLapse: with liveness off, a killed worker's

@@ -2,10 +2,13 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/wire"
@@ -17,17 +20,97 @@ import (
 // in the database, keeps the journals of two schemas from taking each
 // other's locks (and so from seeing a dead owner alive, or waiting on a
 // live one of the other schema to register).
+//
+// A free lock alone does not make its owner gone: the session that held it
+// may have ended while the owner lives on (an administrator's
+// pg_terminate_backend, a restart of the database, a pooler or a server
+// setting that closed the connection), and the owner then takes its lock
+// again on a new session at once (see watch). So an owner is gone when it
+// ended its registration (ended_at), or when its lock has stayed free, in
+// one and the same session, for the journal's LivenessGrace on the
+// database's clock. The first journal to find the lock free marks the
+// owner lost in the session it read (lost_session, lost_at); each session
+// the owner takes increments session, which voids the mark. Nothing of the
+// judgement is kept in memory: an owner found gone once is judged afresh
+// the next time, and an owner whose lock is held again is alive.
+//
+// The order of reads and writes is what makes the mark sound. An owner
+// takes its lock, then increments session. A judgement reads the owners'
+// rows (the statement's snapshot, taken when it starts) before it reads
+// pg_locks (while it runs). A judgement that read session n therefore read
+// pg_locks after the lock of session n was taken: if it found the lock
+// free, session n had ended, and a mark for n says so truly; one made for
+// an older session than the current one counts for nothing.
 
 // livenessClass is the first key of the schema's liveness locks: the
 // owners table's OID, as the signed int4 that pg_advisory_lock takes.
 func (j *Journal) livenessClass() int32 { return int32(j.ownersOID) }
+
+// dbMillis is the database's clock in the journal's unit.
+const dbMillis = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`
+
+// ownerQueries sets the statements of owners and their liveness; s is the
+// quoted schema.
+func (q *queries) ownerQueries(s string) {
+	owners := s + ".owners"
+	// The lock numbers held in this database of the class $1.
+	held := `held AS MATERIALIZED (SELECT l.objid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted
+		AND l.classid = $1::bigint::oid AND l.objsubid = 2
+		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))`
+	// Run on the session that has just taken the lock of owner $1, named
+	// $2: a new session for the owner. The row is written again if it was
+	// swept while the owner had no session, with the owner's number, which
+	// its lock and its leases' judgements go by.
+	q.newSession = `INSERT INTO ` + owners + ` (id, name, registered_at) OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3)
+		ON CONFLICT (id) DO UPDATE SET session = owners.session + 1`
+	q.endOwner = `UPDATE ` + owners + ` SET ended_at = ` + dbMillis + ` WHERE id = $1`
+	// The owners among $2 that are gone, with LivenessGrace $3 in
+	// milliseconds. Those whose lock is free and that carry no mark for
+	// their session get one; a row another transaction holds is left
+	// unmarked this time (a mark only starts the grace).
+	q.judge = `WITH ` + held + `,
+		o AS MATERIALIZED (SELECT id, name, session, lost_session, lost_at, ended_at,
+			id::oid IN (SELECT objid FROM held) AS live, ` + dbMillis + ` AS now
+			FROM ` + owners + ` WHERE name = ANY($2)),
+		marked AS (UPDATE ` + owners + ` u SET lost_session = u.session, lost_at = o.now FROM o
+			WHERE u.id = o.id AND u.id IN (SELECT x.id FROM ` + owners + ` x JOIN o ON x.id = o.id
+				WHERE NOT o.live AND o.ended_at IS NULL AND x.session = o.session
+				AND x.lost_session IS DISTINCT FROM x.session FOR UPDATE OF x SKIP LOCKED))
+		SELECT name FROM o WHERE NOT live AND (ended_at IS NOT NULL
+			OR (CASE WHEN lost_session = session THEN lost_at ELSE now END) <= now - $3)`
+	// Owners whose lock is free and that hold no live lease ($2: now) are
+	// of no use to anyone: a judgement of an owner without a row finds it
+	// not gone, and it holds nothing to judge. A live owner without a
+	// session writes its row again when it takes its lock (newSession).
+	q.sweep = `WITH ` + held + ` DELETE FROM ` + owners + ` o
+		WHERE NOT (o.id::oid IN (SELECT objid FROM held))
+		AND o.name NOT IN (SELECT lease_owner FROM ` + q.operations + `
+			WHERE state IN (1, 2, 3) AND lease_owner IS NOT NULL AND lease_expires_at > $2)`
+}
+
+// registration is an owner registered through this journal: the session
+// that holds its liveness lock belongs to the goroutine that watches it.
+type registration struct {
+	owner string
+	id    int32
+	stop  context.CancelFunc
+	done  chan struct{} // closed when the watcher returned
+	conn  *pgxpool.Conn // the session the watcher held last, once done; nil if none
+}
 
 // Register implements idem.Journal. The owner's name goes into the owners
 // table (a name is registered once, ever), and a connection of the pool is
 // set aside for as long as the owner is registered, holding a
 // session-level advisory lock on the owner's number. PostgreSQL drops the
 // lock when that session ends, however the worker ended: that is how the
-// others see it gone. The connection goes back to the pool on unregister.
+// others see it gone. Should the session end while the worker lives on,
+// the journal takes the lock again on a new session at once. The
+// connection goes back to the pool on unregister. With WithoutLiveness
+// it records nothing.
+//
+// Registering also removes the owners that are gone and hold no lease, so
+// that the table holds the live owners and those whose operations are yet
+// to be taken, however often processes start.
 func (j *Journal) Register(ctx context.Context, owner string) (func() error, error) {
 	if owner == "" {
 		return nil, fmt.Errorf("%w: Register needs an owner name", idem.ErrInvalidRecord)
@@ -37,6 +120,12 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		return nil, err
 	}
 	defer done()
+	if !j.liveness {
+		// A journal that cannot hold a session (behind a pooler in
+		// transaction mode, say) records no name: another journal that
+		// found one without its lock would take it for dead.
+		return func() error { return nil }, nil
+	}
 	var id int32
 	if err := j.pool.QueryRow(ctx, j.q.register, owner, wire.Millis(j.now())).Scan(&id); err != nil {
 		if _, ok := isUniqueViolation(err); ok {
@@ -44,84 +133,216 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		}
 		return nil, classify(ctx, err)
 	}
-	if !j.liveness {
-		return func() error { return nil }, nil
+	conn, err := j.takeLiveness(ctx, owner, id)
+	if err != nil {
+		return nil, err // the row, without a lock and without leases, is swept
 	}
+	// Housekeeping: should it fail, the next registration sweeps.
+	_, _ = conn.Exec(ctx, j.q.sweep, int64(j.ownersOID), wire.Millis(j.now()))
+	wctx, stop := context.WithCancel(context.Background())
+	r := &registration{owner: owner, id: id, stop: stop, done: make(chan struct{})}
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		stop()
+		close(r.done)
+		r.conn = conn
+		_ = j.end(r)
+		return nil, idem.ErrJournalClosed
+	}
+	j.mine[owner] = r
+	j.mu.Unlock()
+	go j.watch(wctx, r, conn)
+	return func() error { return j.unregister(owner) }, nil
+}
+
+// takeLiveness takes owner's liveness lock on a connection of the pool and
+// says so in the owner's row: a new session of the owner.
+func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pgxpool.Conn, error) {
 	conn, err := j.pool.Acquire(ctx)
 	if err != nil {
 		return nil, classify(ctx, err)
 	}
 	var locked bool
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, j.livenessClass(), id).Scan(&locked); err != nil {
-		conn.Release()
+		if conn.Conn().IsClosed() && ctx.Err() == nil {
+			// A connection that died idle in the pool (the database
+			// restarted, say): the next one may live.
+			err = fmt.Errorf("%w: %w", errDeadConn, err)
+		}
+		dropConn(conn) // the lock may have been taken, and the answer lost
 		return nil, classify(ctx, err)
 	}
 	if !locked {
-		// Only this registration takes this lock; another session holds it
-		// when something else uses advisory locks with the same two keys.
+		// Only this registration takes this lock: another session holds it
+		// when something else uses advisory locks with the same two keys,
+		// or when a session of this owner's lives on, its end not yet seen
+		// by the database.
 		conn.Release()
 		return nil, fmt.Errorf("postgres journal in schema %q: owner %q's liveness lock (advisory lock %d, %d) is held by another session",
 			j.schema, owner, j.livenessClass(), id)
 	}
-	j.mu.Lock()
-	if j.closed {
-		j.mu.Unlock()
-		conn.Release()
-		return nil, idem.ErrJournalClosed
+	if _, err := conn.Exec(ctx, j.q.newSession, id, owner, wire.Millis(j.now())); err != nil {
+		dropConn(conn) // ending the session lets go of the lock
+		return nil, classify(ctx, err)
 	}
-	j.mine[owner] = conn
-	j.mu.Unlock()
-	return func() error { return j.unregister(owner, id) }, nil
+	// The session is idle for as long as the owner lives: a server that
+	// ends idle sessions (idle_session_timeout, PostgreSQL 14 and later)
+	// must not end this one. Older servers have no such setting, nor need.
+	_, _ = conn.Exec(ctx, `SET idle_session_timeout = 0`)
+	return conn, nil
 }
 
-func (j *Journal) unregister(owner string, id int32) error {
+// dropConn ends a connection's session and takes it out of the pool.
+func dropConn(c *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = c.Conn().Close(ctx)
+	c.Release() // the pool destroys a closed connection
+}
+
+// errDeadConn marks a failure to take a lock on a connection that the pool
+// handed out dead.
+var errDeadConn = errors.New("the pool's connection was dead")
+
+// How soon the watcher tries again to take a lock it could not (at once
+// after a dead connection: the pool may hold more of them, each found dead
+// only when used, and the owner's grace runs meanwhile).
+const (
+	retakeFirst = 50 * time.Millisecond
+	retakeMax   = 500 * time.Millisecond
+)
+
+// watch waits on the owner's liveness session until unregister stops it;
+// should the session end (whatever ended it) while the owner lives on, it
+// takes the lock again on a new session, trying until it can. Meanwhile
+// the owner keeps driving what it holds under its leases, and other
+// journals take them only if it stays without a session for their
+// LivenessGrace.
+func (j *Journal) watch(ctx context.Context, r *registration, conn *pgxpool.Conn) {
+	defer close(r.done)
+	for {
+		// Nothing listens on this session: the wait returns when the
+		// session ends (or the watcher is stopped).
+		err := conn.Conn().PgConn().WaitForNotification(ctx)
+		if ctx.Err() != nil {
+			r.conn = conn
+			return
+		}
+		if err == nil {
+			continue
+		}
+		dropConn(conn)
+		if conn = j.retake(ctx, r); conn == nil {
+			return
+		}
+	}
+}
+
+// retake takes r's lock on a new session, trying until it can or ctx ends.
+func (j *Journal) retake(ctx context.Context, r *registration) *pgxpool.Conn {
+	wait := retakeFirst
+	dead := 0 // dead connections in a row, at most the pool's size
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		conn, err := j.takeLiveness(tctx, r.owner, r.id)
+		cancel()
+		if err == nil {
+			return conn
+		}
+		if errors.Is(err, errDeadConn) && dead < int(j.pool.Config().MaxConns) {
+			dead++
+			continue
+		}
+		dead = 0
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		wait = min(2*wait, retakeMax)
+	}
+}
+
+func (j *Journal) unregister(owner string) error {
 	j.mu.Lock()
-	conn := j.mine[owner]
+	r := j.mine[owner]
 	delete(j.mine, owner)
-	j.gone[owner] = true
 	j.mu.Unlock()
-	if conn == nil {
+	if r == nil {
 		return nil // unregistered before, or the journal was closed
 	}
-	defer conn.Release()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, j.livenessClass(), id)
-	if err != nil {
-		// The session's lock may outlive the call: end the session.
-		_ = conn.Conn().Close(ctx)
-	}
-	return err
+	return j.end(r)
 }
 
-// isGone reports whether owner registered and its session no longer holds
-// its lock. An owner this journal does not know of is not known to be
-// gone: its leases lapse.
-func (j *Journal) isGone(owner string) bool {
-	if !j.liveness || owner == "" {
-		return false
+// end stops r's watcher and ends the registration: the owner's row says
+// it ended, then the lock is let go, so that other journals see the owner
+// gone at once.
+func (j *Journal) end(r *registration) error {
+	r.stop()
+	<-r.done
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if r.conn == nil {
+		// No session now: the row alone says the owner ended.
+		_, err := j.pool.Exec(ctx, j.q.endOwner, r.id)
+		return err
 	}
+	_, err := r.conn.Exec(ctx, j.q.endOwner, r.id)
+	if err == nil {
+		_, err = r.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, j.livenessClass(), r.id)
+	}
+	if err == nil {
+		_, err = r.conn.Exec(ctx, `RESET idle_session_timeout`)
+		if isUndefinedSetting(err) {
+			err = nil
+		}
+	}
+	if err != nil {
+		// The session's lock may outlive the call: end the session.
+		dropConn(r.conn)
+		return err
+	}
+	r.conn.Release()
+	return nil
+}
+
+// registered reports whether owner is registered through this journal,
+// and so alive, whether or not it holds a session now.
+func (j *Journal) registered(owner string) bool {
 	j.mu.Lock()
-	gone, mine := j.gone[owner], j.mine[owner] != nil
-	j.mu.Unlock()
-	if gone || mine {
-		return gone
+	defer j.mu.Unlock()
+	return j.mine[owner] != nil
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// judge returns the owners among names that are gone, marking those whose
+// lock it finds free (see the top of this file).
+func (j *Journal) judge(ctx context.Context, q querier, names []string) ([]string, error) {
+	rows, err := q.Query(ctx, j.q.judge, int64(j.ownersOID), names, j.grace.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// isGone reports whether owner is gone, judged now. An owner this journal
+// does not know of (never registered with liveness, or swept) is not known
+// to be gone: its leases lapse.
+func (j *Journal) isGone(owner string) bool {
+	if !j.liveness || owner == "" || j.registered(owner) {
+		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := j.pool.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'
-		AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		AND l.classid = $1::bigint::oid AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted)
-		FROM `+j.q.table("owners")+` o WHERE o.name = $2`, int64(j.ownersOID), owner).Scan(&gone)
-	if err != nil {
-		return false // unknown (never registered here), or cannot tell
-	}
-	if gone {
-		j.mu.Lock()
-		j.gone[owner] = true
-		j.mu.Unlock()
-	}
-	return gone
+	gone, err := j.judge(ctx, j.pool, []string{owner})
+	return err == nil && len(gone) == 1 // an error cannot tell: not gone
 }
 
 // goneOwners returns the owners of live leases on due records whose owner
@@ -138,11 +359,9 @@ func (j *Journal) goneOwners(ctx context.Context, tx pgx.Tx, due, now time.Time)
 	if err != nil {
 		return nil, err
 	}
-	var gone []string
-	for _, o := range owners {
-		if j.isGone(o) {
-			gone = append(gone, o)
-		}
+	owners = slices.DeleteFunc(owners, j.registered)
+	if len(owners) == 0 {
+		return nil, nil
 	}
-	return gone, nil
+	return j.judge(ctx, tx, owners)
 }

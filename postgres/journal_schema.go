@@ -77,6 +77,14 @@ var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migration
 	// 3: the link to the trace that created the operation (Record.Link),
 	// NULL when the client has no Hooks.Link.
 	`ALTER TABLE operations ADD COLUMN link text;`,
+	// 4: an owner's liveness is judged afresh every time, and an owner
+	// whose session ended while it lives on is not taken for dead (see
+	// journal_owners.go): session counts the liveness sessions the owner
+	// took, lost_session and lost_at say since when (the database's clock)
+	// its lock has been found free in that session, ended_at when it ended
+	// its registration.
+	`ALTER TABLE owners ADD COLUMN session bigint NOT NULL DEFAULT 0, ADD COLUMN lost_session bigint,
+		ADD COLUMN lost_at bigint, ADD COLUMN ended_at bigint;`,
 }}
 
 // recordColumns are the columns scanRecord reads, in its order.

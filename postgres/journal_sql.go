@@ -28,7 +28,9 @@ type queries struct {
 	insertEvent       string
 	storeLease        string
 	goneOwners        string
-	ownerID, register string
+	register          string
+	judge, newSession string
+	endOwner, sweep   string
 	renew             string
 }
 
@@ -118,8 +120,8 @@ func newQueries(schema string) queries {
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
 	q.goneOwners = `SELECT DISTINCT lease_owner FROM ` + q.operations + `
 		WHERE state IN (1, 2, 3) AND next_attempt_at <= $1 AND lease_expires_at > $2 AND lease_owner IS NOT NULL`
-	q.ownerID = `SELECT id FROM ` + s + `.owners WHERE name = $1`
 	q.register = `INSERT INTO ` + s + `.owners (name, registered_at) VALUES ($1, $2) RETURNING id`
+	q.ownerQueries(s)
 	return q
 }
 
@@ -278,6 +280,13 @@ func isUniqueViolation(err error) (string, bool) {
 		return pe.ConstraintName, true
 	}
 	return "", false
+}
+
+// isUndefinedSetting reports the error of a setting this server does not
+// have (idle_session_timeout before PostgreSQL 14).
+func isUndefinedSetting(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42704"
 }
 
 func nullMillisPtr(t time.Time) *int64 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/idemkit/idem"
 )
@@ -27,6 +28,7 @@ type options struct {
 	maxBody  int
 	maxBatch int
 	liveness bool
+	grace    time.Duration
 	onCommit func(idem.CommitInfo)
 
 	// The store's.
@@ -36,7 +38,7 @@ type options struct {
 }
 
 func newOptions(opts []Option) options {
-	o := options{schema: "idem", migrate: true, maxBody: idem.DefaultMaxBodySize, maxBatch: 128, liveness: true}
+	o := options{schema: "idem", migrate: true, maxBody: idem.DefaultMaxBodySize, maxBatch: 128, liveness: true, grace: DefaultLivenessGrace}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -85,9 +87,32 @@ func MaxBatch(n int) Option {
 // WithoutLiveness makes the journal's Register record nothing: leases of
 // workers that died are taken over only when they lapse. For a pool that
 // cannot spare a connection per client (a PgBouncer in transaction mode,
-// which does not keep session locks, say). Journal only.
+// which does not keep session locks, say). Journals with and without it
+// may share a schema: those with liveness leave the operations of workers
+// without it to lapse too. Journal only.
 func WithoutLiveness() Option {
 	return func(o *options) { o.liveness = false; o.journalOnly = append(o.journalOnly, "WithoutLiveness") }
+}
+
+// DefaultLivenessGrace is LivenessGrace's default.
+const DefaultLivenessGrace = 2 * time.Second
+
+// LivenessGrace sets how long an owner's liveness lock must stay free, in
+// one session of the owner's, before the journal takes the owner for gone
+// and its leases as free to take. An owner whose session ended while it
+// lives on (its backend terminated, the database restarted, a pooler
+// closed the connection) takes its lock again on a new session at once;
+// the grace keeps others from taking its operations meanwhile. It counts
+// from the first time a journal finds the lock free. It is how much later
+// than at once a dead worker's operations are taken, and how long a worker
+// cut off from the database keeps its operations (unless their leases
+// lapse first). An owner that unregistered (Client.Close, Journal.Close)
+// is gone at once. Zero takes a free lock for a gone owner. The grace
+// that counts is that of the journal judging: give every worker of a
+// fleet the same. Judged on the database's clock. Defaults to
+// DefaultLivenessGrace (2 s). Journal only.
+func LivenessGrace(d time.Duration) Option {
+	return func(o *options) { o.grace = d; o.journalOnly = append(o.journalOnly, "LivenessGrace") }
 }
 
 // OnCommit calls fn after each transaction of writes the journal commits,

@@ -37,8 +37,8 @@ func TestStatementsFindRowsThroughTheirIndex(t *testing.T) {
 	for name, tc := range map[string]struct {
 		sql, args, table string
 	}{
-		"store complete":          {sq.complete, `'s', 'k', 1, 2, 201, NULL, NULL`, "store_entries"},
-		"store deferred complete": {sq.completeDeferred, `'s', 'k', 1, 2, 201, NULL, NULL`, "store_entries"},
+		"store complete":          {sq.complete, `'\x01'::bytea, 1, 2, 201, NULL, NULL`, "store_entries"},
+		"store deferred complete": {sq.completeDeferred, `'\x01'::bytea, 1, 2, 201, NULL, NULL`, "store_entries"},
 		"journal lock by keys":    {jq.lockByKeys, `ARRAY['a', 'b']`, "operations"},
 		"journal lock by ops":     {jq.lockByOps, `ARRAY['s', 's'], ARRAY['a', 'b']`, "operations"},
 		"journal renew":           {jq.renew, `'k', 1, 'owner', 2`, "operations"},

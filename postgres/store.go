@@ -68,6 +68,7 @@ import (
 type Store struct {
 	pool      *pgxpool.Pool
 	schema    string
+	clock     *dbClock // the database server's: see the package documentation
 	q         storeQueries
 	closed    atomic.Bool
 	claims    storeGroup[claimWrite]
@@ -117,7 +118,11 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store,
 			return nil, notMigrated("store", cfg.schema, v, want, "MigrateStore")
 		}
 	}
-	s := &Store{pool: pool, schema: cfg.schema, q: newStoreQueries(cfg.schema)}
+	clock := newDBClock()
+	if err := clock.refresh(ctx, pool); err != nil {
+		return nil, fmt.Errorf("postgres store in schema %q: reading the server's clock: %w", cfg.schema, err)
+	}
+	s := &Store{pool: pool, schema: cfg.schema, clock: clock, q: newStoreQueries(cfg.schema)}
 	s.claims = storeGroup[claimWrite]{max: storeMaxBatch, run: s.insertClaims}
 	complete := s.q.complete
 	if cfg.deferCompletes {
@@ -160,9 +165,16 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 	if err := s.enter(ctx); err != nil {
 		return server.ClaimResult{}, err
 	}
-	now, expires, stale := storeNanos(req.Now), storeNanos(req.ExpiresAt), storeNanos(req.StaleBefore)
+	if err := s.clock.refresh(ctx, s.pool); err != nil {
+		return server.ClaimResult{}, s.fail(ctx, "claim", err)
+	}
+	// The request's times are the caller's clock; the entries' are the
+	// server's.
+	off := s.clock.off()
+	now, expires, stale := storeNanos(req.Now, off), storeNanos(req.ExpiresAt, off), storeNanos(req.StaleBefore, off)
+	id := storeID(req.Scope, req.Key)
 	for range claimRounds {
-		w := claimWrite{req: &req}
+		w := claimWrite{req: &req, id: id, now: now, expires: expires}
 		if err := s.claims.do(ctx, &w); err != nil {
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		}
@@ -175,7 +187,7 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 				State: server.InProgress, Token: w.token, CreatedAt: req.Now, LockedAt: req.Now, ExpiresAt: req.ExpiresAt,
 			}}, nil
 		}
-		e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, req.Scope, req.Key))
+		e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, w.id), off)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Deleted since the insert ran into it: insert again.
@@ -183,12 +195,14 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 		case err != nil:
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		case !e.ExpiresAt.After(req.Now):
-			e, err = s.claimRow(ctx, &req, s.q.replace, req.Scope, req.Key, req.Fingerprint, req.Method, req.Path, now, expires)
+			e, err = s.claimRow(ctx, &req, id, now, off, s.q.replace,
+				id, []byte(req.Fingerprint), []byte(req.Method), []byte(req.Path), now, expires)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
 			}
 		case e.State == server.InProgress && e.Fingerprint == req.Fingerprint && e.LockedAt.Before(req.StaleBefore):
-			e, err = s.claimRow(ctx, &req, s.q.takeOver, req.Scope, req.Key, req.Fingerprint, now, expires, stale)
+			e, err = s.claimRow(ctx, &req, id, now, off, s.q.takeOver,
+				id, []byte(req.Fingerprint), now, expires, stale)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, TookOver: true, Token: e.Token, Entry: e}, nil
 			}
@@ -205,30 +219,31 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 		s.schema, claimRounds)
 }
 
-// claimRow runs a replacement or a take-over, which returns the entry it
-// claimed, or pgx.ErrNoRows when the entry no longer qualified. One whose
-// commit is in doubt is read back: an entry in progress with this claim's
-// fingerprint, locked at this claim's time, is this claim's; any other
-// reads as not claimed, and the claim looks again.
-func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, sql string, args ...any) (server.Entry, error) {
+// claimRow runs a replacement or a take-over of the entry id, which
+// returns the entry it claimed, or pgx.ErrNoRows when the entry no longer
+// qualified. One whose commit is in doubt is read back: an entry in
+// progress with this claim's fingerprint, locked at this claim's time now
+// (in nanoseconds on the server's clock, as written), is this claim's; any
+// other reads as not claimed, and the claim looks again. off moves the
+// entry's times back to the caller's clock.
+func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byte, now int64, off time.Duration, sql string, args ...any) (server.Entry, error) {
 	var e server.Entry
 	err := s.withConn(ctx, func(conn *pgx.Conn) error {
 		var err error
-		e, err = scanStoreEntry(conn.QueryRow(ctx, sql, args...))
+		e, err = scanStoreEntry(conn.QueryRow(ctx, sql, args...), off)
 		return err
 	})
 	d := asDoubt(err)
 	if d == nil {
 		return e, err
 	}
-	k := scopedKey{req.Scope, req.Key}
-	rows, rerr := storeReadBack(ctx, s, d, map[scopedKey]bool{k: true})
+	rows, rerr := storeReadBack(ctx, s, d, map[string]bool{string(id): true})
 	if rerr != nil {
 		return server.Entry{}, inDoubt(fmt.Sprintf("the claim of key %q in scope %q", req.Key, req.Scope), d.err, rerr)
 	}
-	e, ok := rows[k]
-	if ok && e.State == server.InProgress && e.Fingerprint == req.Fingerprint && storeNanos(e.LockedAt) == storeNanos(req.Now) {
-		return e, nil
+	e, ok := rows[string(id)]
+	if ok && e.State == server.InProgress && e.Fingerprint == req.Fingerprint && storeNanos(e.LockedAt, 0) == now {
+		return shiftEntry(e, off), nil
 	}
 	return server.Entry{}, pgx.ErrNoRows
 }
@@ -241,7 +256,7 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	w := completeWrite{req: &req, body: req.Response.Body, header: wire.EncodeHeader(req.Response.Header)}
+	w := completeWrite{req: &req, id: storeID(req.Scope, req.Key), expires: storeNanos(req.ExpiresAt, s.clock.off()), body: req.Response.Body, header: wire.EncodeHeader(req.Response.Header)}
 	if w.body == nil {
 		w.body = []byte{}
 	}
@@ -259,12 +274,12 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 
 // Release implements server.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.fenced(ctx, "release", s.q.release, scope, key, token, int16(server.InProgress))
+	return s.fenced(ctx, "release", s.q.release, storeID(scope, key), token, int16(server.InProgress))
 }
 
 // Renew implements server.Store.
 func (s *Store) Renew(ctx context.Context, scope, key string, token int64, now time.Time) error {
-	return s.fenced(ctx, "renew", s.q.renew, scope, key, token, int16(server.InProgress), storeNanos(now))
+	return s.fenced(ctx, "renew", s.q.renew, storeID(scope, key), token, int16(server.InProgress), storeNanos(now, s.clock.off()))
 }
 
 // fenced runs a write that applies only while a token holds an entry's
@@ -288,7 +303,8 @@ func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (serv
 	if err := s.enter(ctx); err != nil {
 		return server.Entry{}, err
 	}
-	e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, scope, key, storeNanos(now)))
+	off := s.clock.off()
+	e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, storeID(scope, key), storeNanos(now, off)), off)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return server.Entry{}, server.ErrNotFound
 	}
@@ -310,7 +326,7 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 	total := 0
 	for {
-		tag, err := s.pool.Exec(ctx, s.q.sweep, storeNanos(now), storeSweepBatch)
+		tag, err := s.pool.Exec(ctx, s.q.sweep, storeNanos(now, s.clock.off()), storeSweepBatch)
 		if err != nil {
 			return total, s.fail(ctx, "sweep", err)
 		}
@@ -343,21 +359,24 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("postgres store in schema %q: %s: %w", s.schema, op, err)
 }
 
-// scanStoreEntry reads storeColumns.
-func scanStoreEntry(row pgx.Row) (server.Entry, error) {
+// scanStoreEntry reads storeColumns, its times moved back from the
+// server's clock by off.
+func scanStoreEntry(row pgx.Row, off time.Duration) (server.Entry, error) {
 	var (
-		e                        server.Entry
-		state                    int16
-		created, locked, expires int64
-		status                   *int32
-		header, body             []byte
+		e                            server.Entry
+		scope, key, fp, method, path []byte
+		state                        int16
+		created, locked, expires     int64
+		status                       *int32
+		header, body                 []byte
 	)
-	if err := row.Scan(&e.Scope, &e.Key, &e.Fingerprint, &e.Method, &e.Path, &state, &e.Token,
+	if err := row.Scan(&scope, &key, &fp, &method, &path, &state, &e.Token,
 		&created, &locked, &expires, &status, &header, &body); err != nil {
 		return server.Entry{}, err
 	}
+	e.Scope, e.Key, e.Fingerprint, e.Method, e.Path = string(scope), string(key), string(fp), string(method), string(path)
 	e.State = server.EntryState(state)
-	e.CreatedAt, e.LockedAt, e.ExpiresAt = storeTime(created), storeTime(locked), storeTime(expires)
+	e.CreatedAt, e.LockedAt, e.ExpiresAt = storeTime(created, off), storeTime(locked, off), storeTime(expires, off)
 	if status != nil {
 		r := &server.StoredResponse{Status: int(*status), Body: body}
 		if r.Body == nil {
@@ -372,5 +391,16 @@ func scanStoreEntry(row pgx.Row) (server.Entry, error) {
 	return e, nil
 }
 
-func storeNanos(t time.Time) int64 { return t.UnixNano() }
-func storeTime(n int64) time.Time  { return time.Unix(0, n) }
+// shiftEntry moves the times of an entry read on the server's clock (off
+// zero) to the caller's, as scanStoreEntry with off would have.
+func shiftEntry(e server.Entry, off time.Duration) server.Entry {
+	e.CreatedAt, e.LockedAt, e.ExpiresAt = e.CreatedAt.Add(-off), e.LockedAt.Add(-off), e.ExpiresAt.Add(-off)
+	return e
+}
+
+// storeNanos is a caller's time t as the store keeps it: on the server's
+// clock (off: server minus caller), in nanoseconds since the epoch.
+func storeNanos(t time.Time, off time.Duration) int64 { return t.Add(off).UnixNano() }
+
+// storeTime is storeNanos's inverse.
+func storeTime(n int64, off time.Duration) time.Time { return time.Unix(0, n).Add(-off) }

@@ -19,6 +19,9 @@ const storeMaxBatch = 128
 // claimWrite is one claim's insert in a batch.
 type claimWrite struct {
 	req      *server.ClaimRequest
+	id       []byte // storeID of the request's scope and key
+	now      int64  // req.Now and req.ExpiresAt on the server's clock
+	expires  int64
 	inserted bool
 	token    int64
 	err      error
@@ -26,14 +29,14 @@ type claimWrite struct {
 
 // completeWrite is one completion in a batch.
 type completeWrite struct {
-	req    *server.CompleteRequest
-	body   []byte
-	header []byte
-	done   bool // the token held the lock, and the response is stored
-	err    error
+	req     *server.CompleteRequest
+	id      []byte // storeID of the request's scope and key
+	expires int64  // req.ExpiresAt on the server's clock
+	body    []byte
+	header  []byte
+	done    bool // the token held the lock, and the response is stored
+	err     error
 }
-
-type scopedKey struct{ scope, key string }
 
 // insertClaims inserts the new keys of a batch of claims in one statement,
 // in the order of their scope and key. A claim of a key that another claim
@@ -43,35 +46,34 @@ func (s *Store) insertClaims(ctx context.Context, batch []*claimWrite) {
 		return cmp.Or(cmp.Compare(a.req.Scope, b.req.Scope), cmp.Compare(a.req.Key, b.req.Key))
 	})
 	var (
-		scopes, keys, fps, methods, paths []string
-		nows, expires                     []int64
-		sent                              = make(map[scopedKey]*claimWrite, len(batch))
+		ids, scopes, keys, fps, methods, paths [][]byte
+		nows, expires                          []int64
+		sent                                   = make(map[string]*claimWrite, len(batch))
 	)
 	for _, w := range batch {
-		k := scopedKey{w.req.Scope, w.req.Key}
-		if sent[k] != nil {
+		if sent[string(w.id)] != nil {
 			continue
 		}
-		sent[k] = w
-		scopes, keys, fps = append(scopes, w.req.Scope), append(keys, w.req.Key), append(fps, w.req.Fingerprint)
-		methods, paths = append(methods, w.req.Method), append(paths, w.req.Path)
-		nows, expires = append(nows, storeNanos(w.req.Now)), append(expires, storeNanos(w.req.ExpiresAt))
+		sent[string(w.id)] = w
+		ids, scopes, keys = append(ids, w.id), append(scopes, []byte(w.req.Scope)), append(keys, []byte(w.req.Key))
+		fps, methods, paths = append(fps, []byte(w.req.Fingerprint)), append(methods, []byte(w.req.Method)), append(paths, []byte(w.req.Path))
+		nows, expires = append(nows, w.now), append(expires, w.expires)
 	}
 	err := s.withConn(ctx, func(conn *pgx.Conn) error {
-		rows, err := conn.Query(ctx, s.q.insert, scopes, keys, fps, methods, paths, nows, expires)
+		rows, err := conn.Query(ctx, s.q.insert, ids, scopes, keys, fps, methods, paths, nows, expires)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
 			var (
-				k     scopedKey
+				id    []byte
 				token int64
 			)
-			if err = rows.Scan(&k.scope, &k.key, &token); err != nil {
+			if err = rows.Scan(&id, &token); err != nil {
 				return err
 			}
-			if w := sent[k]; w != nil {
+			if w := sent[string(id)]; w != nil {
 				w.inserted, w.token = true, token
 			}
 		}
@@ -100,20 +102,19 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 		return cmp.Or(cmp.Compare(a.req.Scope, b.req.Scope), cmp.Compare(a.req.Key, b.req.Key))
 	})
 	var (
-		sent  = make(map[scopedKey]*completeWrite, len(batch))
+		sent  = make(map[string]*completeWrite, len(batch))
 		again []*completeWrite
 		b     = &pgx.Batch{}
 	)
 	// One statement per entry, sent at once: pgx runs a batch outside a
 	// transaction as one implicit transaction, so they commit together.
 	for _, w := range batch {
-		k := scopedKey{w.req.Scope, w.req.Key}
-		if sent[k] != nil {
+		if sent[string(w.id)] != nil {
 			again = append(again, w)
 			continue
 		}
-		sent[k] = w
-		b.Queue(q, w.req.Scope, w.req.Key, w.req.Token, storeNanos(w.req.ExpiresAt), int32(w.req.Response.Status),
+		sent[string(w.id)] = w
+		b.Queue(q, w.id, w.req.Token, w.expires, int32(w.req.Response.Status),
 			w.header, w.body).Exec(func(tag pgconn.CommandTag) error {
 			w.done = tag.RowsAffected() == 1
 			return nil
@@ -175,21 +176,22 @@ func (s *Store) withConn(ctx context.Context, fn func(*pgx.Conn) error) error {
 // found was taken by another request: its claim reads the entry in its
 // way, as after any insert that ran into a row. Unreadable, each claim
 // gets an ErrCommitInDoubt error.
-func (s *Store) readBackClaims(ctx context.Context, d *commitDoubt, sent map[scopedKey]*claimWrite) readResult {
+func (s *Store) readBackClaims(ctx context.Context, d *commitDoubt, sent map[string]*claimWrite) readResult {
 	rows, err := storeReadBack(ctx, s, d, sent)
 	if err != nil {
-		for k, w := range sent {
+		for _, w := range sent {
 			w.inserted, w.token = false, 0
-			w.err = inDoubt(fmt.Sprintf("the claim of key %q in scope %q", k.key, k.scope), d.err, err)
+			w.err = inDoubt(fmt.Sprintf("the claim of key %q in scope %q", w.req.Key, w.req.Scope), d.err, err)
 		}
 		return unreadable
 	}
 	res := notCommitted
-	for k, w := range sent {
-		e, ok := rows[k]
-		now := storeNanos(w.req.Now)
+	for id, w := range sent {
+		// Both on the server's clock: the row's times as stored, and the
+		// claim's as it sent them.
+		e, ok := rows[id]
 		w.inserted = ok && e.State == server.InProgress && e.Fingerprint == w.req.Fingerprint &&
-			storeNanos(e.CreatedAt) == now && storeNanos(e.LockedAt) == now
+			storeNanos(e.CreatedAt, 0) == w.now && storeNanos(e.LockedAt, 0) == w.now
 		w.token = 0
 		if w.inserted {
 			w.token, res = e.Token, committed
@@ -202,7 +204,7 @@ func (s *Store) readBackClaims(ctx context.Context, d *commitDoubt, sent map[sco
 // doubt: an entry completed under this completion's token is this one's.
 // One found means the statement committed, and a completion not found
 // lost its lock. Unreadable, each gets an ErrCommitInDoubt error.
-func (s *Store) readBackCompletes(ctx context.Context, d *commitDoubt, batch []*completeWrite, sent map[scopedKey]*completeWrite) readResult {
+func (s *Store) readBackCompletes(ctx context.Context, d *commitDoubt, batch []*completeWrite, sent map[string]*completeWrite) readResult {
 	rows, err := storeReadBack(ctx, s, d, sent)
 	if err != nil {
 		for _, w := range batch {
@@ -212,8 +214,8 @@ func (s *Store) readBackCompletes(ctx context.Context, d *commitDoubt, batch []*
 		return unreadable
 	}
 	res := notCommitted
-	for k, w := range sent {
-		e, ok := rows[k]
+	for id, w := range sent {
+		e, ok := rows[id]
 		w.done = ok && e.State == server.Completed && e.Token == w.req.Token
 		if w.done {
 			res = committed
@@ -223,23 +225,24 @@ func (s *Store) readBackCompletes(ctx context.Context, d *commitDoubt, batch []*
 }
 
 // storeReadBack waits for the session of a commit in doubt to settle, then
-// reads the entries of the keys it wrote.
-func storeReadBack[W any](ctx context.Context, s *Store, d *commitDoubt, keys map[scopedKey]W) (map[scopedKey]server.Entry, error) {
+// reads the entries it wrote, by id (storeID, as a string), their times
+// left on the server's clock, as written.
+func storeReadBack[W any](ctx context.Context, s *Store, d *commitDoubt, ids map[string]W) (map[string]server.Entry, error) {
 	ctx, cancel := readBackCtx(ctx)
 	defer cancel()
 	if err := settle(ctx, s.pool, d); err != nil {
 		return nil, err
 	}
-	out := make(map[scopedKey]server.Entry, len(keys))
+	out := make(map[string]server.Entry, len(ids))
 	b := &pgx.Batch{}
-	for k := range keys {
-		b.Queue(s.q.reread, k.scope, k.key).QueryRow(func(row pgx.Row) error {
-			e, err := scanStoreEntry(row)
+	for id := range ids {
+		b.Queue(s.q.reread, []byte(id)).QueryRow(func(row pgx.Row) error {
+			e, err := scanStoreEntry(row, 0)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
 			if err == nil {
-				out[k] = e
+				out[id] = e
 			}
 			return err
 		})

@@ -195,3 +195,35 @@ func TestReplicasRunAHandlerOncePerKey(t *testing.T) {
 		}
 	}
 }
+
+// TestMiddlewareRunsWhatOtherStoresRun: requests that the memory and
+// SQLite stores run (a path that decodes to a byte that is not UTF-8, or
+// to a NUL; a scope that is not UTF-8 and as long as a JWT) run once and
+// replay here too, instead of a 503 that the client would retry forever.
+func TestMiddlewareRunsWhatOtherStoresRun(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("eyJzdWIiOiJ0ZW5hbnQifQ", 150)
+	mw, err := server.New(server.Config{Store: openStore(t), Scope: func(r *http.Request) string {
+		return r.Header.Get("X-Tenant") + "\xff" + long
+	}})
+	require.NoError(t, err)
+	var runs atomic.Int64
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})))
+	t.Cleanup(func() {
+		srv.Close()
+		assert.NoError(t, mw.Close())
+	})
+	r := &replica{name: "replica", srv: srv}
+	for i, path := range []string{"/files/caf%E9.txt", "/files/a%00b"} {
+		key := fmt.Sprint("k", i)
+		for try := range 2 {
+			a, err := r.do(t, http.MethodPost, path, "t\xe9", key, `{}`)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusCreated, a.status, "%s, try %d: %s", path, try+1, a.body)
+		}
+	}
+	assert.EqualValues(t, 2, runs.Load(), "each request ran once")
+}

@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"strings"
 
 	"github.com/idemkit/idem/postgres/internal/pgschema"
@@ -15,9 +17,16 @@ import (
 // those comparisons must be exact at the precision the callers pass;
 // timestamptz would round to microseconds.
 //
-// Scope and key are compared byte for byte (COLLATE "C"): they are opaque
-// identifiers, equal only when their bytes are, so no locale may weigh in,
-// and the index then orders them as Go does, the order batches insert in.
+// Scope, key, fingerprint, method and path are bytes (bytea), kept as the
+// middleware passes them: a path may decode to bytes that are not UTF-8
+// (/files/caf%E9.txt) or to a NUL, and a scope may be any identity the
+// application names, a 3 KB token say; text would refuse the first two
+// and a B-tree entry cannot hold the third (at most 2,704 bytes). They are
+// compared byte for byte, as opaque identifiers are. A row is found by
+// id, the SHA-256 of its scope and key (storeID), which every lookup
+// computes: fixed in size whatever their length, and distinct for every
+// pair (the scope's length comes first, so that ("ab", "c") and ("a",
+// "bc") differ).
 //
 // Tokens come from one sequence, store_tokens, with no cache, so that a
 // token is never handed out twice in the schema, whatever rows are deleted
@@ -28,6 +37,9 @@ import (
 // claimed again in between, by a quicker request, the token it then
 // inserts is older than that one's, and unique all the same. Fencing needs
 // uniqueness only.)
+//
+// Version 2 moved version 1's text columns, keyed by (scope, key), to
+// bytes keyed by id; the rows are kept.
 var storeKind = pgschema.Kind{Name: "store", Marker: "store_entries", Migrations: []string{
 	`CREATE SEQUENCE store_tokens AS bigint CACHE 1;
 	CREATE TABLE store_entries (
@@ -47,7 +59,45 @@ var storeKind = pgschema.Kind{Name: "store", Marker: "store_entries", Migrations
 		PRIMARY KEY (scope, key)
 	);
 	CREATE INDEX store_entries_expiry ON store_entries (expires_at);`,
+	`CREATE TABLE store_entries_v2 (
+		id          bytea PRIMARY KEY,
+		scope       bytea NOT NULL,
+		key         bytea NOT NULL,
+		fingerprint bytea NOT NULL,
+		method      bytea NOT NULL,
+		path        bytea NOT NULL,
+		state       smallint NOT NULL,
+		token       bigint NOT NULL,
+		created_at  bigint NOT NULL,
+		locked_at   bigint NOT NULL,
+		expires_at  bigint NOT NULL,
+		resp_status integer,
+		resp_header bytea,
+		resp_body   bytea
+	);
+	INSERT INTO store_entries_v2
+	SELECT sha256(int4send(octet_length(v.scope)) || v.scope || v.key), v.scope, v.key,
+		convert_to(e.fingerprint, 'UTF8'), convert_to(e.method, 'UTF8'), convert_to(e.path, 'UTF8'),
+		e.state, e.token, e.created_at, e.locked_at, e.expires_at, e.resp_status, e.resp_header, e.resp_body
+	FROM store_entries AS e, LATERAL (SELECT convert_to(e.scope, 'UTF8') AS scope, convert_to(e.key, 'UTF8') AS key) AS v;
+	DROP TABLE store_entries;
+	ALTER TABLE store_entries_v2 RENAME TO store_entries;
+	ALTER TABLE store_entries RENAME CONSTRAINT store_entries_v2_pkey TO store_entries_pkey;
+	CREATE INDEX store_entries_expiry ON store_entries (expires_at);`,
 }}
+
+// storeID is the id of (scope, key)'s row: SHA-256 of the scope's length
+// (4 bytes, big-endian), the scope and the key, as migration 2 computes it
+// in SQL.
+func storeID(scope, key string) []byte {
+	h := sha256.New()
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(scope)))
+	h.Write(n[:])
+	h.Write([]byte(scope))
+	h.Write([]byte(key))
+	return h.Sum(nil)
+}
 
 // storeColumns are the columns scanStoreEntry reads, in its order.
 const storeColumns = `scope, key, fingerprint, method, path, state, token, created_at, locked_at,
@@ -71,10 +121,10 @@ func newStoreQueries(schema string) storeQueries {
 	// it keeps for a prepared statement, made while a new store's table is
 	// empty, scans the whole table, and goes on doing so as it grows.
 	complete := func(mode string) string {
-		return `UPDATE ` + table + ` AS e SET state = 2, expires_at = $4,
-				resp_status = $5, resp_header = $6, resp_body = $7
+		return `UPDATE ` + table + ` AS e SET state = 2, expires_at = $3,
+				resp_status = $4, resp_header = $5, resp_body = $6
 			FROM (` + mode + `) AS d
-			WHERE e.scope = $1 AND e.key = $2 AND e.token = $3 AND e.state = 1`
+			WHERE e.id = $1 AND e.token = $2 AND e.state = 1`
 	}
 	return storeQueries{
 		// New keys, one row per claim of a batch, inserted in the batch's
@@ -82,46 +132,46 @@ func newStoreQueries(schema string) storeQueries {
 		// keys lock them in the same order and never deadlock). DO
 		// NOTHING neither locks nor writes a row in the way, so a claim
 		// that finds its key taken (a replay, a 409) writes nothing.
-		insert: `INSERT INTO ` + table + ` (scope, key, fingerprint, method, path, state, token, created_at, locked_at, expires_at)
-			SELECT v.scope, v.key, v.fingerprint, v.method, v.path, 1, nextval(` + tokens + `), v.now, v.now, v.expires_at
+		insert: `INSERT INTO ` + table + ` (id, scope, key, fingerprint, method, path, state, token, created_at, locked_at, expires_at)
+			SELECT v.id, v.scope, v.key, v.fingerprint, v.method, v.path, 1, nextval(` + tokens + `), v.now, v.now, v.expires_at
 			FROM (` + commitDurable + `) AS d,
-				unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[])
-				WITH ORDINALITY AS v(scope, key, fingerprint, method, path, now, expires_at, i)
+				unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[], $5::bytea[], $6::bytea[], $7::bigint[], $8::bigint[])
+				WITH ORDINALITY AS v(id, scope, key, fingerprint, method, path, now, expires_at, i)
 			ORDER BY v.i
-			ON CONFLICT (scope, key) DO NOTHING
-			RETURNING scope, key, token`,
+			ON CONFLICT (id) DO NOTHING
+			RETURNING id, token`,
 		// An expired entry: replaced by a new one, if it is still expired
 		// once its row is locked.
-		replace: `UPDATE ` + table + ` AS e SET fingerprint = $3, method = $4, path = $5, state = 1,
-				token = nextval(` + tokens + `), created_at = $6, locked_at = $6, expires_at = $7,
+		replace: `UPDATE ` + table + ` AS e SET fingerprint = $2, method = $3, path = $4, state = 1,
+				token = nextval(` + tokens + `), created_at = $5, locked_at = $5, expires_at = $6,
 				resp_status = NULL, resp_header = NULL, resp_body = NULL
 			FROM (` + commitDurable + `) AS d
-			WHERE e.scope = $1 AND e.key = $2 AND e.expires_at <= $6
+			WHERE e.id = $1 AND e.expires_at <= $5
 			RETURNING ` + storeColumns,
 		// A stale lock: taken over with a new token, if it is still stale
 		// once its row is locked (PostgreSQL evaluates the condition again
 		// on the newest version of a row it waited for, so of many
 		// concurrent take-overs one wins).
-		takeOver: `UPDATE ` + table + ` AS e SET token = nextval(` + tokens + `), locked_at = $4,
-				expires_at = GREATEST(e.expires_at, $5)
+		takeOver: `UPDATE ` + table + ` AS e SET token = nextval(` + tokens + `), locked_at = $3,
+				expires_at = GREATEST(e.expires_at, $4)
 			FROM (` + commitDurable + `) AS d
-			WHERE e.scope = $1 AND e.key = $2 AND e.state = 1 AND e.fingerprint = $3
-				AND e.locked_at < $6 AND e.expires_at > $4
+			WHERE e.id = $1 AND e.state = 1 AND e.fingerprint = $2
+				AND e.locked_at < $5 AND e.expires_at > $3
 			RETURNING ` + storeColumns,
-		reread:           `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE scope = $1 AND key = $2`,
+		reread:           `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE id = $1`,
 		complete:         complete(commitDurable),
 		completeDeferred: complete(commitDeferred),
 		release: `DELETE FROM ` + table + ` AS e USING (` + commitDeferred + `) AS d
-			WHERE e.scope = $1 AND e.key = $2 AND e.token = $3 AND e.state = $4`,
-		renew: `UPDATE ` + table + ` AS e SET locked_at = $5 FROM (` + commitDurable + `) AS d
-			WHERE e.scope = $1 AND e.key = $2 AND e.token = $3 AND e.state = $4`,
-		get: `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE scope = $1 AND key = $2 AND expires_at > $3`,
+			WHERE e.id = $1 AND e.token = $2 AND e.state = $3`,
+		renew: `UPDATE ` + table + ` AS e SET locked_at = $4 FROM (` + commitDurable + `) AS d
+			WHERE e.id = $1 AND e.token = $2 AND e.state = $3`,
+		get: `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE id = $1 AND expires_at > $2`,
 		// One batch of expired entries. SKIP LOCKED passes over the rows a
 		// claim is replacing, and lets replicas that sweep at once share
 		// the work instead of queueing on each other.
 		sweep: `DELETE FROM ` + table + ` AS e USING (` + commitDeferred + `) AS d
-			WHERE (e.scope, e.key) IN (
-				SELECT scope, key FROM ` + table + ` WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
+			WHERE e.id IN (
+				SELECT id FROM ` + table + ` WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
 			AND e.expires_at <= $1`,
 	}
 }

@@ -12,6 +12,8 @@
 // Every request is a real call to the endpoint, with its real effects:
 // orders created, cards charged. Probe a test account or a staging
 // environment. Run sends at most Config.MaxRequests (20 by default),
+// counted as they reach the wire, each on a connection of its own so that
+// net/http never sends one again by itself (see Config.HTTPClient),
 // announces each step with the number of requests it sends
 // (Config.OnStep), and skips a step that the budget cannot afford, saying
 // so in its finding. Each step uses a fresh random key (a UUID), which

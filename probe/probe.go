@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -55,7 +57,14 @@ type Config struct {
 	OtherURL    string
 	OtherMethod string
 	// HTTPClient sends the requests; redirects are never followed.
-	// Defaults to a client with a 30-second timeout.
+	// Defaults to a client with a 30-second timeout. Its transport, when
+	// it is net/http's (or nil), is copied with keep-alives off: net/http
+	// sends a request that carries an idempotency key again by itself,
+	// on a new connection, when a reused one dies before any reply, and
+	// the probe's requests must each reach the endpoint once. A request
+	// with a body is never sent again by any net/http transport; one
+	// without a body through a transport of another type may be, and
+	// such a re-send is counted in Report.Requests and Exchange.Resent.
 	HTTPClient *http.Client
 	// MaxRequests bounds the requests sent, status checks included; a step
 	// that would go past it is skipped, and its finding says so. Defaults
@@ -135,8 +144,27 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	hc := *c.HTTPClient
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	hc.Transport = freshConnections(hc.Transport)
 	c.HTTPClient = &hc
 	return c, nil
+}
+
+// freshConnections returns rt with keep-alives off when it is net/http's
+// transport (nil meaning http.DefaultTransport): net/http only sends a
+// request again by itself on a connection that was reused, so a request
+// on a connection of its own reaches the endpoint once, whatever happens
+// to the connection. A handful of requests lose little to the handshakes.
+func freshConnections(rt http.RoundTripper) http.RoundTripper {
+	if rt == nil {
+		rt = http.DefaultTransport
+	}
+	t, ok := rt.(*http.Transport)
+	if !ok {
+		return rt
+	}
+	t = t.Clone()
+	t.DisableKeepAlives = true
+	return t
 }
 
 func checkURL(field, v string) error {
@@ -232,8 +260,8 @@ func (a answer) sameAs(b answer) bool {
 }
 
 // send sends one request with key in f (no key when key is empty).
-func (p *prober) send(ctx context.Context, t target, f form, key string, body []byte, bodyName string) answer {
-	a := answer{Exchange: Exchange{Method: t.method, URL: t.url, Body: bodyName}}
+func (p *prober) send(ctx context.Context, t target, f form, key string, body []byte, bodyName string) (a answer) {
+	a = answer{Exchange: Exchange{Method: t.method, URL: t.url, Body: bodyName}}
 	if key != "" {
 		a.KeyHeader, a.KeyForm, a.Key = f.header, formName(f.quoted), key
 	}
@@ -254,6 +282,23 @@ func (p *prober) send(ctx context.Context, t target, f form, key string, body []
 		a.Error = err.Error()
 		return a
 	}
+	// Without GetBody a request with a body is not replayable, so no
+	// net/http transport sends it again by itself, whatever the
+	// connection (Request.isReplayable); redirects, which need it, are
+	// not followed.
+	req.GetBody = nil
+	var writes atomic.Int32
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { writes.Add(1) }}))
+	defer func() {
+		// The budget counts what reached the wire: a re-send made by a
+		// transport the probe could not configure is a request too.
+		if n := int(writes.Load()) - 1; n > 0 {
+			a.Resent = n
+			p.mu.Lock()
+			p.sent += n
+			p.mu.Unlock()
+		}
+	}()
 	for name, vs := range p.cfg.Header {
 		req.Header[http.CanonicalHeaderKey(name)] = append([]string(nil), vs...)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"testing"
@@ -424,4 +425,75 @@ func TestTheKeyOnAnotherEndpoint(t *testing.T) {
 	require.Equal(t, "new-entry/ok", f.Outcome+"/"+string(f.Grade), f.Summary)
 	require.Equal(t, "PUT", f.Exchanges[1].Method)
 	require.NotEqual(t, f.Exchanges[0].BodySHA256, f.Exchanges[1].BodySHA256)
+}
+
+// roundTripper is an application's own transport around net/http's, which
+// the probe cannot reconfigure.
+type roundTripper struct{ base http.RoundTripper }
+
+func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
+	return rt.base.RoundTrip(r)
+}
+
+// An endpoint that closes its connection after reading a request, before
+// answering, must not receive it again: net/http re-sends a request that
+// carries an Idempotency-Key on a new connection by itself when a reused
+// one dies, and the probe's budget counts what reaches the wire.
+func TestTheBudgetHoldsWhenTheEndpointDropsTheConnection(t *testing.T) {
+	t.Parallel()
+	for name, hc := range map[string]*http.Client{
+		"default client":          nil,
+		"the caller's transport":  {Transport: &http.Transport{}},
+		"a transport wrapping it": {Transport: roundTripper{&http.Transport{}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a := &api{}
+			start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if a.requests.Load() != 2 {
+					a.create(w, r)
+					return
+				}
+				// The second request is read whole, then its connection
+				// closed without an answer: the order may exist.
+				_, _ = io.Copy(io.Discard, r.Body)
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					conn.Close()
+				}
+			}))
+			rep, err := probe.Run(context.Background(), probe.Config{URL: a.url("/orders"), Body: []byte(orderBody), MaxRequests: 2, HTTPClient: hc})
+			require.NoError(t, err)
+			require.LessOrEqual(t, a.requests.Load(), int64(2), "the endpoint received more than MaxRequests; the report says %d", rep.Requests)
+			require.Equal(t, int64(rep.Requests), a.requests.Load(), "the report's count and the server's")
+			replay := finding(t, rep, probe.StepReplay)
+			require.Len(t, replay.Exchanges, 2)
+			require.NotEmpty(t, replay.Exchanges[1].Error, "the dropped request is reported unanswered, not answered by a re-send")
+		})
+	}
+}
+
+// A transport of the application's own type is not reconfigured, and a
+// request without a body is replayable whatever the probe does: when such
+// a transport sends it again, the report counts what reached the endpoint.
+func TestTheReportCountsTheTransportsOwnResends(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.requests.Load() != 2 {
+			a.create(w, r)
+			return
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	hc := &http.Client{Transport: roundTripper{&http.Transport{}}}
+	rep, err := probe.Run(context.Background(), probe.Config{URL: a.url("/orders"), Body: []byte{}, MaxRequests: 2, HTTPClient: hc})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), a.requests.Load(), "net/http re-sent the dropped request on a new connection")
+	require.Equal(t, 3, rep.Requests, "the report counts the re-send")
+	replay := finding(t, rep, probe.StepReplay)
+	require.Equal(t, 1, replay.Exchanges[1].Resent)
 }

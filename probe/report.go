@@ -139,6 +139,10 @@ type Exchange struct {
 	Duration   time.Duration `json:"-"`
 	// Error is the transport error, when there was no answer.
 	Error string `json:"error,omitempty"`
+	// Resent is how many times the transport sent the request again by
+	// itself, on a new connection (see Config.HTTPClient): each reached
+	// the endpoint, and the answer, if any, is the last one's.
+	Resent int `json:"resent,omitempty"`
 }
 
 // MarshalJSON adds the duration in milliseconds.
@@ -161,6 +165,9 @@ func (e Exchange) Brief() string {
 	}
 	if e.ReplayHeader != "" {
 		b.WriteString(" " + e.ReplayHeader)
+	}
+	if e.Resent > 0 {
+		fmt.Fprintf(&b, " (re-sent %d time(s) by the transport)", e.Resent)
 	}
 	if e.RetryAfter != "" {
 		b.WriteString(" Retry-After")
@@ -186,7 +193,8 @@ type Report struct {
 	Findings []Finding `json:"findings"`
 	// Advice is how to configure idem for this endpoint.
 	Advice Advice `json:"advice"`
-	// Requests is how many requests were sent, of MaxRequests.
+	// Requests is how many requests were written to the endpoint, of
+	// MaxRequests, the transport's own re-sends included.
 	Requests    int `json:"requests"`
 	MaxRequests int `json:"max_requests"`
 }

@@ -189,5 +189,16 @@
 // NewMemoryStore keeps entries in memory, for tests and single instances
 // that may forget keys on restart. OpenSQLiteStore keeps them in an SQLite
 // file shared by every process on the machine, claims durable before the
-// handler runs. Any other Store must pass package storetest.
+// handler runs. Any other Store must pass package storetest, which holds
+// it to what these two do: keep any scope, key and route byte for byte
+// (a path that decodes to bytes that are not UTF-8 or to a NUL, a scope as
+// long as a token). A store that cannot keep some request wraps
+// ErrUnstorable, and the middleware answers it 400 with the store's
+// reason: never 503, which would have the client send the same request
+// again, forever. The middleware passes every time (Now, StaleBefore,
+// ExpiresAt) as its process's clock reads it; a store that machines share
+// judges them on its server's clock instead, moving each by the offset
+// between the two, as the PostgreSQL store does, so that a replica whose
+// clock is wrong neither takes a live handler's key nor expires a kept
+// response.
 package server

@@ -108,6 +108,10 @@ func newWrappedEnv(t *testing.T, h http.HandlerFunc, wrap func(http.Handler) htt
 
 func withStore(s server.Store) envOption { return func(c *server.Config) { c.Store = s } }
 
+func withScope(scope func(*http.Request) string) envOption {
+	return func(c *server.Config) { c.Scope = scope }
+}
+
 func withTenantScope() envOption {
 	return func(c *server.Config) { c.Scope = func(r *http.Request) string { return r.Header.Get("X-Tenant") } }
 }

@@ -207,6 +207,13 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		Scope: scope, Key: key, Fingerprint: fp, Method: r.Method, Path: r.URL.Path,
 		Now: now, ExpiresAt: now.Add(m.cfg.Retention), StaleBefore: now.Add(-m.cfg.LockTimeout),
 	})
+	if errors.Is(err, ErrUnstorable) {
+		m.log(r.Context(), slog.LevelWarn, "idempotency store refused the request; it was not run", r, scope, key, slog.Any("error", err))
+		writeProblem(w, wire.Problem{Type: wire.ProblemUnstorable, Status: http.StatusBadRequest, Title: "Request cannot be recorded",
+			Detail: "The idempotency store cannot keep this request, so it was not run, and the same request will be refused again: " +
+				err.Error() + ".", Key: key})
+		return Outcome{Kind: OutcomeKeyInvalid, Scope: scope, Key: key, Status: http.StatusBadRequest}
+	}
 	if err != nil {
 		level := slog.LevelError
 		if r.Context().Err() != nil {

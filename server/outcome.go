@@ -37,8 +37,9 @@ const (
 	OutcomeInProgress
 	// OutcomeKeyReused: the key belongs to another request (422).
 	OutcomeKeyReused
-	// OutcomeKeyInvalid: no key, an invalid one, or an unreadable or too
-	// large body (400 or 413): nothing ran.
+	// OutcomeKeyInvalid: no key, an invalid one, an unreadable or too
+	// large body, or a request the store cannot keep (ErrUnstorable) (400
+	// or 413): nothing ran.
 	OutcomeKeyInvalid
 	// OutcomeStoreUnavailable: the key could not be claimed (503): nothing
 	// ran.

@@ -17,6 +17,14 @@ var (
 	// or the entry was released or completed: the caller must not store its
 	// response.
 	ErrLockLost = errors.New("idempotency lock lost to another request")
+	// ErrUnstorable: the store cannot keep this request's scope, key or
+	// route, whenever it is asked (a value longer than it can hold, say).
+	// A Store's Claim wraps it in an error that says what it cannot keep
+	// and why, without the value itself. The middleware then answers 400
+	// with that reason and runs nothing, rather than 503, which would
+	// invite the same request again. Every store in this module and in
+	// package postgres keeps any value, so none returns it.
+	ErrUnstorable = errors.New("the idempotency store cannot keep this request")
 )
 
 // EntryState is the state of a stored entry.

@@ -191,7 +191,7 @@ func TestHelp(t *testing.T) {
 	}
 	for _, flag := range []string{"--journal PATH", "--state STATES", "--older-than D", "--body", "--as OUTCOME",
 		"--note TEXT", "--header-env NAME=ENV", "--status-url URL", "--replay", "--dry-run", "--concurrency N", "--timeout D",
-		"--scope SCOPE", "--all-scopes", "--wait"} {
+		"--scope SCOPE", "--all-scopes", "--wait", "--schema SCHEMA", "--password-env NAME", "--owner OWNER"} {
 		assert.Contains(t, r.stdout, "  "+flag)
 	}
 	assert.Contains(t, r.stdout, "Exit status")
@@ -199,7 +199,7 @@ func TestHelp(t *testing.T) {
 	for _, args := range [][]string{{"-h"}, {"--help"}, {"help", "help"}} {
 		r = cli(t, "", nil, args...)
 		requireOK(t, r)
-		assert.True(t, strings.HasPrefix(r.stdout, "Usage: idem [--journal PATH] COMMAND"), "%v: %s", args, r.stdout)
+		assert.True(t, strings.HasPrefix(r.stdout, "Usage: idem [--journal PATH|URL] [--schema NAME] [--password-env NAME] COMMAND"), "%v: %s", args, r.stdout)
 	}
 	for _, args := range [][]string{{"help", "prune"}, {"prune", "-h"}, {"prune", "--help"}, {"--journal", "x.db", "prune", "-h"}} {
 		r = cli(t, "", nil, args...)

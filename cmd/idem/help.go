@@ -34,13 +34,17 @@ func helpCommand(e *env, args []string) error {
 }
 
 func printUsage(w io.Writer) {
-	fmt.Fprint(w, `Usage: idem [--journal PATH] COMMAND [flags] [arguments]
+	fmt.Fprint(w, `Usage: idem [--journal PATH|URL] [--schema NAME] [--password-env NAME] COMMAND [flags] [arguments]
 
-idem inspects and operates an idem journal, the SQLite file in which the
-idem SDK records every operation before sending it. The journal is
---journal PATH (before or after the command), else $IDEM_JOURNAL, else
-./idem.db; it is never created. "idem probe" uses none: it checks what an
-API does with idempotency keys.
+idem inspects and operates an idem journal, the SQLite file or the
+PostgreSQL schema in which the idem SDK records every operation before
+sending it. The journal is --journal (before or after the command), else
+$IDEM_JOURNAL, else ./idem.db: a file's path, or a URL such as
+postgres://idem@db.internal:5432/app whose journal is in schema --schema
+(default idem), the password from $PGPASSWORD, ~/.pgpass or the variable
+--password-env names. It is never created, and the commands that only
+read never write. "idem probe" uses none: it checks what an API does with
+idempotency keys.
 
 Commands:
 `)
@@ -63,8 +67,8 @@ Errors are one line on stderr, prefixed "idem: ".
 func printCommandUsage(w io.Writer, c *command) {
 	fmt.Fprintf(w, "Usage: idem %s %s\n\n%s\n", c.name, c.args, strings.TrimSpace(c.help))
 	fs := newFlagSet("idem " + c.name)
-	var journal journalFlag
-	fs.Var(&journal, "journal", journalUsage)
+	var g globalFlags
+	g.define(fs)
 	c.setup(fs)
 	fmt.Fprintln(w, "\nFlags:")
 	fs.VisitAll(func(f *flag.Flag) {

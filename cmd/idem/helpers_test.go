@@ -54,6 +54,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	if pgPool != nil {
+		pgPool.Close() // the PostgreSQL tests' shared pool
+	}
 	// The in-process tests open journals and clients: their Close must
 	// have stopped every goroutine they started.
 	if err := goleak.Find(); code == 0 && err != nil {
@@ -170,6 +173,8 @@ func openTestJournal(t *testing.T) (string, *idem.SQLiteJournal) {
 
 // op describes a record to journal and the states to move it through.
 type op struct {
+	// name is the record's name in the standard journal, if it is one.
+	name           string
 	key, scope, id string
 	method, url    string
 	header         http.Header
@@ -271,30 +276,44 @@ func standardJournal(t *testing.T) (string, map[string]idem.Record) {
 	t.Helper()
 	path, j := openTestJournal(t)
 	defer j.Close()
+	return path, standardRecords(t, j, nil)
+}
+
+// standardRecords journals the standard journal's operations in j, with
+// the keys of keys (by their names above) or random ones.
+func standardRecords(t *testing.T, j idem.Journal, keys map[string]string) map[string]idem.Record {
+	t.Helper()
 	jsonHeader := http.Header{"Content-Type": {"application/json"}}
+	put := func(t *testing.T, j idem.Journal, o op) idem.Record {
+		t.Helper()
+		if keys != nil {
+			o.key = keys[o.name]
+		}
+		return put(t, j, o)
+	}
 	recs := map[string]idem.Record{
-		rPending: put(t, j, op{id: "checkout/cart-42", header: jsonHeader, body: []byte(pendingBody)}),
-		rInFlight: put(t, j, op{id: "pay/invoice-7", body: []byte(`{"invoice":7}`),
+		rPending: put(t, j, op{name: rPending, id: "checkout/cart-42", header: jsonHeader, body: []byte(pendingBody)}),
+		rInFlight: put(t, j, op{name: rInFlight, id: "pay/invoice-7", body: []byte(`{"invoice":7}`),
 			path: []idem.State{idem.StateInFlight}}),
-		rUnknown: put(t, j, op{id: longID, body: []byte(`{}`), lastError: longError,
+		rUnknown: put(t, j, op{name: rUnknown, id: longID, body: []byte(`{}`), lastError: longError,
 			path: []idem.State{idem.StateInFlight, idem.StateUnknown}}),
-		rSucceeded: put(t, j, op{id: "checkout/cart-41", header: jsonHeader, body: []byte(`{"cart":41}`),
+		rSucceeded: put(t, j, op{name: rSucceeded, id: "checkout/cart-41", header: jsonHeader, body: []byte(`{"cart":41}`),
 			path: []idem.State{idem.StateInFlight, idem.StateSucceeded},
 			resp: &idem.Response{StatusCode: 201, Replayed: true, Body: []byte(responseBody),
 				Header: http.Header{"Content-Type": {"application/json"}, "X-Request-Id": {"req-abc"}}}}),
-		rRejected: put(t, j, op{scope: "tenant-b", id: "refund/r-1", body: []byte(`{"refund":1}`),
+		rRejected: put(t, j, op{name: rRejected, scope: "tenant-b", id: "refund/r-1", body: []byte(`{"refund":1}`),
 			path: []idem.State{idem.StateInFlight, idem.StateRejected},
 			resp: &idem.Response{StatusCode: 400, Body: []byte(`{"error":"out of stock"}`)}}),
-		rExpired: put(t, j, op{scope: "tenant-b", id: "ship/s-9", body: []byte(`{"ship":9}`),
+		rExpired: put(t, j, op{name: rExpired, scope: "tenant-b", id: "ship/s-9", body: []byte(`{"ship":9}`),
 			lastError: "the server's key retention (24h0m0s) ended before the outcome was confirmed; not re-sent",
 			path:      []idem.State{idem.StateInFlight, idem.StateUnknown, idem.StateExpired}}),
-		rCanceled: put(t, j, op{id: "checkout/cart-40", body: []byte(`{"cart":40}`), lastError: "canceled",
+		rCanceled: put(t, j, op{name: rCanceled, id: "checkout/cart-40", body: []byte(`{"cart":40}`), lastError: "canceled",
 			path: []idem.State{idem.StatePending, idem.StateCanceled}}),
-		rBinary: put(t, j, op{scope: "tenant-b", id: "upload/u-1", body: binaryBody,
+		rBinary: put(t, j, op{name: rBinary, scope: "tenant-b", id: "upload/u-1", body: binaryBody,
 			path: []idem.State{idem.StateInFlight, idem.StateSucceeded},
 			resp: &idem.Response{StatusCode: 200, Body: binaryBody}}),
 	}
-	return path, recs
+	return recs
 }
 
 // snapshot is everything a journal holds.

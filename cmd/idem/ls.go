@@ -23,7 +23,7 @@ const (
 
 var lsCommand = &command{
 	name:    "ls",
-	args:    "[--state S[,S...]] [--scope S] [--older-than D] [--json]",
+	args:    "[--state S[,S...]] [--scope S] [--owner NAME] [--older-than D] [--json]",
 	summary: "list operations, oldest first",
 	help: `
 Lists operations, oldest first: key, scope, operation ID, state, attempts,
@@ -38,11 +38,13 @@ expired without sending anything, for an operator to reconcile.`,
 		var (
 			states stateList
 			scope  string
+			owner  string
 			older  ageFlag
 			asJSON bool
 		)
 		fs.Var(&states, "state", "only operations in these `STATES`, comma-separated: pending, in_flight, unknown, succeeded, rejected, expired, canceled; may be repeated")
 		fs.StringVar(&scope, "scope", "", "only operations of `SCOPE`")
+		fs.StringVar(&owner, "owner", "", "only operations whose lease `OWNER` holds or last held (a worker, as 'idem stats' lists them)")
 		fs.Var(&older, "older-than", "only operations created more than `D` ago: a Go duration (90m, 36h) or days (7d)")
 		fs.BoolVar(&asJSON, "json", false, "print one JSON object per line")
 		return func(ctx context.Context, e *env, args []string) error {
@@ -54,20 +56,27 @@ expired without sending anything, for an operator to reconcile.`,
 			if older.set {
 				f.CreatedBefore = now.Add(-older.d)
 			}
-			return withJournal(e, func(j *idem.SQLiteJournal) error {
+			keep := func(idem.Record) bool { return true }
+			if owner != "" {
+				keep = func(rec idem.Record) bool { return rec.Lease.Owner == owner }
+			}
+			return withJournal(ctx, e, reading, func(j *openJournal) error {
 				if asJSON {
-					return listJSON(ctx, e, j, f, now)
+					return listJSON(ctx, e, j, f, keep, now)
 				}
-				return listTable(ctx, e, j, f, now)
+				return listTable(ctx, e, j, f, keep, now)
 			})
 		}
 	},
 }
 
-func listJSON(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now time.Time) error {
+func listJSON(ctx context.Context, e *env, j idem.Journal, f idem.Filter, keep func(idem.Record) bool, now time.Time) error {
 	for rec, err := range j.List(ctx, f) {
 		if err != nil {
 			return err
+		}
+		if !keep(rec) {
+			continue
 		}
 		if err := writeJSON(e.stdout, newJSONRecord(rec, now)); err != nil {
 			return err
@@ -76,13 +85,16 @@ func listJSON(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now ti
 	return nil
 }
 
-func listTable(ctx context.Context, e *env, j idem.Journal, f idem.Filter, now time.Time) error {
+func listTable(ctx context.Context, e *env, j idem.Journal, f idem.Filter, keep func(idem.Record) bool, now time.Time) error {
 	tw := newTable(e.stdout)
 	n, overdue := 0, 0
 	for rec, err := range j.List(ctx, f) {
 		if err != nil {
 			tw.Flush()
 			return err
+		}
+		if !keep(rec) {
+			continue
 		}
 		switch {
 		case n == 0:

@@ -1,5 +1,5 @@
 // Command idem is the operator's tool for an idem journal: the local SQLite
-// file in which the idem SDK records every state-changing HTTP operation
+// file, or the PostgreSQL schema a fleet shares, in which the idem SDK records every state-changing HTTP operation
 // (its idempotency key, the exact request, its state and history) before
 // sending it. It lists and inspects operations (also in a web view, "idem
 // ui"), resumes the unfinished ones, records an operator's decision about
@@ -8,26 +8,40 @@
 // probes an API, before idem is trusted with it, for what it does with
 // idempotency keys.
 //
-// Install it with
+// It is a module of its own, which requires the root module and the
+// postgres module (so that a program importing only the root module never
+// downloads a PostgreSQL driver); its go.mod builds it against the
+// repository it sits in, so install it from a clone:
 //
-//	go install github.com/idemkit/idem/cmd/idem
+//	git clone https://github.com/idemkit/idem && cd idem/cmd/idem && go install .
 //
 // # Usage
 //
-//	idem [--journal PATH] COMMAND [flags] [arguments]
+//	idem [--journal PATH|URL] [--schema NAME] [--password-env NAME] COMMAND [flags] [arguments]
 //
-// The journal is --journal PATH (given before or after the command), else
-// $IDEM_JOURNAL, else ./idem.db. It is never created: a missing file, an
-// empty file, a directory or a file that is not an idem journal is an
-// error, and the file is left as it was. It is safe to run any command
-// while an application is using the journal: readers never block the
-// application, and writes wait for its lock.
+// The journal is --journal (given before or after the command), else
+// $IDEM_JOURNAL, else ./idem.db: an SQLite file's path, or a PostgreSQL
+// URL such as postgres://idem@db.internal:5432/app, whose journal is in
+// schema --schema (default idem). A PostgreSQL password comes from the URL,
+// $PGPASSWORD or ~/.pgpass (as pgx reads them), or the environment
+// variable --password-env names; it appears in no message, and a URL is
+// printed without it. A journal is never created: a missing file, an empty
+// file, a directory, a file or schema that is not an idem journal, a
+// server that does not answer is an error, and nothing is changed. It is
+// safe to run any command while applications use the journal: readers
+// never block them, and writes wait for their locks.
+//
+// The commands that only read (ls, show, stats, and ui without
+// --allow-writes) never write: an SQLite journal is opened read-only, a
+// PostgreSQL one in read-only sessions, and a journal of an older schema
+// is refused with the command that migrates it (idem migrate) instead of
+// being migrated.
 //
 // Flags may come before or after the arguments; "--" ends the flags.
 //
 // # Commands
 //
-//	idem ls [--state S[,S...]] [--scope S] [--older-than D] [--json]
+//	idem ls [--state S[,S...]] [--scope S] [--owner NAME] [--older-than D] [--json]
 //
 // Lists operations, oldest first: key, scope, operation ID, state,
 // attempts, age and last error, in a table (long IDs and errors are
@@ -36,7 +50,8 @@
 // states (pending, in_flight, unknown, succeeded, rejected, expired,
 // canceled) and may be repeated; --scope keeps one scope; --older-than D
 // keeps operations created more than D ago, D being a Go duration such as
-// 90m or 36h, or a number of days such as 7d. A state marked "*"
+// 90m or 36h, or a number of days such as 7d; --owner NAME keeps the
+// operations whose lease that worker holds or held last. A state marked "*"
 // (past_retention in JSON) is an in_flight or unknown operation past the
 // server's retention: "idem resume" marks it expired without sending.
 //
@@ -62,7 +77,10 @@
 //
 // Prints the number of operations by state and by scope, the age of the
 // oldest operation not yet settled (pending, in_flight, unknown or
-// expired), and the journal's size on disk (the file and its -wal).
+// expired), the workers (each owner of a lease of an active operation, how
+// many it holds and when its first lease ends; on PostgreSQL whether it is
+// alive or gone, with the live workers that hold nothing), and the
+// journal's size (the file and its -wal, or the schema's tables).
 //
 //	idem reconcile KEY|SCOPE/ID --as succeeded|rejected --note TEXT
 //
@@ -115,6 +133,12 @@
 // not due with the next due time) is always printed, and a line counts
 // the unsettled operations of other scopes, left alone. Interrupting it
 // (Ctrl-C) stops it cleanly: every operation stays journaled.
+//
+//	idem migrate
+//
+// Migrates a journal written by an older idem to this build's schema, in
+// place, and says from which version to which; a current one is left as
+// it is. It never creates a journal.
 //
 //	idem prune --older-than D [--dry-run]
 //
@@ -210,8 +234,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/idemkit/idem"
 )
 
 func main() {
@@ -232,10 +254,16 @@ const (
 type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
-	// journal is the journal file's path, resolved from --journal,
-	// $IDEM_JOURNAL or the default.
+	// journal is the journal: a file's path or a PostgreSQL URL, resolved
+	// from --journal, $IDEM_JOURNAL or the default. journalName() is how
+	// messages name it, without a password.
 	journal string
-	now     func() time.Time
+	// schemaName is --schema (schemaSet when given) and passwordEnv is
+	// --password-env, for a PostgreSQL journal.
+	schemaName  string
+	schemaSet   bool
+	passwordEnv string
+	now         func() time.Time
 }
 
 // A command is one subcommand. setup defines its flags on fs and returns
@@ -250,7 +278,7 @@ type command struct {
 
 // commands lists the subcommands in the order help shows them.
 var commands = []*command{lsCommand, showCommand, statsCommand, reconcileCommand, cancelCommand,
-	resumeCommand, pruneCommand, uiCommand, probeCommand}
+	resumeCommand, pruneCommand, migrateCommand, uiCommand, probeCommand}
 
 func lookupCommand(name string) *command {
 	for _, c := range commands {
@@ -266,7 +294,10 @@ func run(args []string, stdout, stderr io.Writer, getenv func(string) string) in
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	e := &env{stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now}
-	return report(dispatch(ctx, e, args), stderr)
+	err := dispatch(ctx, e, args)
+	// A PostgreSQL error may quote the connection string: no password
+	// leaves in a message.
+	return report(scrub(err, e.secrets()), stderr)
 }
 
 // usageError is an error in the command line itself: exit status 2.
@@ -315,9 +346,9 @@ func oneLine(msg string) string {
 }
 
 func dispatch(ctx context.Context, e *env, args []string) error {
-	var journal journalFlag
+	var g globalFlags
 	global := newFlagSet("idem")
-	global.Var(&journal, "journal", journalUsage)
+	g.define(global)
 	if err := global.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printUsage(e.stdout)
@@ -338,7 +369,7 @@ func dispatch(ctx context.Context, e *env, args []string) error {
 		return usagef("unknown command %q (see 'idem help')", name)
 	}
 	fs := newFlagSet("idem " + name)
-	fs.Var(&journal, "journal", journalUsage)
+	g.define(fs)
 	runCmd := cmd.setup(fs)
 	pos, err := parseInterspersed(fs, rest)
 	if err != nil {
@@ -348,14 +379,32 @@ func dispatch(ctx context.Context, e *env, args []string) error {
 		}
 		return usagef("%s: %v (see 'idem help %s')", name, err, name)
 	}
-	e.journal = journal.path(e.getenv)
+	e.journal = g.journal.path(e.getenv)
+	e.schemaName, e.schemaSet = g.schema.value, g.schema.set
+	e.passwordEnv = g.passwordEnv.value
+	if e.schemaSet && e.schemaName == "" {
+		return usagef("--schema is empty; name a schema, such as %q", defaultSchema)
+	}
 	return runCmd(ctx, e, pos)
 }
 
-const journalUsage = "journal file `PATH` (default $IDEM_JOURNAL, else ./idem.db)"
+const journalUsage = "the journal: a file's `PATH`, or a PostgreSQL URL postgres://USER@HOST:PORT/DATABASE (default $IDEM_JOURNAL, else ./idem.db)"
 
-// journalFlag is --journal, which every command accepts too, so that it
-// may come before or after the command.
+// globalFlags are the flags every command accepts, before or after its
+// name.
+type globalFlags struct {
+	journal, schema, passwordEnv journalFlag
+}
+
+func (g *globalFlags) define(fs *flag.FlagSet) {
+	fs.Var(&g.journal, "journal", journalUsage)
+	fs.Var(&g.schema, "schema", "the `SCHEMA` of a PostgreSQL journal (default idem)")
+	fs.Var(&g.passwordEnv, "password-env", "read a PostgreSQL journal's password from environment variable `NAME` "+
+		"(else the URL, $PGPASSWORD or ~/.pgpass); never on the command line, which ps and shell history keep")
+}
+
+// journalFlag is a flag every command accepts too, so that it may come
+// before or after the command: --journal, --schema, --password-env.
 type journalFlag struct {
 	value string
 	set   bool
@@ -377,24 +426,4 @@ func (j *journalFlag) path(getenv func(string) string) string {
 	default:
 		return "idem.db"
 	}
-}
-
-// openJournal opens the existing journal; it never creates one.
-// openJournal opens an existing journal: SQLiteMustExist refuses a missing
-// or empty file instead of creating a journal there.
-func openJournal(e *env) (*idem.SQLiteJournal, error) {
-	return idem.OpenSQLite(e.journal, idem.SQLiteMustExist())
-}
-
-// withJournal opens the journal, runs fn and closes it.
-func withJournal(e *env, fn func(j *idem.SQLiteJournal) error) error {
-	j, err := openJournal(e)
-	if err != nil {
-		return err
-	}
-	err = fn(j)
-	if cerr := j.Close(); err == nil && cerr != nil {
-		return cerr
-	}
-	return err
 }

@@ -32,7 +32,7 @@ operations wait for an operator and are kept, as are unsettled ones. With
 				return usagef("prune: --older-than is required, such as --older-than 7d")
 			}
 			before := e.now().Add(-older.d)
-			return withJournal(e, func(j *idem.SQLiteJournal) error {
+			return withJournal(ctx, e, writing, func(j *openJournal) error {
 				cutoff := before.UTC().Format(time.RFC3339)
 				if dryRun {
 					n, err := countPrunable(ctx, j, before)

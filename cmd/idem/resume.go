@@ -173,9 +173,9 @@ run; 1 on error.`,
 				ctx, cancel = context.WithTimeout(ctx, timeout.d)
 				defer cancel()
 			}
-			return withJournal(e, func(j *idem.SQLiteJournal) error {
-				cfg.Journal = j
-				return r.run(ctx, j, cfg)
+			return withJournal(ctx, e, writing, func(j *openJournal) error {
+				cfg.Journal = j.Journal
+				return r.run(ctx, j.Journal, cfg)
 			})
 		}
 	},
@@ -211,7 +211,7 @@ func (r *resumer) authorize(req *http.Request) error {
 	return nil
 }
 
-func (r *resumer) run(ctx context.Context, j *idem.SQLiteJournal, cfg idem.Config) error {
+func (r *resumer) run(ctx context.Context, j idem.Journal, cfg idem.Config) error {
 	e := r.e
 	look, err := r.survey(ctx, j)
 	if err != nil {

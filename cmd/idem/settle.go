@@ -70,7 +70,7 @@ show".`,
 // settle finds the operation that arg names and applies an operator's
 // change to it (package operator holds the rules, shared with idem ui).
 func settle(ctx context.Context, e *env, arg string, change func(idem.Journal, idem.Record) (string, error)) error {
-	return withJournal(e, func(j *idem.SQLiteJournal) error {
+	return withJournal(ctx, e, writing, func(j *openJournal) error {
 		rec, err := resolve(ctx, e, j, arg)
 		if err != nil {
 			return err

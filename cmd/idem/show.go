@@ -60,7 +60,7 @@ value).`,
 			if err := wantArgs("show", args, "KEY or SCOPE/ID"); err != nil {
 				return err
 			}
-			return withJournal(e, func(j *idem.SQLiteJournal) error {
+			return withJournal(ctx, e, reading, func(j *openJournal) error {
 				rec, err := resolve(ctx, e, j, args[0])
 				if err != nil {
 					return err
@@ -87,11 +87,11 @@ func resolve(ctx context.Context, e *env, j idem.Journal, arg string) (idem.Reco
 	}
 	scope, id, ok := strings.Cut(arg, "/")
 	if !ok || scope == "" || id == "" {
-		return idem.Record{}, fmt.Errorf("no operation has key %q in journal %s; name one by its key or as SCOPE/ID, such as default/checkout/cart-42", arg, e.journal)
+		return idem.Record{}, fmt.Errorf("no operation has key %q in journal %s; name one by its key or as SCOPE/ID, such as default/checkout/cart-42", arg, e.journalName())
 	}
 	rec, err = j.Lookup(ctx, scope, id)
 	if errors.Is(err, idem.ErrNotFound) {
-		return idem.Record{}, fmt.Errorf("no operation has key %q, nor ID %q in scope %q, in journal %s", arg, id, scope, e.journal)
+		return idem.Record{}, fmt.Errorf("no operation has key %q, nor ID %q in scope %q, in journal %s", arg, id, scope, e.journalName())
 	}
 	return rec, err
 }

@@ -14,11 +14,15 @@ import (
 var statsCommand = &command{
 	name:    "stats",
 	args:    "[--json]",
-	summary: "count operations by state and scope; oldest unsettled; size on disk",
+	summary: "count operations by state and scope; oldest unsettled; workers; size",
 	help: `
 Prints the number of operations by state and by scope, the age of the
 oldest operation not yet settled (pending, in_flight, unknown or expired),
-and the journal's size on disk: the file and its -wal.`,
+the workers (each owner of a lease of an active operation: how many it
+holds and when its first lease ends; on PostgreSQL whether it is alive or
+gone, and the live workers that hold nothing; on SQLite whether a lease of
+it is still holding or has lapsed), and the journal's size: the file and
+its -wal, or the schema's tables.`,
 	setup: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		var asJSON bool
 		fs.BoolVar(&asJSON, "json", false, "print one JSON object")
@@ -26,30 +30,61 @@ and the journal's size on disk: the file and its -wal.`,
 			if err := wantArgs("stats", args); err != nil {
 				return err
 			}
-			return withJournal(e, func(j *idem.SQLiteJournal) error {
+			return withJournal(ctx, e, reading, func(j *openJournal) error {
 				counts, err := j.Count(ctx)
 				if err != nil {
 					return err
 				}
-				s, err := operator.NewStats(j.Path(), counts, e.now())
+				s, err := journalStats(ctx, e, j, counts)
 				if err != nil {
 					return err
 				}
 				if asJSON {
 					return writeJSON(e.stdout, s)
 				}
-				return printStats(e, s)
+				return printStats(e, s, j.pg != nil)
 			})
 		}
 	},
 }
 
+// journalStats sums counts, with the journal's size: its file and -wal,
+// or its schema's tables and indexes.
+func journalStats(ctx context.Context, e *env, j *openJournal, counts []idem.Count) (operator.Stats, error) {
+	path := ""
+	if j.sqlite != nil {
+		path = j.sqlite.Path()
+	}
+	s, err := operator.NewStats(path, counts, e.now())
+	if err != nil {
+		return s, err
+	}
+	alive, err := j.alive(ctx)
+	if err != nil {
+		return s, err
+	}
+	if s.Workers, err = operator.Fleet(ctx, j, alive, e.now()); err != nil {
+		return s, err
+	}
+	if j.sqlite != nil {
+		return s, nil
+	}
+	s.Journal = e.journalName()
+	err = j.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'`, j.pg.Schema()).Scan(&s.SizeBytes)
+	return s, err
+}
+
 // printStats prints s as a table.
-func printStats(e *env, s operator.Stats) error {
+func printStats(e *env, s operator.Stats, onPostgres bool) error {
 	w := e.stdout
 	tw := newTable(w)
-	row(tw, "journal", s.Journal)
-	row(tw, "size", fmt.Sprintf("%s (file %s, wal %s)", operator.FormatBytes(s.SizeBytes), operator.FormatBytes(s.FileBytes), operator.FormatBytes(s.WALBytes)))
+	row(tw, "journal", clean(s.Journal))
+	if onPostgres {
+		row(tw, "size", operator.FormatBytes(s.SizeBytes)+" (the schema's tables, with their indexes and TOAST)")
+	} else {
+		row(tw, "size", fmt.Sprintf("%s (file %s, wal %s)", operator.FormatBytes(s.SizeBytes), operator.FormatBytes(s.FileBytes), operator.FormatBytes(s.WALBytes)))
+	}
 	row(tw, "operations", strconv.Itoa(s.Total))
 	oldestLine := "none"
 	if o := s.OldestUnsettled; o != nil {
@@ -59,6 +94,24 @@ func printStats(e *env, s operator.Stats) error {
 	row(tw, "oldest unsettled", oldestLine)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+
+	fmt.Fprintln(w, "\nworkers (owners of leases; on PostgreSQL, alive or gone):")
+	if len(s.Workers) == 0 {
+		fmt.Fprintln(w, "  (none)")
+	} else {
+		tw = newTable(w)
+		row(tw, "  OWNER", "STATUS", "OPERATIONS", "OLDEST LEASE")
+		for _, wk := range s.Workers {
+			lease := "-"
+			if wk.OldestLease != nil {
+				lease = "until " + operator.FormatTime(*wk.OldestLease, e.now())
+			}
+			row(tw, "  "+clean(wk.Owner), wk.Status, strconv.Itoa(wk.Operations), lease)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 
 	fmt.Fprintln(w, "\nby state:")

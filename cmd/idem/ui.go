@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/webui"
 )
 
@@ -64,8 +63,17 @@ plain HTTP: beyond a trusted network, put it behind a TLS proxy.`,
 					return fmt.Errorf("ui: --token-env %s: environment variable %s is unset or empty; set it to the token the view requires", tokenEnv, tokenEnv)
 				}
 			}
-			return withJournal(e, func(j *idem.SQLiteJournal) error {
-				h, err := webui.New(webui.Config{Journal: j, Path: j.Path(), AllowWrites: allowWrites, Token: token, Now: e.now})
+			a := reading
+			if allowWrites {
+				a = writing
+			}
+			return withJournal(ctx, e, a, func(j *openJournal) error {
+				path := ""
+				if j.sqlite != nil {
+					path = j.sqlite.Path()
+				}
+				h, err := webui.New(webui.Config{Journal: j.Journal, Path: path, AllowWrites: allowWrites, Token: token, Now: e.now,
+					Alive: j.alive})
 				if err != nil {
 					return err
 				}
@@ -96,7 +104,7 @@ func serveUI(ctx context.Context, e *env, addr string, h http.Handler, allowWrit
 		guard = "token required"
 	}
 	fmt.Fprintf(e.stdout, "idem ui: serving journal %s on http://%s/ (%s, %s); Ctrl-C stops it\n",
-		clean(e.journal), l.Addr(), mode, guard)
+		clean(e.journalName()), l.Addr(), mode, guard)
 
 	select {
 	case err := <-served:

@@ -7,7 +7,8 @@
 // orders and holds their answers; at that moment the program kills worker-1
 // with SIGKILL. Then worker-2 and worker-3 start on the same journal: the
 // journal sees that worker-1's session is gone, so they take its four
-// operations over at once (no lease to wait out), ask the shop's status
+// operations over within the journal's LivenessGrace (two seconds; no
+// lease to wait out), ask the shop's status
 // endpoint what became of them, and send the other eight. At the end the
 // program prints, from the journal's history, who finished what and why,
 // and the shop's count: twelve orders for twelve operations.

@@ -38,8 +38,8 @@ func TestRun(t *testing.T) {
 	require.NoError(t, err)
 
 	assert.Contains(t, text, "worker-1 ended: signal: killed.")
-	// worker-1's four orders were taken over at once, because its session
-	// is gone, and finished by asking the shop, not by ordering again.
+	// worker-1's four orders were taken over before their leases lapsed,
+	// because its session is gone, and finished by asking the shop, not by ordering again.
 	takeovers := regexp.MustCompile(`(?m)^   orders/\d\d: worker-[23] finished it, the status endpoint said HTTP 201 \(order ord_\d+\); worker-[23] took it over \(taken over from worker-1#[0-9a-f]{8}: its owner is gone\)$`).FindAllString(text, -1)
 	assert.Len(t, takeovers, 4, "worker-1's four operations")
 	finished := regexp.MustCompile(`(?m)^   orders/\d\d: worker-([23]) finished it`).FindAllStringSubmatch(text, -1)

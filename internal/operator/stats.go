@@ -25,6 +25,10 @@ type Stats struct {
 	// OldestUnsettled is the oldest operation that is not settled
 	// (pending, in_flight, unknown, expired), or nil.
 	OldestUnsettled *Oldest `json:"oldest_unsettled"`
+	// Workers are the owners of leases of active operations, and on a
+	// PostgreSQL journal the workers alive (see Fleet); filled by the
+	// caller.
+	Workers []Worker `json:"workers"`
 }
 
 // ScopeCount is one scope's operations by state.
@@ -50,7 +54,7 @@ var Unsettled = []idem.State{idem.StatePending, idem.StateInFlight, idem.StateUn
 // NewStats sums a journal's Count at now, with the size of the journal's
 // file at path and its -wal.
 func NewStats(path string, counts []idem.Count, now time.Time) (Stats, error) {
-	s := Stats{Journal: path, ByState: map[string]int{}, ByScope: []ScopeCount{}}
+	s := Stats{Journal: path, ByState: map[string]int{}, ByScope: []ScopeCount{}, Workers: []Worker{}}
 	var err error
 	if s.FileBytes, err = fileSize(path); err != nil {
 		return Stats{}, err

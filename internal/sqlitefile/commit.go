@@ -126,6 +126,9 @@ func (db *DB) Write(ctx context.Context, mode Mode, fn func(*Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := db.errIfReadOnly(); err != nil {
+		return err
+	}
 	req := &writeReq{ctx: ctx, mode: mode, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	db.queueMu.Lock()
 	if db.closed {
@@ -501,6 +504,9 @@ func (db *DB) flush() error {
 // commit durable: after it returns, a power failure loses nothing written
 // before it was called.
 func (db *DB) Sync(ctx context.Context) error {
+	if db.readOnly {
+		return db.ErrIfClosed() // nothing was written through it
+	}
 	if err := db.Write(ctx, Durable, nil); err != nil {
 		return err
 	}

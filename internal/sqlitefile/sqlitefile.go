@@ -61,6 +61,11 @@ type Options struct {
 	// MustExist refuses to create the file: opening a missing file fails
 	// with ErrBadPath wrapping fs.ErrNotExist.
 	MustExist bool
+	// ReadOnly opens an existing file for reading only (see openReadOnly):
+	// nothing is migrated, locked for writing or created, and Write fails
+	// with ErrReadOnly. A file of an older schema is refused with
+	// ErrSchemaTooOld.
+	ReadOnly bool
 	// OnRollback, if set, is called on the committer's goroutine whenever a
 	// write (or a whole batch) is rolled back, before the next write runs:
 	// a cache of what writes inserted must be dropped then.
@@ -154,6 +159,9 @@ type DB struct {
 	dirty   chan struct{} // signalled after a deferred commit
 
 	lastWALCheck time.Time
+
+	// readOnly is Options.ReadOnly: Reader alone is open.
+	readOnly bool
 }
 
 // Path returns the file's path as given to Open, made absolute.
@@ -173,6 +181,9 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err}
 	}
 	db := &DB{what: opts.What, path: abs, opts: opts}
+	if opts.ReadOnly {
+		return db, db.openReadOnly(ctx)
+	}
 	if err := db.prepareFile(); err != nil {
 		return nil, err
 	}
@@ -355,37 +366,45 @@ func (db *DB) prepareControl(ctx context.Context) error {
 // checkIdentity refuses files that are not ours before anything writes to
 // them.
 func (db *DB) checkIdentity(ctx context.Context) error {
+	_, err := db.identity(ctx, db.writer)
+	return err
+}
+
+// identity reads the file's schema version on c, refusing files that are
+// not ours, damaged markings and newer schemas. A new, empty file is
+// version 0.
+func (db *DB) identity(ctx context.Context, c *sql.Conn) (int, error) {
 	var appID int32
 	var version, tables int
-	row := db.writer.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
+	row := c.QueryRowContext(ctx, `SELECT (SELECT application_id FROM pragma_application_id),
 		(SELECT user_version FROM pragma_user_version),
 		(SELECT count(*) FROM sqlite_schema)`)
 	if err := row.Scan(&appID, &version, &tables); err != nil {
-		return db.classify(err)
+		return 0, db.classify(err)
 	}
 	switch {
 	case appID == 0 && version == 0 && tables == 0:
-		return nil // empty: a new file
+		return 0, nil // empty: a new file
 	case appID == db.opts.AppID && version < 0:
-		return &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
+		return 0, &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
 			Err:  fmt.Errorf("negative schema version %d", version),
 			Hint: "restore a backup, or move it aside to start a new one"}
 	case appID == db.opts.AppID && version == 0:
 		// Open sets both in one transaction: one without the other is a
 		// damaged file, not a new one.
-		return &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
+		return 0, &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
 			Err:  fmt.Errorf("marked as an idem %s but without a schema version (%d tables)", db.what, tables),
 			Hint: "restore a backup, or move it aside to start a new one"}
 	case appID != db.opts.AppID:
-		return &Error{What: db.what, Path: db.path, Kind: ErrForeign,
+		return 0, &Error{What: db.what, Path: db.path, Kind: ErrForeign,
 			Err:  fmt.Errorf("SQLite database with application_id %#x and %d tables", appID, tables),
 			Hint: "it belongs to another program; choose another path"}
 	case version > len(db.opts.Migrations):
-		return &Error{What: db.what, Path: db.path, Kind: ErrSchemaTooNew,
+		return 0, &Error{What: db.what, Path: db.path, Kind: ErrSchemaTooNew,
 			Err:  fmt.Errorf("schema version %d, this build supports up to %d", version, len(db.opts.Migrations)),
 			Hint: "upgrade idem to a version that wrote it"}
 	}
-	return nil
+	return version, nil
 }
 
 func (db *DB) setWAL(ctx context.Context, c *sql.Conn) error {
@@ -475,6 +494,15 @@ func (db *DB) migrate(ctx context.Context) (err error) {
 // write durable, and closes the connections. Writes queued behind Close
 // fail with ErrClosed.
 func (db *DB) Close() error {
+	if db.readOnly {
+		db.closeOnce.Do(func() {
+			db.queueMu.Lock()
+			db.closed = true
+			db.queueMu.Unlock()
+			db.closeErr = db.Reader.Close()
+		})
+		return db.closeErr
+	}
 	db.closeOnce.Do(func() {
 		db.queueMu.Lock()
 		db.closed = true

@@ -55,9 +55,9 @@ var (
 	LongID    = "long/" + strings.Repeat("A<b>", 5000)
 )
 
-// Fixture is a journal built by Build.
+// Fixture is a journal built by Build or Fill.
 type Fixture struct {
-	// Path is the journal file, closed.
+	// Path is the journal file, closed; empty after Fill.
 	Path string
 	// Keys maps the names above to the operations' keys.
 	Keys map[string]string
@@ -67,13 +67,25 @@ type Fixture struct {
 // closes it.
 func Build(t testing.TB, path string) Fixture {
 	t.Helper()
-	ctx := context.Background()
-	srv := testserver.Start(t)
 	j, err := idem.OpenSQLite(path)
 	if err != nil {
 		t.Fatalf("uitest: %v", err)
 	}
 	defer j.Close()
+	f := Fill(t, j, false)
+	f.Path = path
+	return f
+}
+
+// Fill journals the fixture's operations in j, a journal of any kind (the
+// browser tests fill a PostgreSQL one too), which it leaves open. textOnly
+// is for a journal whose text columns hold only UTF-8 without NUL
+// (PostgreSQL's text): the hostile-bytes operation then carries its markup
+// in valid text instead.
+func Fill(t testing.TB, j idem.Journal, textOnly bool) Fixture {
+	t.Helper()
+	ctx := context.Background()
+	srv := testserver.Start(t)
 	// One status check per call, and a next one due seconds later, past
 	// what the call waits for: an answer lost with the status endpoint
 	// down leaves the operation unknown.
@@ -89,7 +101,7 @@ func Build(t testing.TB, path string) Fixture {
 		t.Fatalf("uitest: %v", err)
 	}
 	defer c.Close()
-	f := Fixture{Path: path, Keys: map[string]string{}}
+	f := Fixture{Keys: map[string]string{}}
 	do := func(name string, op idem.Op, want error) {
 		t.Helper()
 		_, err := c.Do(ctx, op)
@@ -140,14 +152,23 @@ func Build(t testing.TB, path string) Fixture {
 	// written to the journal directly, which holds whatever it is given.
 	f.Keys[InFlight] = put(t, j, idem.Record{Scope: "default", ID: "crashed/cart-9", Body: []byte(`{"item":"bed","quantity":1}`),
 		State: idem.StateInFlight, Attempts: 1, ExpiresAt: time.Now().Add(24 * time.Hour)}, nil)
-	f.Keys[HostileBytes] = put(t, j, idem.Record{Scope: "bytes\x00\xff", ID: BytesID, Body: BytesBody,
-		Header: http.Header{"X-Bin": {"\x00\xff<script>window.pwned=9</script>"}, "Authorization": {"Bearer secret-in-journal"}},
+	bytesScope, bytesID, binHeader := "bytes\x00\xff", BytesID, "\x00\xff<script>window.pwned=9</script>"
+	if textOnly {
+		bytesScope, bytesID, binHeader = TextOnly(bytesScope), TextOnly(bytesID), TextOnly(binHeader)
+	}
+	f.Keys[HostileBytes] = put(t, j, idem.Record{Scope: bytesScope, ID: bytesID, Body: BytesBody,
+		Header: http.Header{"X-Bin": {binHeader}, "Authorization": {"Bearer secret-in-journal"}},
 		Link:   MarkupLink, State: idem.StateInFlight, Attempts: 1, ExpiresAt: time.Now().Add(24 * time.Hour)},
 		&idem.Response{StatusCode: 200, Body: BytesBody,
 			Header: http.Header{"Content-Type": {"text/html"}, "X-Evil": {MarkupHeader}, "Set-Cookie": {"session=secret-cookie"}}})
 	f.Keys[HostileLong] = put(t, j, idem.Record{Scope: "default", ID: LongID, Body: []byte(strings.Repeat("x", 3<<20/4)),
 		Header: http.Header{"X-Long": {strings.Repeat("v", 100_000)}}, State: idem.StatePending}, nil)
 	return f
+}
+
+// TextOnly is s with its NUL bytes and invalid UTF-8 replaced by U+FFFD.
+func TextOnly(s string) string {
+	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
 }
 
 // order is a POST /orders of the test server's application; an empty

@@ -93,11 +93,18 @@ type overviewPage struct {
 	Oldest    *row
 	OldestAge string
 	Size      string
+	Workers   []workerRow
 }
 
 type stateCount struct {
 	State string
 	N     int
+}
+
+// workerRow is a worker of the fleet on the overview.
+type workerRow struct {
+	Owner, Status, Lease string
+	Operations           int
 }
 
 type scopeRow struct {
@@ -119,7 +126,25 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
+	var alive map[string]bool
+	if h.cfg.Alive != nil {
+		if alive, err = h.cfg.Alive(ctx); err != nil {
+			h.fail(w, r, http.StatusInternalServerError, err)
+			return
+		}
+	}
+	if st.Workers, err = operator.Fleet(ctx, h.cfg.Journal, alive, now); err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
 	p := overviewPage{page: h.page(r, "Journal"), Stats: st}
+	for _, wk := range st.Workers {
+		wr := workerRow{Owner: visible(wk.Owner, 80), Status: wk.Status, Operations: wk.Operations, Lease: "-"}
+		if wk.OldestLease != nil {
+			wr.Lease = "until " + operator.FormatTime(*wk.OldestLease, now)
+		}
+		p.Workers = append(p.Workers, wr)
+	}
 	p.Live = liveURL(r)
 	if h.cfg.Path != "" {
 		p.Size = fmt.Sprintf("%s (file %s, wal %s)", operator.FormatBytes(st.SizeBytes), operator.FormatBytes(st.FileBytes),

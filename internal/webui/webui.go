@@ -23,6 +23,7 @@
 package webui
 
 import (
+	"context"
 	"crypto/rand"
 	"embed"
 	"encoding/hex"
@@ -50,6 +51,10 @@ type Config struct {
 	// form and the static files). When empty, only requests addressed to
 	// a loopback name are served.
 	Token string
+	// Alive, when set, tells which workers are alive, for the overview's
+	// list of workers (a PostgreSQL journal can tell; see
+	// operator.Fleet). When nil, a worker's status is its leases'.
+	Alive func(context.Context) (map[string]bool, error)
 	// PageSize is the number of operations a list page shows; default 100.
 	PageSize int
 	// Now is the clock; default time.Now.

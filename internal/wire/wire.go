@@ -215,6 +215,7 @@ const (
 	ProblemKeyReused     = "urn:idem:problem:key-reused"
 	ProblemBodyTooLarge  = "urn:idem:problem:body-too-large"
 	ProblemStoreFailed   = "urn:idem:problem:store-unavailable"
+	ProblemUnstorable    = "urn:idem:problem:request-unstorable"
 	ProblemContentType   = "application/problem+json"
 	problemContentPrefix = "application/problem+json"
 )

@@ -43,6 +43,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Fencing", fencingTests},
 		{"Expiry", expiryTests},
 		{"Scope", scopeTests},
+		{"Inputs", inputTests},
 		{"Concurrency", concurrencyTests},
 	}
 	for _, g := range groups {

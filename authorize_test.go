@@ -1,0 +1,90 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+// A Config.Authorize that fails sends nothing: it is not an attempt, the
+// call does not retry it (it would fail the same way), and the error says
+// that authorization failed, wrapping the application's error. The
+// operation stays pending and is sent by the next Do or Resume once
+// Authorize works.
+func TestAFailingAuthorizeIsNotAnAttempt(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	errNoToken := errors.New("token service unavailable")
+	var calls atomic.Int32
+	var broken atomic.Bool
+	broken.Store(true)
+	policy := fastRetry()
+	policy.MaxAttempts = 5
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Authorize: func(r *http.Request) error {
+		calls.Add(1)
+		if broken.Load() {
+			return errNoToken
+		}
+		r.Header.Set("Authorization", "Bearer t")
+		return nil
+	}})
+	ctx := context.Background()
+	op := idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)}
+
+	_, err := c.Do(ctx, op)
+	require.ErrorIs(t, err, idem.ErrNotSent)
+	require.ErrorIs(t, err, errNoToken, "errors.Is finds Authorize's own error")
+	assert.Contains(t, err.Error(), "Config.Authorize failed")
+	require.ErrorIs(t, err, idem.ErrAuthorizeFailed)
+	assert.NotContains(t, err.Error(), "attempt(s)", "nothing was sent, so no attempt is reported")
+	var oe *idem.OperationError
+	require.ErrorAs(t, err, &oe)
+	assert.Zero(t, oe.Attempts)
+	assert.Equal(t, int32(1), calls.Load(), "Authorize is not retried within the call")
+	assert.Empty(t, srv.received(), "nothing reached the server")
+	rec, err := j.Lookup(ctx, "default", "order-1")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, rec.State)
+	assert.Contains(t, rec.LastError, "Config.Authorize failed")
+
+	broken.Store(false)
+	res, err := c.Do(ctx, op)
+	require.NoError(t, err)
+	assert.Equal(t, 1, res.Attempts, "the one attempt that was sent")
+	assert.Len(t, srv.received(), 1)
+}
+
+// A status check whose Authorize fails is not repeated either: every
+// further check would fail the same way. The operation stays unknown.
+func TestAFailingAuthorizeEndsTheStatusChecks(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		dropConn(w) // the attempt's answer is lost: unknown
+	})
+	errNoToken := errors.New("token service unavailable")
+	var checks atomic.Int32
+	policy := fastRetry()
+	policy.MaxAttempts = 1
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Status: idem.StatusEndpoint(srv.URL + "/idempotency"),
+		Authorize: func(r *http.Request) error {
+			if info, _ := idem.OperationFrom(r.Context()); info.StatusCheck {
+				checks.Add(1)
+				return errNoToken
+			}
+			return nil
+		}})
+	_, err := c.Do(context.Background(), idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, idem.ErrAuthorizeFailed)
+	require.ErrorIs(t, err, errNoToken)
+	assert.Equal(t, int32(1), checks.Load(), "the status check is not repeated when Authorize fails")
+}

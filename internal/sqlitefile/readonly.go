@@ -1,0 +1,92 @@
+package sqlitefile
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+)
+
+// ErrReadOnly: a write to a file opened with Options.ReadOnly.
+var ErrReadOnly = errors.New("opened read-only")
+
+// ErrSchemaTooOld: a file opened with Options.ReadOnly has an older schema
+// than this build's, which only opening it for writing migrates.
+var ErrSchemaTooOld = errors.New("schema is older than this build's")
+
+// openReadOnly opens the file for reading only, for tools that inspect it
+// while applications write it: the read pool alone, its connections
+// query_only, so that no migration, no change of journal mode and no
+// write of any kind can run. Nothing is created: a missing or empty file
+// is refused. The connections open the file read-write nonetheless when
+// the process may write it: a reader of a WAL file needs the -shm index,
+// which SQLite creates when no one has the file open, and only a
+// connection that may write removes it (and the empty -wal) when the last
+// one closes, leaving the directory as it was. A file this process may
+// not write is opened with mode=ro.
+func (db *DB) openReadOnly(ctx context.Context) error {
+	bad := func(err error, hint string) error {
+		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err, Hint: hint}
+	}
+	fi, err := os.Stat(db.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return bad(fs.ErrNotExist, "check the path; it is not created when it is missing")
+	case err != nil:
+		return bad(err, "check the path and its permissions")
+	case fi.IsDir():
+		return bad(errors.New("is a directory"), "give the path of a file inside it")
+	case !fi.Mode().IsRegular():
+		return bad(errors.New("is not a regular file"), "give the path of a regular file")
+	case fi.Size() == 0 && !nonEmpty(db.path+"-wal"):
+		return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: errors.New("the file is empty"),
+			Hint: "check the path; an empty file is not a " + db.what}
+	}
+	db.readOnly = true
+	extra := []string{"_query_only", "1"}
+	if f, err := os.OpenFile(db.path, os.O_RDWR, 0); err != nil {
+		extra = append(extra, "mode", "ro")
+	} else {
+		f.Close()
+	}
+	if db.Reader, err = sql.Open("sqlite3", db.dsn(extra...)); err != nil {
+		return db.openError(db.classify(err))
+	}
+	db.Reader.SetMaxOpenConns(db.opts.Readers)
+	db.Reader.SetMaxIdleConns(db.opts.Readers)
+	c, err := db.Reader.Conn(ctx)
+	if err != nil {
+		db.Reader.Close()
+		return db.openError(db.classify(err))
+	}
+	version, err := db.identity(ctx, c)
+	c.Close()
+	switch {
+	case err != nil:
+		db.Reader.Close()
+		return db.openError(err)
+	case version == 0:
+		db.Reader.Close()
+		return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: errors.New("an SQLite database without tables"),
+			Hint: "check the path"}
+	case version < len(db.opts.Migrations):
+		db.Reader.Close()
+		return &Error{What: db.what, Path: db.path, Kind: ErrSchemaTooOld,
+			Err:  fmt.Errorf("schema version %d, this build reads version %d", version, len(db.opts.Migrations)),
+			Hint: "opening it read-only does not migrate it; open it for writing to migrate it in place"}
+	}
+	return nil
+}
+
+// errIfReadOnly refuses a write to a file opened read-only.
+func (db *DB) errIfReadOnly() error {
+	if db.readOnly {
+		return &Error{What: db.what, Path: db.path, Kind: ErrReadOnly}
+	}
+	return nil
+}
+
+// ReadOnly reports whether the file was opened with Options.ReadOnly.
+func (db *DB) ReadOnly() bool { return db.readOnly }

@@ -1,0 +1,17 @@
+package redis_test
+
+import (
+	"testing"
+
+	"github.com/idemkit/idem/redis"
+	"github.com/idemkit/idem/server"
+	"github.com/idemkit/idem/server/storetest"
+)
+
+// The suite drives time through the instants it passes, so it runs on the
+// caller clock; the server clock has tests of its own (clock_test.go).
+func TestStore(t *testing.T) {
+	t.Parallel()
+	c := machineClient(t)
+	storetest.Run(t, func(t *testing.T) server.Store { return openStore(t, c, redis.WithClock(redis.CallerClock)) })
+}

@@ -1,0 +1,425 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/idemkit/idem/internal/wire"
+)
+
+// The standard client: operations sent through net/http's own API, so
+// that a vendor SDK or a generated client, which takes an *http.Client or
+// an http.RoundTripper, gets idem's promise without being rewritten.
+//
+// The mechanism is a RoundTripper (Client.RoundTripper); StandardClient
+// wraps it in an *http.Client. A RoundTripper composes with whatever an
+// SDK accepts (a client, a transport, a client whose transport it wraps
+// itself), and it sees each request after net/http's client has done its
+// part (cookies, redirects, Timeout), which is where an operation can be
+// journaled as the exact bytes that go on the wire.
+
+// ErrNoResponse: the operation is settled, but the journal holds no answer
+// of the server to return as an *http.Response: an operator settled it
+// with Reconcile. Lookup shows the note the operator left.
+var ErrNoResponse = errors.New("idem: the operation was settled without a server response")
+
+// namedOp is the operation a request's context names.
+type namedOp struct{ scope, id string }
+
+type namedOpKey struct{}
+
+// WithOperation returns a copy of ctx that names the operation id: a
+// request sent with it through the client's RoundTripper or
+// StandardClient is that operation, in the client's Config.Scope. See
+// Client.RoundTripper.
+func WithOperation(ctx context.Context, id string) context.Context {
+	return WithScopedOperation(ctx, "", id)
+}
+
+// WithScopedOperation is WithOperation for the operation id of the given
+// scope (tenant); an empty scope is the client's Config.Scope.
+func WithScopedOperation(ctx context.Context, scope, id string) context.Context {
+	return context.WithValue(ctx, namedOpKey{}, namedOp{scope: scope, id: id})
+}
+
+// A TransportOption changes how Client.RoundTripper and
+// Client.StandardClient treat requests.
+type TransportOption func(*transportOptions)
+
+type transportOptions struct {
+	refuseUnnamed bool
+}
+
+// RefuseUnnamedWrites makes the RoundTripper refuse, with ErrInvalidOp and
+// before anything is sent, a request whose method may change state (any
+// method but GET, HEAD, OPTIONS and TRACE) and whose context names no
+// operation: for an application in which every write must be an
+// operation. Without it such a request passes through untouched.
+func RefuseUnnamedWrites() TransportOption {
+	return func(o *transportOptions) { o.refuseUnnamed = true }
+}
+
+// RoundTripper returns an http.RoundTripper that sends each request whose
+// context names an operation (WithOperation, WithScopedOperation) as that
+// operation, exactly as Do would: journaled before it is sent, with its
+// key in the journaled wire form, retried with the same key, settled by a
+// status check when its outcome is unknown, and taken up by Resume after a
+// crash, which sends the journaled bytes again.
+//
+// The request: its body is read to its end and closed before anything is
+// journaled (GetBody is not needed: every attempt sends the journaled
+// bytes). A body longer than the journal's limit (its MaxBodySize method,
+// else DefaultMaxBodySize) is ErrBodyTooLarge, one that cannot be read is
+// ErrInvalidOp; a GET, HEAD, OPTIONS or TRACE, a URL of another origin
+// than Config.BaseURL's (when set), or a Host other than the URL's is
+// ErrInvalidOp: nothing is journaled or sent. The method, URL, headers
+// and body are journaled, except for:
+//
+//   - credentials (Authorization, Proxy-Authorization, Cookie and
+//     Config.SecretHeaders): never journaled. They are added to every
+//     request of this call for the operation, attempts and status checks,
+//     after Config.Authorize, which they override. A Resume, or a later
+//     call without them, has Config.Authorize's: set it when operations
+//     must be finished after a restart;
+//   - a key the request carries (Config.KeyHeader, Idempotency-Key,
+//     X-Idempotency-Key), as SDKs such as stripe-go set one per call: it is
+//     dropped, and the operation's journaled key goes on every attempt.
+//     The operation's key is minted once, journaled before the first send,
+//     and outlives the process; an SDK's key is new with each SDK call and
+//     each restart, so adopting it would give one operation two keys;
+//   - hop-by-hop headers, which the transport manages.
+//
+// The fingerprint is the method, URL and body: the same operation ID with
+// another of them is ErrFingerprintMismatch.
+//
+// The answer follows net/http's conventions. A definitive answer (2xx, a
+// rejection such as a 4xx, a replay) is an *http.Response with a nil
+// error, whatever its status, as a transport returns it: the server's
+// status and journaled headers (Set-Cookie and secret headers are never
+// journaled, so a cookie jar does not see them), the Idempotent-Replayed
+// mark when the server replayed it, and a body read from memory, which
+// Close need not drain. ResultOf gives the idem Result behind it. Anything
+// else is an error, which http.Client wraps in a *url.Error that errors.Is
+// sees through: ErrOutcomeUnknown and ErrNotSent (the operation stays
+// journaled; Resume, or the same request again, finishes it), ErrCanceled,
+// ErrNeedsReconciliation, ErrFingerprintMismatch, ErrNoResponse, and the
+// context's error (with the operation's sentinel) when the request's
+// context ends or its deprecated Cancel channel is closed. A response the
+// classifier does not take as definitive (a 401, a 5xx) is retried, not
+// returned: when retries end, the error says what is known.
+//
+// A request whose context names no operation is passed through untouched
+// to Config.HTTPClient's transport: no key, no journal, no Authorize, no
+// AttemptTimeout (unless RefuseUnnamedWrites). So is a GET or HEAD that
+// net/http's client makes to follow a redirect (301, 302, 303) of an
+// operation's answer. A 307 or 308 within the request's origin is
+// followed inside the operation, with its key; one to another origin is
+// the operation's answer, and the RoundTripper refuses to send the write
+// there if an http.Client tries.
+//
+// CloseIdleConnections closes the client's idle connections.
+func (c *Client) RoundTripper(opts ...TransportOption) http.RoundTripper {
+	t := &roundTripper{c: c, maxBody: DefaultMaxBodySize}
+	for _, o := range opts {
+		o(&t.opts)
+	}
+	if m, ok := c.journal.(interface{ MaxBodySize() int }); ok && m.MaxBodySize() > 0 {
+		t.maxBody = m.MaxBodySize()
+	}
+	return t
+}
+
+// StandardClient returns an *http.Client whose transport is
+// c.RoundTripper(opts...), for code that takes a client rather than a
+// transport. It follows redirects as http.Client does, except that the
+// redirect of an operation that would re-send its write (307, 308; those
+// within the origin are followed inside the operation) is returned as the
+// answer. It has no Timeout (each attempt is bounded by
+// Config.AttemptTimeout; bound a call with its context) and no Jar
+// (Config.HTTPClient's Jar applies to the operation's attempts).
+func (c *Client) StandardClient(opts ...TransportOption) *http.Client {
+	return &http.Client{Transport: c.RoundTripper(opts...), CheckRedirect: standardRedirect}
+}
+
+// standardRedirect is net/http's default policy (at most 10 redirects),
+// except for an operation's write.
+func standardRedirect(req *http.Request, via []*http.Request) error {
+	if _, named := req.Context().Value(namedOpKey{}).(namedOp); named && !safeMethod(req.Method) {
+		return http.ErrUseLastResponse
+	}
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	return nil
+}
+
+type roundTripper struct {
+	c       *Client
+	opts    transportOptions
+	maxBody int
+}
+
+// RoundTrip sends req as its context's operation, or passes it through.
+func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	op, named := req.Context().Value(namedOpKey{}).(namedOp)
+	switch {
+	case !named && t.opts.refuseUnnamed && !safeMethod(req.Method):
+		closeBody(req)
+		return nil, invalidOp("%s %s: its context names no operation, and this transport refuses writes that are not operations (RefuseUnnamedWrites); name one with idem.WithOperation", req.Method, redact(req))
+	case !named:
+		return t.c.rawTransport().RoundTrip(req)
+	case req.Response != nil && safeMethod(req.Method):
+		// net/http's client follows a 301, 302 or 303 of the operation's
+		// answer with a GET: the operation is settled, this is a read.
+		return t.c.rawTransport().RoundTrip(req)
+	case req.Response != nil:
+		closeBody(req)
+		return nil, fmt.Errorf("idem: operation %q answered HTTP %d, a redirect to %s, another origin: its write is not sent there (a write and its credentials never leave the request's origin); the redirect is the operation's answer",
+			op.id, req.Response.StatusCode, redact(req))
+	}
+	o, creds, err := t.operation(req, op)
+	if err != nil {
+		return nil, err
+	}
+	ctx, stop := cancelWith(req)
+	defer stop()
+	if len(creds) > 0 {
+		ctx = context.WithValue(ctx, callCredentialsKey{}, creds)
+	}
+	res, err := t.c.Do(ctx, o)
+	if err != nil && (res == nil || !errors.Is(err, ErrRejected)) {
+		return nil, err
+	}
+	if res.StatusCode == 0 {
+		return nil, fmt.Errorf("%w: operation %s/%s (key %s) is %s", ErrNoResponse, res.Scope, res.ID, res.Key, res.State)
+	}
+	return response(req, res), nil
+}
+
+// CloseIdleConnections closes the client's idle connections, as
+// http.Client.CloseIdleConnections expects of a transport.
+func (t *roundTripper) CloseIdleConnections() { t.c.http.CloseIdleConnections() }
+
+// operation reads req into the Op it stands for, and the credentials it
+// carries for this call. It closes the body.
+func (t *roundTripper) operation(req *http.Request, op namedOp) (Op, http.Header, error) {
+	fail := func(err error) (Op, http.Header, error) {
+		closeBody(req)
+		return Op{}, nil, err
+	}
+	if op.id == "" {
+		return fail(invalidOp("%s %s: the context names an operation with an empty ID; give idem.WithOperation a stable ID, such as \"checkout/cart-42\"", req.Method, redact(req)))
+	}
+	if safeMethod(req.Method) {
+		return fail(invalidOp("%s %s is a read, but its context names operation %q: an operation is a write; send reads with a context that names no operation", req.Method, redact(req), op.id))
+	}
+	if req.URL == nil || !req.URL.IsAbs() {
+		return fail(invalidOp("%s: the request's URL is not absolute", req.Method))
+	}
+	u := *req.URL
+	if req.Host != "" && !strings.EqualFold(req.Host, u.Host) {
+		return fail(invalidOp("%s %s: Request.Host %q differs from the URL's host; the journaled request is its URL, so set the host there", req.Method, redact(req), req.Host))
+	}
+	if b := t.c.base; b != nil {
+		if !strings.EqualFold(u.Scheme, b.Scheme) || !strings.EqualFold(u.Host, b.Host) {
+			return fail(invalidOp("%s %s: operation %q goes to another origin than Config.BaseURL (%s://%s); a client's operations, credentials and Resume belong to its BaseURL: use a client for that API",
+				req.Method, redact(req), op.id, b.Scheme, b.Host))
+		}
+		// Spelled as BaseURL is, so that Resume knows it as its origin's.
+		u.Scheme, u.Host = b.Scheme, b.Host
+	}
+	header, creds := t.split(req.Header)
+	body, err := t.readBody(req)
+	if err != nil {
+		return Op{}, nil, err
+	}
+	return Op{Scope: op.scope, ID: op.id, Method: req.Method, URL: u.String(), Header: header, Body: body}, creds, nil
+}
+
+// split separates what is journaled from the request's headers and the
+// credentials that go with this call only. Both share the request's
+// values, which a RoundTripper may read until it returns and must not
+// change: Do copies what it journals, and callCredentials what it sends.
+func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
+	journaled = make(http.Header, len(h))
+	for name, values := range h {
+		canon := http.CanonicalHeaderKey(name)
+		switch {
+		case t.c.secretHeader(canon):
+			if creds == nil {
+				creds = http.Header{}
+			}
+			creds[canon] = values
+		case canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
+		default:
+			journaled[canon] = values
+		}
+	}
+	return journaled, creds
+}
+
+// callerKeyHeaders are the headers in which SDKs put keys of their own.
+var callerKeyHeaders = []string{wire.KeyHeader, "X-Idempotency-Key"}
+
+// hopByHop are the headers of one connection (RFC 9110, 7.6.1), and those
+// the transport writes itself.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding",
+	"Upgrade", "Content-Length", "Host"}
+
+// readBody reads the body to its end, at most maxBody bytes, and closes it.
+func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil
+	}
+	defer req.Body.Close()
+	tooLarge := func(n string) error {
+		return fmt.Errorf("%w: %s %s: the body is %s bytes, the journal's limit is %d; nothing was journaled or sent: send large payloads by reference, or raise the journal's limit (SQLiteMaxBodySize)",
+			ErrBodyTooLarge, req.Method, redact(req), n, t.maxBody)
+	}
+	if req.ContentLength > int64(t.maxBody) {
+		return nil, tooLarge(strconv.FormatInt(req.ContentLength, 10))
+	}
+	body, err := io.ReadAll(io.LimitReader(req.Body, int64(t.maxBody)+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: %s %s: reading the body: %w; nothing was journaled or sent", ErrInvalidOp, req.Method, redact(req), err)
+	case len(body) > t.maxBody:
+		return nil, tooLarge("more than " + strconv.Itoa(t.maxBody))
+	case req.ContentLength > 0 && int64(len(body)) != req.ContentLength:
+		return nil, invalidOp("%s %s: ContentLength is %d but the body has %d bytes; nothing was journaled or sent", req.Method, redact(req), req.ContentLength, len(body))
+	}
+	return body, nil
+}
+
+// cancelWith returns the request's context, ended also when its
+// deprecated Cancel channel is closed, as net/http's transport honours it.
+func cancelWith(req *http.Request) (context.Context, func()) {
+	ctx := req.Context()
+	if req.Cancel == nil { //nolint:staticcheck // honoured as net/http documents it
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-req.Cancel: //nolint:staticcheck // see above
+			cancel()
+		case <-done:
+		}
+	}()
+	return ctx, func() { close(done); cancel() }
+}
+
+// response is res as net/http's transport would return it.
+func response(req *http.Request, res *Result) *http.Response {
+	h := res.Header.Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	if res.Replayed && !wire.Replayed(h) {
+		h.Set(wire.ReplayedHeader, "true")
+	}
+	h.Del("Content-Length") // the body may have been cut (Config.MaxResponseBytes)
+	return &http.Response{
+		Status:     strconv.Itoa(res.StatusCode) + " " + http.StatusText(res.StatusCode),
+		StatusCode: res.StatusCode, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:        h,
+		Body:          &resultBody{Reader: bytes.NewReader(res.Body), res: res},
+		ContentLength: int64(len(res.Body)),
+		Request:       req,
+	}
+}
+
+// resultBody is the body of a response the RoundTripper returns: the
+// journaled answer, and the Result it belongs to.
+type resultBody struct {
+	*bytes.Reader
+	res *Result
+}
+
+func (*resultBody) Close() error { return nil }
+
+// ResultOf returns the Result behind a response that Client.RoundTripper
+// or Client.StandardClient returned for an operation (its key, whether
+// the server replayed it, whether it came from the journal without being
+// sent), or false for any other response, or one whose Body was replaced.
+func ResultOf(resp *http.Response) (*Result, bool) {
+	if resp == nil {
+		return nil, false
+	}
+	b, ok := resp.Body.(*resultBody)
+	if !ok {
+		return nil, false
+	}
+	return b.res, true
+}
+
+// safeMethod reports whether a method is a read (RFC 9110, 9.2.1).
+func safeMethod(m string) bool {
+	switch m {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+// redact is the request's URL for an error: without its query, which may
+// carry personal data or a token.
+func redact(req *http.Request) string {
+	if req.URL == nil {
+		return ""
+	}
+	u := *req.URL
+	u.User, u.RawQuery, u.ForceQuery = nil, "", false
+	return u.String()
+}
+
+// rawTransport is Config.HTTPClient's transport (or the default one), with
+// nothing of idem's: for requests that are not operations.
+func (c *Client) rawTransport() http.RoundTripper {
+	return c.http.Transport.(authorizing).base.(callCredentials).base
+}
+
+// callCredentialsKey carries the credentials a request gave the
+// RoundTripper, to every request of that call for its operation.
+type callCredentialsKey struct{}
+
+// callCredentials adds a call's credentials to each request for its
+// operation, after Config.Authorize, right before it is sent; they are in
+// the context of the call, never in the journal.
+type callCredentials struct{ base http.RoundTripper }
+
+func (t callCredentials) RoundTrip(req *http.Request) (*http.Response, error) {
+	creds, _ := req.Context().Value(callCredentialsKey{}).(http.Header)
+	if len(creds) == 0 {
+		return t.base.RoundTrip(req)
+	}
+	// A shallow copy with a header of its own: the values are shared, and
+	// nothing below changes them (the transport only reads a request).
+	r := new(http.Request)
+	*r = *req
+	r.Header = make(http.Header, len(req.Header)+len(creds))
+	maps.Copy(r.Header, req.Header)
+	maps.Copy(r.Header, creds)
+	return t.base.RoundTrip(r)
+}
+
+func (t callCredentials) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}

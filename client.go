@@ -215,6 +215,10 @@ type Client struct {
 	shutdown chan struct{} // closed once Close or Shutdown has finished
 	flights  map[scopeID]*flight
 	held     map[string]Lease // leases of the operations this client drives, by key
+	// left are the keys of operations a call of this client may have left
+	// leased to it: the call ended on a journal error (a write whose answer
+	// was lost). See adopt.
+	left map[string]struct{}
 }
 
 // New checks cfg and returns a client. It starts one goroutine, which
@@ -223,7 +227,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Journal == nil {
 		return nil, fmt.Errorf("%w: Config.Journal is nil; open one with idem.OpenSQLite", ErrInvalidConfig)
 	}
-	c := &Client{cfg: cfg, journal: cfg.Journal, flights: map[scopeID]*flight{}, held: map[string]Lease{},
+	c := &Client{cfg: cfg, journal: cfg.Journal, flights: map[scopeID]*flight{}, held: map[string]Lease{}, left: map[string]struct{}{},
 		closing: make(chan struct{}), shutdown: make(chan struct{}), observed: cfg.Hooks.observed()}
 	if cfg.BaseURL != "" {
 		u, err := url.Parse(cfg.BaseURL)
@@ -583,6 +587,42 @@ func (c *Client) hold(key string, l Lease) {
 	c.mu.Unlock()
 }
 
+// maxLeft bounds the keys a client remembers in left; past it, an
+// arbitrary one is forgotten for each new one (its lease then lapses).
+const maxLeft = 1024
+
+// leave records that a call of this client ended on a journal error with
+// the operation key perhaps leased to this client.
+func (c *Client) leave(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.left[key]; !ok && len(c.left) >= maxLeft {
+		for k := range c.left {
+			delete(c.left, k)
+			break
+		}
+	}
+	c.left[key] = struct{}{}
+}
+
+// adopt records, as hold does, that a call of this client takes up the
+// operation key under l, and reports whether it may: only a lease in this
+// client's name that a call of this very client left behind (see leave),
+// and that no call of it holds now. Another process under the same Owner
+// name (a restart) is never taken for this one.
+func (c *Client) adopt(key string, l Lease) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, held := c.held[key]
+	_, left := c.left[key]
+	if held || !left || l.Owner != c.owner {
+		return false
+	}
+	delete(c.left, key)
+	c.held[key] = l
+	return true
+}
+
 func (c *Client) unhold(key string) {
 	c.mu.Lock()
 	delete(c.held, key)
@@ -640,6 +680,10 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
 	stored, created, err := c.journal.Create(ctx, rec)
 	if err != nil {
+		if !errors.Is(err, ErrFingerprintMismatch) {
+			// The create's answer may have been lost after it committed.
+			c.leave(key)
+		}
 		return nil, c.createFailed(stored, err)
 	}
 	if !created {
@@ -887,6 +931,13 @@ func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, err
 			return nil, err
 		}
 		rec = acquired
+		if errors.Is(err, ErrLeased) && c.adopt(rec.Key, rec.Lease) {
+			// The lease is this client's own, and no call of it holds it:
+			// a call that returned left it behind (its journal write's
+			// answer was lost, say). Waiting for it to lapse would wait for
+			// nobody; its writes stay fenced by the lease's epoch.
+			return c.newDriver(rec).run(ctx)
+		}
 		if errors.Is(err, ErrLeased) {
 			// Another process drives it: poll until it settles or its lease
 			// frees (it renews while alive; when it dies, the journal

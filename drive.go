@@ -503,6 +503,9 @@ func (d *driver) keyNotHonoured(ctx context.Context, second *Response) error {
 // journalFailed reports a journal write that failed: the operation is
 // where the journal last had it.
 func (d *driver) journalFailed(err error) error {
+	if d.lease.Owner == d.c.owner {
+		d.c.leave(d.rec.Key) // the write's answer may have been lost after it committed
+	}
 	return opError(d.rec, fmt.Errorf("journal: %w", err))
 }
 

@@ -68,7 +68,29 @@
 // Durability and group commit: see Journal. An intent is committed with
 // synchronous_commit on before anything is sent; an outcome the server can
 // tell again may be committed with it off; writes from many goroutines
-// share one transaction and one commit.
+// share one transaction and one commit. The journal sets the level of each
+// of its transactions itself: a database or a role whose default is off
+// (ALTER DATABASE / ALTER ROLE ... SET synchronous_commit = off, a common
+// tuning) changes nothing, and a stronger level its sessions run at, such
+// as remote_apply, is kept.
+//
+// Lost acknowledgements. When a commit reaches the server and its answer
+// does not come back (the connection breaks after the COMMIT went out),
+// the write may or may not be committed. The journal and the store do not
+// guess: they wait until the session that ran it has no transaction open
+// (ending it if it sits idle in one, its COMMIT lost on the way), then
+// read the write back by key and version (the journal's events; the
+// store's entry, its fingerprint, time and token), and answer as the
+// commit would have. A write found not committed runs again once. A
+// Renew or Sync, which change nothing when run twice, simply runs again.
+// What remains is a database out of reach for the read-back too: the
+// error then matches ErrCommitInDoubt and names the write (the operation,
+// its key, the version), and says that it may or may not be committed.
+// An intent in that state is journaled, or not, under its client's own
+// lease; the client's next Do of the operation takes it up at once (no
+// call of the client holds it), and asks the server before it sends
+// again, as for any in_flight operation. Other workers wait for the lease
+// to lapse, or for the client to be gone.
 //
 // # The server store
 //
@@ -130,7 +152,8 @@
 // Durability. Each write sets synchronous_commit for its own transaction
 // only (set_config with is_local, inside the statement: no extra round
 // trip, nothing left on the application's sessions, and it works through a
-// pooler in transaction mode). Claims, replacements, take-overs, lock
+// pooler in transaction mode), whatever the session's default, as the
+// journal does, with the same statements. Claims, replacements, take-overs, lock
 // renewals and completions wait for the WAL flush (a session whose
 // setting is off is raised to on; any other, such as remote_apply, is
 // kept). Releases and sweeps do not, and completions do not either with

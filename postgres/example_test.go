@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"log"
 	"net/http"
 	"time"
@@ -69,6 +70,38 @@ func ExampleOpenStore() {
 	}
 	defer app.Close()
 	log.Fatal(http.ListenAndServe(":8080", orders.Mux(app, mw)))
+}
+
+// A Do whose journal write was sent, lost its answer, and could not be read
+// back, the database being out of reach: the operation may be journaled,
+// and nothing was sent. The same Do later (the same client) takes it up.
+func ExampleErrCommitInDoubt() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@db.internal:5432/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	journal, err := postgres.OpenJournal(ctx, pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer journal.Close()
+	client, err := idem.New(idem.Config{Journal: journal, BaseURL: "https://api.example.com"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	op := idem.Op{ID: "invoice-7/pay", Method: http.MethodPost, URL: "/payments", Body: []byte(`{"invoice":7}`)}
+	res, err := client.Do(ctx, op)
+	if errors.Is(err, postgres.ErrCommitInDoubt) {
+		log.Printf("the journal is out of reach: %v; trying again later", err)
+		return
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("paid: HTTP %d", res.StatusCode)
 }
 
 // A worker whose way to the database is unreliable (another region, a

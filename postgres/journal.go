@@ -28,9 +28,11 @@ import (
 // # Durability
 //
 // A write that records an intent (Create, Claim, Acquire, an Update with
-// idem.Durable) is committed with synchronous_commit on: it is in the
-// server's WAL on disk before the call returns, and so before anything is
-// sent. A Deferred or Buffered update (an outcome the server can tell
+// idem.Durable) and Sync are committed with synchronous_commit on, set by
+// the journal for its own transaction whatever the session's default (a
+// database or a role may default to off): it is in the server's WAL on
+// disk before the call returns, and so before anything is sent. A stronger
+// level the application's sessions run at (remote_apply, say) is kept. A Deferred or Buffered update (an outcome the server can tell
 // again) is committed with synchronous_commit off: it returns once
 // committed, before the WAL is flushed, which the server does within
 // wal_writer_delay (200 ms by default); a crash of the database server in
@@ -299,7 +301,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 	}
 	off := j.off()
 	var out []idem.Record
-	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+	err = j.inTx(ctx, func(tx pgx.Tx) error {
 		out = out[:0]
 		now := j.now()
 		due := now
@@ -347,6 +349,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 			}
 		}
 		b := &pgx.Batch{}
+		b.Queue(commitDurable) // a claim is an intent: on disk before its owner sends
 		for i, rec := range recs {
 			claimed, ev, err := journal.ApplyClaim(rec, req.Owner, req.Lease, now, func(o string) bool { return slices.Contains(gone, o) })
 			if err != nil {
@@ -358,8 +361,30 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		}
 		return tx.SendBatch(ctx, b).Close()
 	})
+	if asDoubt(err) != nil && len(out) == 0 {
+		return nil, nil // nothing was claimed: nothing to be in doubt about
+	}
+	if d := asDoubt(err); d != nil {
+		// The claims are written with their events: found, they are this
+		// call's, which its owner must drive; lost, they would be held by
+		// no call until their leases lapsed.
+		rctx, cancel := readBackCtx(ctx)
+		defer cancel()
+		found, rerr := j.written(rctx, d, out[:1])
+		switch {
+		case rerr != nil:
+			return nil, inDoubt(j.where()+": "+describeClaim(req.Owner, out), d.err, rerr)
+		case len(found) == 1 && found[0]:
+			return out, nil
+		}
+		return nil, fmt.Errorf("%s: %s: its commit's acknowledgement was lost (%w), and it was not committed; claim again",
+			j.where(), describeClaim(req.Owner, out), d.err)
+	}
 	if err != nil {
-		return nil, classify(ctx, err)
+		if err = classify(ctx, err); err == ctx.Err() {
+			return nil, err // a canceled context stays one
+		}
+		return nil, fmt.Errorf("%s: claim by %s: %w", j.where(), req.Owner, err)
 	}
 	return out, nil
 }
@@ -382,19 +407,55 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 	}
 	keys := slices.Sorted(maps.Keys(held)) // rows are locked in key order, as every batch does
 	until := wire.Millis(journal.TruncateTime(j.now().Add(lease)))
-	var n int64
-	err = pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		b.Queue(`SET LOCAL synchronous_commit = off`)
-		for _, k := range keys {
-			b.Queue(j.q.renew, k, held[k].Epoch, held[k].Owner, until).Exec(func(tag pgconn.CommandTag) error {
-				n += tag.RowsAffected()
-				return nil
-			})
+	renew := func(ctx context.Context) (int, error) {
+		var n int64
+		err := j.inTx(ctx, func(tx pgx.Tx) error {
+			n = 0
+			b := &pgx.Batch{}
+			b.Queue(commitDeferred)
+			for _, k := range keys {
+				b.Queue(j.q.renew, k, held[k].Epoch, held[k].Owner, until).Exec(func(tag pgconn.CommandTag) error {
+					n += tag.RowsAffected()
+					return nil
+				})
+			}
+			return tx.SendBatch(ctx, b).Close()
+		})
+		return int(n), err
+	}
+	n, err := renew(ctx)
+	if d := asDoubt(err); d != nil {
+		// A renewal sets each lease's expiry to the later of its own and
+		// the new one: run again once the first has settled, it changes
+		// nothing the first did, and counts the leases still held.
+		rctx, cancel := readBackCtx(ctx)
+		defer cancel()
+		if err := settle(rctx, j.pool, d); err != nil {
+			return 0, inDoubt(j.where()+": "+fmt.Sprintf("the renewal of %d leases", len(keys)), d.err, err)
 		}
-		return tx.SendBatch(ctx, b).Close()
-	})
-	return int(n), classify(ctx, err)
+		n, err = renew(rctx)
+	}
+	return n, classify(ctx, err)
+}
+
+// inTx runs fn in a transaction on a connection of the pool, and reports a
+// commit sent without an answer as a commitDoubt. (pgx.BeginFunc would
+// report the rollback's "conn closed" after such a commit instead.)
+func (j *Journal) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	conn, err := j.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return doubtful(conn.Conn(), tx.Commit(ctx))
 }
 
 // Sync implements idem.Journal: a commit with synchronous_commit on flushes
@@ -405,7 +466,27 @@ func (j *Journal) Sync(ctx context.Context) error {
 		return err
 	}
 	defer done()
-	_, err = j.pool.Exec(ctx, `UPDATE `+j.q.table("sync")+` SET at = $1 WHERE id = 1`, wire.Millis(j.now()))
+	sync := func(ctx context.Context) error {
+		conn, err := j.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		_, err = conn.Exec(ctx, `UPDATE `+j.q.table("sync")+` AS s SET at = $1 FROM (`+commitDurable+`) AS d WHERE s.id = 1`,
+			wire.Millis(j.now()))
+		return doubtful(conn.Conn(), err)
+	}
+	err = sync(ctx)
+	if d := asDoubt(err); d != nil {
+		// Committed or not, a Sync run again once the first has settled
+		// flushes the WAL as far as the first would have.
+		rctx, cancel := readBackCtx(ctx)
+		defer cancel()
+		if err := settle(rctx, j.pool, d); err != nil {
+			return inDoubt(j.where()+": "+"the sync", d.err, err)
+		}
+		err = sync(rctx)
+	}
 	return classify(ctx, err)
 }
 

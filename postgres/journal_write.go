@@ -3,6 +3,7 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -51,6 +52,9 @@ type writeReq struct {
 	// row changed, or the rules refused the write against this journal's
 	// copy of the row, which must be checked against the row itself.
 	again bool
+	// sent is the row the write leaves if its transaction commits, once it
+	// is queued: what a commit in doubt is read back against.
+	sent *idem.Record
 
 	done chan struct{}
 }
@@ -143,24 +147,26 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 	if len(live) == 0 {
 		return
 	}
-	if err := j.commitBatch(live, true); err != nil {
-		if len(live) == 1 {
-			live[0].err = mapWriteError(live[0], err)
+	err := j.commitBatch(live, true)
+	if d := asDoubt(err); d != nil {
+		if j.readBack(live, d) != notCommitted {
+			err = nil
+		}
+		// Not committed: each write runs again, as after a batch that
+		// failed as a whole.
+	}
+	if err != nil {
+		if len(live) == 1 && asDoubt(err) == nil {
+			live[0].err = j.mapWriteError(live[0], err)
 		} else {
 			for _, r := range live {
-				resetResult(r)
-				if err := j.commitBatch([]*writeReq{r}, true); err != nil {
-					r.err = mapWriteError(r, err)
-				}
+				j.commitAlone(r, true)
 			}
 		}
 	}
 	for _, r := range live {
 		for try := 0; r.again && try < 3; try++ {
-			resetResult(r)
-			if err := j.commitBatch([]*writeReq{r}, false); err != nil {
-				r.err = mapWriteError(r, err)
-			}
+			j.commitAlone(r, false)
 		}
 		if r.again {
 			// Other transactions kept changing what this write depends on:
@@ -172,15 +178,40 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 	}
 }
 
-func resetResult(r *writeReq) { r.out, r.created, r.err, r.again = idem.Record{}, false, nil, false }
+func resetResult(r *writeReq) {
+	r.out, r.created, r.err, r.again, r.sent = idem.Record{}, false, nil, false, nil
+}
+
+// commitAlone runs r again in a transaction of its own and sets its
+// result. A commit of its own in doubt is read back; one that did not
+// commit is reported as such, not tried a third time.
+func (j *Journal) commitAlone(r *writeReq, fast bool) {
+	resetResult(r)
+	err := j.commitBatch([]*writeReq{r}, fast)
+	if d := asDoubt(err); d != nil {
+		if j.readBack([]*writeReq{r}, d) != notCommitted {
+			return
+		}
+		err = fmt.Errorf("%s: %s: its commit's acknowledgement was lost (%w), and it was not committed; try it again",
+			j.where(), r.describe(), d.err)
+	}
+	if err != nil {
+		r.err = j.mapWriteError(r, err)
+	}
+}
 
 // mapWriteError turns a failed transaction into the caller's error: a key
-// already used by another operation is idem.ErrDuplicateKey.
-func mapWriteError(r *writeReq, err error) error {
+// already used by another operation is idem.ErrDuplicateKey; any other
+// failure names the journal and the write (a broken connection's bare
+// "unexpected EOF" would name neither).
+func (j *Journal) mapWriteError(r *writeReq, err error) error {
 	if c, ok := isUniqueViolation(err); ok && r.op == opCreate && c == "operations_key_key" {
 		return fmt.Errorf("%w: %s", idem.ErrDuplicateKey, r.key)
 	}
-	return err
+	if errors.Is(err, idem.ErrJournalClosed) {
+		return err
+	}
+	return fmt.Errorf("%s: %s: %w", j.where(), r.describe(), err)
 }
 
 type row struct {
@@ -259,11 +290,10 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	// Round trip 1: begin, and read and lock what the writes touch.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	if !durable {
-		// Outcomes only: committed before Update returns, flushed within
-		// wal_writer_delay (see Journal).
-		b.Queue("SET LOCAL synchronous_commit = off")
-	}
+	// Outcomes only: committed before Update returns, flushed within
+	// wal_writer_delay (see Journal). Anything else waits for the flush,
+	// whatever the session's default.
+	b.Queue(commitLevel(durable))
 	byKey := map[string]*row{}
 	byOp := map[[2]string]*row{}
 	read := func(rows pgx.Rows) error {
@@ -324,7 +354,7 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 			}
 			rw := &row{rec: r.rec}
 			byKey[r.key], byOp[[2]string{r.rec.Scope, r.rec.ID}] = rw, rw
-			r.out, r.created = r.rec, true
+			r.out, r.created, r.sent = r.rec, true, &r.rec
 			j.q.queueInsert(b, r.rec, r.ev).Exec(func(tag pgconn.CommandTag) error {
 				if tag.RowsAffected() == 0 {
 					r.again = true // created meanwhile by another process
@@ -358,7 +388,7 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	b.Queue("COMMIT")
 	j.forget(keys)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return err
+		return doubtful(conn.Conn(), err)
 	}
 	open = false
 	for _, rw := range byKey {
@@ -381,7 +411,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 		}
 		j.q.queueStore(b, rw.id, next)
 		j.q.queueEvent(b, rw.id, ev)
-		rw.rec, rw.written, r.out = next, true, next
+		rw.rec, rw.written, r.out, r.sent = next, true, next, &next
 	case opAcquire:
 		claimed, ev, err := journal.ApplyClaim(rw.rec, r.owner, r.lease, now, j.isGone)
 		if err != nil {
@@ -390,7 +420,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 		}
 		j.q.queueStore(b, rw.id, claimed)
 		j.q.queueEvent(b, rw.id, ev)
-		rw.rec, rw.written, r.out = claimed, true, claimed
+		rw.rec, rw.written, r.out, r.sent = claimed, true, claimed, &claimed
 	case opRelease:
 		released, err := journal.ApplyRelease(rw.rec, r.held, now)
 		if err != nil {
@@ -398,7 +428,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 			return
 		}
 		j.q.queueLease(b, rw.id, released)
-		rw.rec, rw.written, r.out = released, true, released
+		rw.rec, rw.written, r.out, r.sent = released, true, released, &released
 	}
 }
 
@@ -529,14 +559,13 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	if !durable {
-		b.Queue("SET LOCAL synchronous_commit = off")
-	}
+	b.Queue(commitLevel(durable))
 	ids := map[string]int64{}
 	if len(creates) > 0 {
 		var cols createColumns
 		for _, r := range creates {
 			cols.add(r.rec, r.ev)
+			r.sent = &r.rec
 		}
 		j.q.queueInsertMany(b, &cols).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
@@ -551,6 +580,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 		})
 	}
 	for _, u := range updates {
+		u.r.sent = &u.next
 		j.q.queueStoreFenced(b, u.id, copies[u.r.key].xmin, u.next, u.ev).Exec(func(tag pgconn.CommandTag) error {
 			u.written = tag.RowsAffected() > 0
 			return nil
@@ -566,7 +596,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	j.forget(keys)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		_, _ = conn.Exec(context.Background(), "ROLLBACK")
-		return err
+		return doubtful(conn.Conn(), err)
 	}
 	for _, r := range creates {
 		id, ok := ids[r.key]

@@ -195,14 +195,14 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 		case err != nil:
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		case !e.ExpiresAt.After(req.Now):
-			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.replace,
-				id, []byte(req.Fingerprint), []byte(req.Method), []byte(req.Path), now, expires), off)
+			e, err = s.claimRow(ctx, &req, id, now, off, s.q.replace,
+				id, []byte(req.Fingerprint), []byte(req.Method), []byte(req.Path), now, expires)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
 			}
 		case e.State == server.InProgress && e.Fingerprint == req.Fingerprint && e.LockedAt.Before(req.StaleBefore):
-			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.takeOver,
-				id, []byte(req.Fingerprint), now, expires, stale), off)
+			e, err = s.claimRow(ctx, &req, id, now, off, s.q.takeOver,
+				id, []byte(req.Fingerprint), now, expires, stale)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, TookOver: true, Token: e.Token, Entry: e}, nil
 			}
@@ -217,6 +217,35 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 	}
 	return server.ClaimResult{}, fmt.Errorf("postgres store in schema %q: claim of a key that changed under it %d times in a row; retry the request",
 		s.schema, claimRounds)
+}
+
+// claimRow runs a replacement or a take-over of the entry id, which
+// returns the entry it claimed, or pgx.ErrNoRows when the entry no longer
+// qualified. One whose commit is in doubt is read back: an entry in
+// progress with this claim's fingerprint, locked at this claim's time now
+// (in nanoseconds on the server's clock, as written), is this claim's; any
+// other reads as not claimed, and the claim looks again. off moves the
+// entry's times back to the caller's clock.
+func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byte, now int64, off time.Duration, sql string, args ...any) (server.Entry, error) {
+	var e server.Entry
+	err := s.withConn(ctx, func(conn *pgx.Conn) error {
+		var err error
+		e, err = scanStoreEntry(conn.QueryRow(ctx, sql, args...), off)
+		return err
+	})
+	d := asDoubt(err)
+	if d == nil {
+		return e, err
+	}
+	rows, rerr := storeReadBack(ctx, s, d, map[string]bool{string(id): true})
+	if rerr != nil {
+		return server.Entry{}, inDoubt(fmt.Sprintf("the claim of key %q in scope %q", req.Key, req.Scope), d.err, rerr)
+	}
+	e, ok := rows[string(id)]
+	if ok && e.State == server.InProgress && e.Fingerprint == req.Fingerprint && storeNanos(e.LockedAt, 0) == now {
+		return shiftEntry(e, off), nil
+	}
+	return server.Entry{}, pgx.ErrNoRows
 }
 
 // Complete implements server.Store.
@@ -360,6 +389,13 @@ func scanStoreEntry(row pgx.Row, off time.Duration) (server.Entry, error) {
 		e.Response = r
 	}
 	return e, nil
+}
+
+// shiftEntry moves the times of an entry read on the server's clock (off
+// zero) to the caller's, as scanStoreEntry with off would have.
+func shiftEntry(e server.Entry, off time.Duration) server.Entry {
+	e.CreatedAt, e.LockedAt, e.ExpiresAt = e.CreatedAt.Add(-off), e.LockedAt.Add(-off), e.ExpiresAt.Add(-off)
+	return e
 }
 
 // storeNanos is a caller's time t as the store keeps it: on the server's

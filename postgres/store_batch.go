@@ -3,6 +3,8 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/jackc/pgx/v5"
@@ -57,24 +59,32 @@ func (s *Store) insertClaims(ctx context.Context, batch []*claimWrite) {
 		fps, methods, paths = append(fps, []byte(w.req.Fingerprint)), append(methods, []byte(w.req.Method)), append(paths, []byte(w.req.Path))
 		nows, expires = append(nows, w.now), append(expires, w.expires)
 	}
-	rows, err := s.pool.Query(ctx, s.q.insert, ids, scopes, keys, fps, methods, paths, nows, expires)
-	if err == nil {
+	err := s.withConn(ctx, func(conn *pgx.Conn) error {
+		rows, err := conn.Query(ctx, s.q.insert, ids, scopes, keys, fps, methods, paths, nows, expires)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
 		for rows.Next() {
 			var (
 				id    []byte
 				token int64
 			)
 			if err = rows.Scan(&id, &token); err != nil {
-				break
+				return err
 			}
 			if w := sent[string(id)]; w != nil {
 				w.inserted, w.token = true, token
 			}
 		}
 		rows.Close()
-		if err == nil {
-			err = rows.Err()
+		return rows.Err()
+	})
+	if d := asDoubt(err); d != nil {
+		if s.readBackClaims(ctx, d, sent) != notCommitted {
+			return
 		}
+		err = fmt.Errorf("its commit's acknowledgement was lost (%w), and it was not committed", d.err)
 	}
 	if err != nil {
 		storeRetryAlone(ctx, batch, err, func(w *claimWrite) { w.inserted, w.token = false, 0 },
@@ -92,25 +102,35 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 		return cmp.Or(cmp.Compare(a.req.Scope, b.req.Scope), cmp.Compare(a.req.Key, b.req.Key))
 	})
 	var (
-		sent  = make(map[string]bool, len(batch))
+		sent  = make(map[string]*completeWrite, len(batch))
 		again []*completeWrite
 		b     = &pgx.Batch{}
 	)
 	// One statement per entry, sent at once: pgx runs a batch outside a
 	// transaction as one implicit transaction, so they commit together.
 	for _, w := range batch {
-		if sent[string(w.id)] {
+		if sent[string(w.id)] != nil {
 			again = append(again, w)
 			continue
 		}
-		sent[string(w.id)] = true
+		sent[string(w.id)] = w
 		b.Queue(q, w.id, w.req.Token, w.expires, int32(w.req.Response.Status),
 			w.header, w.body).Exec(func(tag pgconn.CommandTag) error {
 			w.done = tag.RowsAffected() == 1
 			return nil
 		})
 	}
-	err := s.pool.SendBatch(ctx, b).Close()
+	err := s.withConn(ctx, func(conn *pgx.Conn) error { return conn.SendBatch(ctx, b).Close() })
+	if d := asDoubt(err); d != nil {
+		switch s.readBackCompletes(ctx, d, batch, sent) {
+		case unreadable:
+			return
+		case committed:
+			err = nil
+		default:
+			err = fmt.Errorf("its commit's acknowledgement was lost (%w), and it was not committed", d.err)
+		}
+	}
 	if err != nil {
 		storeRetryAlone(ctx, batch, err, func(w *completeWrite) { w.done = false },
 			func(ctx context.Context, b []*completeWrite) { s.completeAll(ctx, q, b) },
@@ -135,4 +155,97 @@ func storeRetryAlone[W any](ctx context.Context, batch []*W, err error, reset fu
 		reset(w)
 		run(ctx, []*W{w})
 	}
+}
+
+// withConn runs fn on a connection of the pool: fn's statements carry an
+// implicit transaction's commit, and an error that leaves it in doubt
+// comes back as a commitDoubt naming the connection's server process.
+func (s *Store) withConn(ctx context.Context, fn func(*pgx.Conn) error) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	return doubtful(conn.Conn(), fn(conn.Conn()))
+}
+
+// readBackClaims settles a batch of new keys whose insert is in doubt: a
+// key whose row is in progress with this claim's fingerprint, created and
+// locked at this claim's time (in nanoseconds), is this claim's, with the
+// row's token. One found means the statement committed, and a key not
+// found was taken by another request: its claim reads the entry in its
+// way, as after any insert that ran into a row. Unreadable, each claim
+// gets an ErrCommitInDoubt error.
+func (s *Store) readBackClaims(ctx context.Context, d *commitDoubt, sent map[string]*claimWrite) readResult {
+	rows, err := storeReadBack(ctx, s, d, sent)
+	if err != nil {
+		for _, w := range sent {
+			w.inserted, w.token = false, 0
+			w.err = inDoubt(fmt.Sprintf("the claim of key %q in scope %q", w.req.Key, w.req.Scope), d.err, err)
+		}
+		return unreadable
+	}
+	res := notCommitted
+	for id, w := range sent {
+		// Both on the server's clock: the row's times as stored, and the
+		// claim's as it sent them.
+		e, ok := rows[id]
+		w.inserted = ok && e.State == server.InProgress && e.Fingerprint == w.req.Fingerprint &&
+			storeNanos(e.CreatedAt, 0) == w.now && storeNanos(e.LockedAt, 0) == w.now
+		w.token = 0
+		if w.inserted {
+			w.token, res = e.Token, committed
+		}
+	}
+	return res
+}
+
+// readBackCompletes settles a batch of completions whose commit is in
+// doubt: an entry completed under this completion's token is this one's.
+// One found means the statement committed, and a completion not found
+// lost its lock. Unreadable, each gets an ErrCommitInDoubt error.
+func (s *Store) readBackCompletes(ctx context.Context, d *commitDoubt, batch []*completeWrite, sent map[string]*completeWrite) readResult {
+	rows, err := storeReadBack(ctx, s, d, sent)
+	if err != nil {
+		for _, w := range batch {
+			w.done = false
+			w.err = inDoubt(fmt.Sprintf("the completion of key %q in scope %q", w.req.Key, w.req.Scope), d.err, err)
+		}
+		return unreadable
+	}
+	res := notCommitted
+	for id, w := range sent {
+		e, ok := rows[id]
+		w.done = ok && e.State == server.Completed && e.Token == w.req.Token
+		if w.done {
+			res = committed
+		}
+	}
+	return res
+}
+
+// storeReadBack waits for the session of a commit in doubt to settle, then
+// reads the entries it wrote, by id (storeID, as a string), their times
+// left on the server's clock, as written.
+func storeReadBack[W any](ctx context.Context, s *Store, d *commitDoubt, ids map[string]W) (map[string]server.Entry, error) {
+	ctx, cancel := readBackCtx(ctx)
+	defer cancel()
+	if err := settle(ctx, s.pool, d); err != nil {
+		return nil, err
+	}
+	out := make(map[string]server.Entry, len(ids))
+	b := &pgx.Batch{}
+	for id := range ids {
+		b.Queue(s.q.reread, []byte(id)).QueryRow(func(row pgx.Row) error {
+			e, err := scanStoreEntry(row, 0)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			if err == nil {
+				out[id] = e
+			}
+			return err
+		})
+	}
+	return out, s.pool.SendBatch(ctx, b).Close()
 }

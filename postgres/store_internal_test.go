@@ -26,11 +26,11 @@ func TestStoreWritesCommitAsDocumented(t *testing.T) {
 	}
 	deferred := map[string]string{"completeDeferred": q.completeDeferred, "release": q.release, "sweep": q.sweep}
 	for name, sql := range durable {
-		assert.Contains(t, sql, storeDurable, "%s must wait for the flush", name)
+		assert.Contains(t, sql, commitDurable, "%s must wait for the flush", name)
 	}
 	for name, sql := range deferred {
-		assert.Contains(t, sql, storeDeferred, "%s need not wait for the flush", name)
-		assert.NotContains(t, sql, storeDurable, name)
+		assert.Contains(t, sql, commitDeferred, "%s need not wait for the flush", name)
+		assert.NotContains(t, sql, commitDurable, name)
 	}
 
 	ctx := context.Background()
@@ -48,7 +48,7 @@ func TestStoreWritesCommitAsDocumented(t *testing.T) {
 			pool, err := pgxpool.NewWithConfig(ctx, cfg)
 			require.NoError(t, err)
 			defer pool.Close()
-			for mode, want := range map[string]string{storeDurable: tc.durable, storeDeferred: tc.deferred} {
+			for mode, want := range map[string]string{commitDurable: tc.durable, commitDeferred: tc.deferred} {
 				var got string
 				require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit') FROM (`+mode+`) AS d`).Scan(&got))
 				assert.Equal(t, want, got, "within the statement's transaction")

@@ -103,22 +103,6 @@ func storeID(scope, key string) []byte {
 const storeColumns = `scope, key, fingerprint, method, path, state, token, created_at, locked_at,
 	expires_at, resp_status, resp_header, resp_body`
 
-// How a write is committed. Each write sets synchronous_commit for its own
-// transaction only (set_config with is_local), inside the statement, so
-// that it costs no round trip, changes nothing of the application's
-// sessions, and works through a pooler in transaction mode.
-const (
-	// storeDurable waits for the WAL flush: it raises a session whose
-	// synchronous_commit is off to on, and leaves every other setting as
-	// the application configured it, since each of them (local,
-	// remote_write, on, remote_apply) waits for the local flush, and some
-	// for a synchronous standby too.
-	storeDurable = `SELECT set_config('synchronous_commit',
-		CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
-	// storeDeferred returns once committed, before the WAL flush.
-	storeDeferred = `SELECT set_config('synchronous_commit', 'off', true)`
-)
-
 // storeQueries are the store's statements, with the schema's name in them.
 type storeQueries struct {
 	insert, replace, takeOver, reread string
@@ -150,7 +134,7 @@ func newStoreQueries(schema string) storeQueries {
 		// that finds its key taken (a replay, a 409) writes nothing.
 		insert: `INSERT INTO ` + table + ` (id, scope, key, fingerprint, method, path, state, token, created_at, locked_at, expires_at)
 			SELECT v.id, v.scope, v.key, v.fingerprint, v.method, v.path, 1, nextval(` + tokens + `), v.now, v.now, v.expires_at
-			FROM (` + storeDurable + `) AS d,
+			FROM (` + commitDurable + `) AS d,
 				unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[], $5::bytea[], $6::bytea[], $7::bigint[], $8::bigint[])
 				WITH ORDINALITY AS v(id, scope, key, fingerprint, method, path, now, expires_at, i)
 			ORDER BY v.i
@@ -161,7 +145,7 @@ func newStoreQueries(schema string) storeQueries {
 		replace: `UPDATE ` + table + ` AS e SET fingerprint = $2, method = $3, path = $4, state = 1,
 				token = nextval(` + tokens + `), created_at = $5, locked_at = $5, expires_at = $6,
 				resp_status = NULL, resp_header = NULL, resp_body = NULL
-			FROM (` + storeDurable + `) AS d
+			FROM (` + commitDurable + `) AS d
 			WHERE e.id = $1 AND e.expires_at <= $5
 			RETURNING ` + storeColumns,
 		// A stale lock: taken over with a new token, if it is still stale
@@ -170,22 +154,22 @@ func newStoreQueries(schema string) storeQueries {
 		// concurrent take-overs one wins).
 		takeOver: `UPDATE ` + table + ` AS e SET token = nextval(` + tokens + `), locked_at = $3,
 				expires_at = GREATEST(e.expires_at, $4)
-			FROM (` + storeDurable + `) AS d
+			FROM (` + commitDurable + `) AS d
 			WHERE e.id = $1 AND e.state = 1 AND e.fingerprint = $2
 				AND e.locked_at < $5 AND e.expires_at > $3
 			RETURNING ` + storeColumns,
 		reread:           `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE id = $1`,
-		complete:         complete(storeDurable),
-		completeDeferred: complete(storeDeferred),
-		release: `DELETE FROM ` + table + ` AS e USING (` + storeDeferred + `) AS d
+		complete:         complete(commitDurable),
+		completeDeferred: complete(commitDeferred),
+		release: `DELETE FROM ` + table + ` AS e USING (` + commitDeferred + `) AS d
 			WHERE e.id = $1 AND e.token = $2 AND e.state = $3`,
-		renew: `UPDATE ` + table + ` AS e SET locked_at = $4 FROM (` + storeDurable + `) AS d
+		renew: `UPDATE ` + table + ` AS e SET locked_at = $4 FROM (` + commitDurable + `) AS d
 			WHERE e.id = $1 AND e.token = $2 AND e.state = $3`,
 		get: `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE id = $1 AND expires_at > $2`,
 		// One batch of expired entries. SKIP LOCKED passes over the rows a
 		// claim is replacing, and lets replicas that sweep at once share
 		// the work instead of queueing on each other.
-		sweep: `DELETE FROM ` + table + ` AS e USING (` + storeDeferred + `) AS d
+		sweep: `DELETE FROM ` + table + ` AS e USING (` + commitDeferred + `) AS d
 			WHERE e.id IN (
 				SELECT id FROM ` + table + ` WHERE expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
 			AND e.expires_at <= $1`,

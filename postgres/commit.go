@@ -1,0 +1,31 @@
+package postgres
+
+// How a write of the journal or the store is committed. Each write sets
+// synchronous_commit for its own transaction only (set_config with
+// is_local), inside a statement of the transaction, so that it costs no
+// round trip, changes nothing of the application's sessions, and works
+// through a pooler in transaction mode. The level is set whatever the
+// session's default, which the database's or the role's settings
+// (ALTER DATABASE / ALTER ROLE ... SET synchronous_commit) may have made
+// off: what the promise needs on disk is made durable here, never left to
+// the server's configuration.
+const (
+	// commitDurable waits for the WAL flush: it raises a session whose
+	// synchronous_commit is off to on, and leaves every other setting as
+	// the application configured it, since each of them (local,
+	// remote_write, on, remote_apply) waits for the local flush, and some
+	// for a synchronous standby too.
+	commitDurable = `SELECT set_config('synchronous_commit',
+		CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)`
+	// commitDeferred returns once committed, before the WAL flush.
+	commitDeferred = `SELECT set_config('synchronous_commit', 'off', true)`
+)
+
+// commitLevel is the statement that sets a transaction's commit level:
+// commitDurable when any of its writes must be on disk before it returns.
+func commitLevel(durable bool) string {
+	if durable {
+		return commitDurable
+	}
+	return commitDeferred
+}

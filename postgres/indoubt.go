@@ -1,0 +1,135 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrCommitInDoubt reports a write whose commit was sent to the server and
+// whose answer never came back (the connection broke, or the call's time
+// ran out), and which could not be read back either: it may or may not be
+// committed. The error says which write it was. The journal and the store
+// read such a write back before they answer; this is what remains when
+// even that fails, the database being out of reach.
+var ErrCommitInDoubt = errors.New("commit sent, acknowledgement lost")
+
+// A lost acknowledgement. When a COMMIT (or the Sync that ends an implicit
+// transaction) has gone out and no answer came back, the transaction may
+// have committed or not, and only the database can say. Before anything is
+// decided, the session that ran it is waited for until it has no
+// transaction open (settle); its writes are then read back, by key and
+// version, on another session.
+
+// commitDoubt is the error of a commit that went out without an answer
+// from the server: pid is the server process of the session it ran on,
+// port the local TCP port of its connection (-1 over a Unix socket), which
+// the server knows as the session's client_port.
+type commitDoubt struct {
+	pid  uint32
+	port int32
+	err  error
+}
+
+func (e *commitDoubt) Error() string { return e.err.Error() }
+func (e *commitDoubt) Unwrap() error { return e.err }
+
+// doubtful wraps err, the error of a statement sent on conn that carried a
+// commit, as a commitDoubt unless the server answered it: with an error of
+// its own (which aborted the transaction), or in full with no row. pgconn.SafeToRetry cannot tell
+// that the commit was not sent: a COMMIT whose answer was lost on a
+// simple query comes back as "conn closed", which it calls safe.
+func doubtful(conn *pgx.Conn, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) || errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	d := &commitDoubt{pid: conn.PgConn().PID(), port: -1, err: err}
+	if a, ok := conn.PgConn().Conn().LocalAddr().(*net.TCPAddr); ok {
+		d.port = int32(a.Port)
+	}
+	return d
+}
+
+// asDoubt returns err's commitDoubt, or nil.
+func asDoubt(err error) *commitDoubt {
+	var d *commitDoubt
+	if errors.As(err, &d) {
+		return d
+	}
+	return nil
+}
+
+// readBackTimeout bounds how long a write in doubt is waited for and read
+// back.
+const readBackTimeout = 30 * time.Second
+
+// readBackCtx is the context of a read-back: the caller's values, not its
+// end (the commit happened or not, whatever the caller's deadline), bounded
+// by readBackTimeout.
+func readBackCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), readBackTimeout)
+}
+
+// settle waits until the session of a commit in doubt has no transaction
+// open, so that whatever it committed is visible to another session and
+// whatever it did not commit never will be: the session ended, or it is
+// idle. A session idle in a transaction never received its COMMIT (the
+// network lost it on the way): it is terminated, which rolls its
+// transaction back, rather than left to hold its row locks until the
+// server notices the client gone. A session still running the commit
+// (waiting for its WAL flush, or for a synchronous standby) is waited for.
+//
+// The session is known by its server process and its client port, so that
+// no other session is ever waited for or ended: behind a pooler or a proxy
+// the server sees another port (and a pooler hands out process numbers of
+// its own), the session is not found, and the read-back reads at once. A
+// commit still running then may read as not committed; the write runs
+// again, and the journal's rules refuse what would repeat it (a create
+// finds its operation, an update finds its version taken).
+func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
+	pid := d.pid
+	wait := 2 * time.Millisecond
+	for {
+		var state *string
+		err := pool.QueryRow(ctx, `SELECT state FROM pg_stat_activity WHERE pid = $1 AND coalesce(client_port, -1) = $2`,
+			int32(pid), d.port).Scan(&state)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return err
+		case state != nil && *state == "idle":
+			return nil
+		case state != nil && (*state == "idle in transaction" || *state == "idle in transaction (aborted)"):
+			if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE pid = $1 AND coalesce(client_port, -1) = $2 AND state LIKE 'idle in transaction%'`, int32(pid), d.port); err != nil {
+				return err
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("the session that ran it (server process %d) still runs it: %w", pid, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+}
+
+// inDoubt is the error of a write in doubt that could not be read back:
+// what names the write (and where it was), readBack says why it could not.
+func inDoubt(what string, lost, readBack error) error {
+	return fmt.Errorf("%s: %w (%v), and reading it back failed: %v; it may or may not be committed: read it again once the database answers",
+		what, ErrCommitInDoubt, lost, readBack)
+}

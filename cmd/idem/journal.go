@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -235,12 +236,20 @@ func redactDSN(dsn string) string {
 // the one --password-env names.
 func (e *env) secrets() []string {
 	var s []string
-	if u, err := url.Parse(e.journal); err == nil && isPostgres(e.journal) {
+	// A URL of any scheme counts, and libpq's keyword form too: a value
+	// the command does not take for a PostgreSQL URL is taken for a
+	// path, and messages name the path.
+	if u, err := url.Parse(e.journal); err == nil {
 		if pw, ok := u.User.Password(); ok && pw != "" {
 			s = append(s, pw, url.QueryEscape(pw), url.PathEscape(pw))
 		}
 		if pw := u.Query().Get("password"); pw != "" {
 			s = append(s, pw, url.QueryEscape(pw))
+		}
+	}
+	for _, m := range keywordPassword.FindAllStringSubmatch(e.journal, -1) {
+		if pw := m[1]; pw != "" {
+			s = append(s, pw, strings.Trim(pw, "'"))
 		}
 	}
 	if e.passwordEnv != "" {
@@ -253,6 +262,10 @@ func (e *env) secrets() []string {
 	}
 	return s
 }
+
+// keywordPassword finds the password of libpq's keyword form,
+// "host=H password=PW", quoted or not.
+var keywordPassword = regexp.MustCompile(`(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)`)
 
 // scrubbed is an error whose message has the secrets taken out; it
 // unwraps to the original, so that its exit status is the same.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -214,7 +215,8 @@ func (e *env) journalName() string {
 	return fmt.Sprintf("%s (schema %q)", redactDSN(e.journal), e.schema())
 }
 
-// redactDSN is a DSN without its password, for messages and pages.
+// redactDSN is a DSN without its password, nor the passphrase of the
+// client's TLS key (sslpassword), for messages and pages.
 func redactDSN(dsn string) string {
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -224,8 +226,9 @@ func redactDSN(dsn string) string {
 		u.User = url.User(u.User.Username())
 	}
 	q := u.Query()
-	if q.Has("password") {
+	if q.Has("password") || q.Has("sslpassword") {
 		q.Del("password")
+		q.Del("sslpassword")
 		u.RawQuery = q.Encode()
 	}
 	return u.String()
@@ -235,12 +238,22 @@ func redactDSN(dsn string) string {
 // the one --password-env names.
 func (e *env) secrets() []string {
 	var s []string
-	if u, err := url.Parse(e.journal); err == nil && isPostgres(e.journal) {
+	// A URL of any scheme counts, and libpq's keyword form too: a value
+	// the command does not take for a PostgreSQL URL is taken for a
+	// path, and messages name the path.
+	if u, err := url.Parse(e.journal); err == nil {
 		if pw, ok := u.User.Password(); ok && pw != "" {
 			s = append(s, pw, url.QueryEscape(pw), url.PathEscape(pw))
 		}
-		if pw := u.Query().Get("password"); pw != "" {
-			s = append(s, pw, url.QueryEscape(pw))
+		for _, name := range []string{"password", "sslpassword"} {
+			if pw := u.Query().Get(name); pw != "" {
+				s = append(s, pw, url.QueryEscape(pw))
+			}
+		}
+	}
+	for _, m := range keywordPassword.FindAllStringSubmatch(e.journal, -1) {
+		if pw := m[1]; pw != "" {
+			s = append(s, pw, strings.Trim(pw, "'"))
 		}
 	}
 	if e.passwordEnv != "" {
@@ -253,6 +266,10 @@ func (e *env) secrets() []string {
 	}
 	return s
 }
+
+// keywordPassword finds the password of libpq's keyword form,
+// "host=H password=PW", quoted or not, and its sslpassword.
+var keywordPassword = regexp.MustCompile(`(?:^|\s)(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)`)
 
 // scrubbed is an error whose message has the secrets taken out; it
 // unwraps to the original, so that its exit status is the same.

@@ -234,6 +234,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 func main() {
@@ -342,7 +344,17 @@ func oneLine(msg string) string {
 	if strings.HasPrefix(msg, "idem journal ") {
 		msg = strings.TrimPrefix(msg, "idem ")
 	}
-	return strings.TrimSpace(lineBreaks.Replace(msg))
+	// A message may quote what the journal holds (an ID, an owner), which
+	// whoever wrote it chose: no control character reaches the terminal.
+	return strings.Map(func(r rune) rune {
+		if r == '\t' {
+			return ' '
+		}
+		if unicode.IsControl(r) || r == utf8.RuneError {
+			return '?'
+		}
+		return r
+	}, strings.TrimSpace(lineBreaks.Replace(msg)))
 }
 
 func dispatch(ctx context.Context, e *env, args []string) error {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/operator"
@@ -81,6 +82,11 @@ value).`,
 // resolve finds the operation that arg names: a key, else SCOPE/ID split
 // at the first "/".
 func resolve(ctx context.Context, e *env, j idem.Journal, arg string) (idem.Record, error) {
+	// Keys and IDs are UTF-8 text; PostgreSQL refuses to even look for
+	// other bytes, with an error about encodings.
+	if !utf8.ValidString(arg) {
+		return idem.Record{}, fmt.Errorf("no operation has key %q in journal %s: it is not UTF-8 text, and keys and IDs are", arg, e.journalName())
+	}
 	rec, err := j.Get(ctx, arg)
 	if !errors.Is(err, idem.ErrNotFound) {
 		return rec, err

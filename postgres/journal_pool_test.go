@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testserver"
+	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
@@ -40,10 +41,11 @@ func TestRegisterLeavesTheJournalAConnection(t *testing.T) {
 	one := openOn(t, smallPool(t, 1), schema)
 	_, err := one.Register(ctx, "alone")
 	require.Error(t, err, "a registration on a pool of one connection leaves the journal none")
+	assert.ErrorIs(t, err, postgres.ErrPoolTooSmall)
 	assert.ErrorContains(t, err, "MaxConns")
 	srv := testserver.Start(t)
 	_, err = idem.New(idem.Config{Journal: one, BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.StatusURL), Owner: "w"})
-	require.ErrorContains(t, err, "MaxConns", "the client is refused at New, not left to hang in Do")
+	require.ErrorIs(t, err, postgres.ErrPoolTooSmall, "the client is refused at New, not left to hang in Do")
 	assert.NotContains(t, owners(t, schema), "alone", "a refused registration records nothing")
 
 	// Three connections: two registrations, and one left for the writes.
@@ -54,7 +56,7 @@ func TestRegisterLeavesTheJournalAConnection(t *testing.T) {
 	unB, err := three.Register(ctx, "b")
 	require.NoError(t, err)
 	_, err = three.Register(ctx, "c")
-	require.ErrorContains(t, err, "MaxConns")
+	require.ErrorIs(t, err, postgres.ErrPoolTooSmall)
 	dctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	rec, created, err := three.Create(dctx, newRecord("tenant"))

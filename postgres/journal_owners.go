@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -118,6 +120,9 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	if owner == "" {
 		return nil, fmt.Errorf("%w: Register needs an owner name", idem.ErrInvalidRecord)
 	}
+	if err := checkOwnerName(owner); err != nil {
+		return nil, err
+	}
 	done, err := j.enter(ctx)
 	if err != nil {
 		return nil, err
@@ -161,6 +166,28 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	j.mu.Unlock()
 	go j.watch(wctx, r, conn)
 	return func() error { return j.unregister(owner) }, nil
+}
+
+// maxOwnerName is the longest owner name Register takes, in bytes: well
+// within what the owners' unique index can hold whatever the bytes.
+const maxOwnerName = 1024
+
+// checkOwnerName refuses an owner name that the owners table or the
+// operations' lease_owner column (text) cannot hold.
+func checkOwnerName(owner string) error {
+	var why string
+	switch {
+	case strings.IndexByte(owner, 0) >= 0:
+		why = "holds a NUL byte, which PostgreSQL's text cannot"
+	case !utf8.ValidString(owner):
+		why = "is not valid UTF-8, which PostgreSQL's text needs"
+	case len(owner) > maxOwnerName:
+		why = fmt.Sprintf("is %d bytes long, over the %d the journal takes", len(owner), maxOwnerName)
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: owner name %.64q %s; name the worker in UTF-8 text without NUL, at most %d bytes",
+		idem.ErrInvalidRecord, owner, why, maxOwnerName)
 }
 
 // ErrPoolTooSmall reports a registration refused because its liveness

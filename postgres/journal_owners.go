@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -105,8 +107,11 @@ type registration struct {
 // lock when that session ends, however the worker ended: that is how the
 // others see it gone. Should the session end while the worker lives on,
 // the journal takes the lock again on a new session at once. The
-// connection goes back to the pool on unregister. With WithoutLiveness
-// it records nothing.
+// connection goes back to the pool on unregister. A registration that
+// would leave the pool no connection for anything else is refused
+// (ErrPoolTooSmall): give the pool a MaxConns above the number of clients
+// registered through the journal. With WithoutLiveness it records
+// nothing.
 //
 // Registering also removes the owners that are gone and hold no lease, so
 // that the table holds the live owners and those whose operations are yet
@@ -114,6 +119,9 @@ type registration struct {
 func (j *Journal) Register(ctx context.Context, owner string) (func() error, error) {
 	if owner == "" {
 		return nil, fmt.Errorf("%w: Register needs an owner name", idem.ErrInvalidRecord)
+	}
+	if err := checkOwnerName(owner); err != nil {
+		return nil, err
 	}
 	done, err := j.enter(ctx)
 	if err != nil {
@@ -126,6 +134,10 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		// found one without its lock would take it for dead.
 		return func() error { return nil }, nil
 	}
+	if err := j.reserveSession(owner); err != nil {
+		return nil, err
+	}
+	defer func() { j.mu.Lock(); j.joining--; j.mu.Unlock() }()
 	var id int32
 	if err := j.pool.QueryRow(ctx, j.q.register, owner, wire.Millis(j.now())).Scan(&id); err != nil {
 		if _, ok := isUniqueViolation(err); ok {
@@ -154,6 +166,52 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	j.mu.Unlock()
 	go j.watch(wctx, r, conn)
 	return func() error { return j.unregister(owner) }, nil
+}
+
+// maxOwnerName is the longest owner name Register takes, in bytes: well
+// within what the owners' unique index can hold whatever the bytes.
+const maxOwnerName = 1024
+
+// checkOwnerName refuses an owner name that the owners table or the
+// operations' lease_owner column (text) cannot hold.
+func checkOwnerName(owner string) error {
+	var why string
+	switch {
+	case strings.IndexByte(owner, 0) >= 0:
+		why = "holds a NUL byte, which PostgreSQL's text cannot"
+	case !utf8.ValidString(owner):
+		why = "is not valid UTF-8, which PostgreSQL's text needs"
+	case len(owner) > maxOwnerName:
+		why = fmt.Sprintf("is %d bytes long, over the %d the journal takes", len(owner), maxOwnerName)
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: owner name %.64q %s; name the worker in UTF-8 text without NUL, at most %d bytes",
+		idem.ErrInvalidRecord, owner, why, maxOwnerName)
+}
+
+// ErrPoolTooSmall reports a registration refused because its liveness
+// session would take the last connection the pool can make: the journal's
+// writes would then wait for one that never comes, and a registration
+// whose session ended could not take its lock again. Raise the pool's
+// MaxConns (one connection per registered client, and more for the
+// writes), or open the journal WithoutLiveness.
+var ErrPoolTooSmall = errors.New("the pool cannot spare a connection for the liveness session")
+
+// reserveSession counts a registration about to hold one of the pool's
+// connections for as long as it lives, or refuses it if the pool would be
+// left without a connection for anything else.
+func (j *Journal) reserveSession(owner string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	limit := int(j.pool.Config().MaxConns)
+	if held := len(j.mine) + j.joining; held+1 >= limit {
+		return fmt.Errorf("postgres journal in schema %q: registering owner %q: %w: the pool's MaxConns is %d and %d of them "+
+			"hold the liveness sessions of registered clients; raise MaxConns above the number of clients, or open the journal WithoutLiveness",
+			j.schema, owner, ErrPoolTooSmall, limit, held)
+	}
+	j.joining++
+	return nil
 }
 
 // takeLiveness takes owner's liveness lock on a connection of the pool and

@@ -4,9 +4,11 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -53,4 +55,55 @@ func TestHeaderNetHTTPCannotSendIsRefusedBeforeJournaling(t *testing.T) {
 		}
 	}
 	assert.Zero(t, hits.Load(), "nothing sent")
+}
+
+// Calls for one operation that run at the same time share one attempt,
+// but only when they are the same request: one with another body (another
+// amount, say) is ErrFingerprintMismatch, as it is when it comes after,
+// and never told that the first caller's request is its own answer.
+func TestConcurrentCallWithAnotherRequestIsAFingerprintMismatch(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			close(entered)
+		}
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(srv.Close)
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry()})
+	bg := context.Background()
+	pay := func(amount string) error {
+		req, err := http.NewRequestWithContext(idem.WithOperation(bg, "pay/1"), http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":`+amount+`}`))
+		require.NoError(t, err)
+		resp, err := c.StandardClient().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	first := make(chan error, 1)
+	go func() { first <- pay("100") }()
+	<-entered
+	const others = 8
+	errs := make(chan error, 2*others)
+	for i := range others {
+		go func() { errs <- pay("999" + strconv.Itoa(i)) }()
+		go func() {
+			_, err := c.Do(bg, idem.Op{ID: "pay/1", URL: "/payments", Body: []byte(`{"amount":-` + strconv.Itoa(i) + `}`)})
+			errs <- err
+		}()
+	}
+	// Let the other calls join the first one's attempt; arriving later
+	// they meet the journaled record instead, which is the same promise.
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	require.NoError(t, <-first)
+	for range 2 * others {
+		assert.ErrorIs(t, <-errs, idem.ErrFingerprintMismatch)
+	}
+	assert.EqualValues(t, 1, hits.Load())
 }

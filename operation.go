@@ -312,7 +312,7 @@ func (o *Operation) ID() string { return o.id }
 func (o *Operation) Send(ctx context.Context) (*Result, error) {
 	call := Call{Kind: CallSend, Scope: o.scope, ID: o.id, Key: o.key, Method: o.method, URL: o.url, Link: o.link}
 	return o.c.observe(ctx, call, func(ctx context.Context) (*Result, error) {
-		return o.c.run(ctx, o.scope, o.id, func(ctx context.Context) (*Result, error) {
+		return o.c.run(ctx, o.scope, o.id, "", func(ctx context.Context) (*Result, error) {
 			rec, err := o.c.journal.Get(ctx, o.key)
 			if err != nil {
 				return nil, err

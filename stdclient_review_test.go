@@ -2,10 +2,13 @@ package idem_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -106,4 +109,53 @@ func TestConcurrentCallWithAnotherRequestIsAFingerprintMismatch(t *testing.T) {
 		assert.ErrorIs(t, <-errs, idem.ErrFingerprintMismatch)
 	}
 	assert.EqualValues(t, 1, hits.Load())
+}
+
+// The GET that net/http's client sends to follow an operation's 303 to
+// another origin passes through the RoundTripper, and must not carry the
+// call's credentials there: net/http drops Authorization only for another
+// host name (not another port or scheme), and a Config.SecretHeaders
+// header never.
+func TestRedirectReadToAnotherOriginCarriesNoCredentials(t *testing.T) {
+	t.Parallel()
+	type seen struct{ auth, apiKey, proxy string }
+	var mu sync.Mutex
+	var elsewhere []seen
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		elsewhere = append(elsewhere, seen{r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"), r.Header.Get("Proxy-Authorization")})
+		mu.Unlock()
+		_, _ = io.WriteString(w, "receipt")
+	}))
+	t.Cleanup(other.Close)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/receipt" {
+			_, _ = io.WriteString(w, "receipt here")
+			return
+		}
+		w.Header().Set("Location", r.URL.Query().Get("to"))
+		w.WriteHeader(http.StatusSeeOther)
+	}))
+	t.Cleanup(srv.Close)
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), SecretHeaders: []string{"X-Api-Key"}})
+	bg := context.Background()
+	clients := map[string]*http.Client{"standard": c.StandardClient(), "own": {Transport: c.RoundTripper()}}
+	for name, hc := range clients {
+		for _, to := range []string{other.URL + "/receipt", srv.URL + "/receipt"} {
+			req, err := http.NewRequestWithContext(idem.WithOperation(bg, name+to), http.MethodPost, srv.URL+"/pay?to="+url.QueryEscape(to), strings.NewReader(`{}`))
+			require.NoError(t, err)
+			req.Header.Set("Authorization", "Bearer call-token")
+			req.Header.Set("Proxy-Authorization", "Basic proxy")
+			req.Header.Set("X-Api-Key", "api-secret")
+			resp, err := hc.Do(req)
+			require.NoError(t, err, name)
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Contains(t, string(b), "receipt", "%s client followed the 303 to %s", name, to)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []seen{{}, {}}, elsewhere, "no credential went to another origin")
 }

@@ -120,7 +120,8 @@ func RefuseUnnamedWrites() TransportOption {
 // to Config.HTTPClient's transport: no key, no journal, no Authorize, no
 // AttemptTimeout (unless RefuseUnnamedWrites). So is a GET or HEAD that
 // net/http's client makes to follow a redirect (301, 302, 303) of an
-// operation's answer. A 307 or 308 within the request's origin is
+// operation's answer, except that it goes to another origin without the
+// call's credentials (Cookie aside, which the jar chooses). A 307 or 308 within the request's origin is
 // followed inside the operation, with its key; one to another origin is
 // the operation's answer, and the RoundTripper refuses to send the write
 // there if an http.Client tries.
@@ -143,7 +144,9 @@ func (c *Client) RoundTripper(opts ...TransportOption) http.RoundTripper {
 // redirect of an operation that would re-send its write (307, 308; those
 // within the origin are followed inside the operation) is returned as the
 // answer. It has no Timeout (each attempt is bounded by
-// Config.AttemptTimeout; bound a call with its context) and no Jar
+// Config.AttemptTimeout; bound a call with its context: when an
+// http.Client's Timeout fires, net/http replaces the transport's error by
+// its text, and errors.Is no longer sees ErrOutcomeUnknown) and no Jar
 // (Config.HTTPClient's Jar applies to the operation's attempts).
 func (c *Client) StandardClient(opts ...TransportOption) *http.Client {
 	return &http.Client{Transport: c.RoundTripper(opts...), CheckRedirect: standardRedirect}

@@ -660,7 +660,7 @@ func (c *Client) Do(ctx context.Context, op Op) (*Result, error) {
 	}
 	call := Call{Kind: CallDo, Scope: p.scope, ID: p.id, Method: p.method, URL: p.url}
 	return c.observe(ctx, call, func(ctx context.Context) (*Result, error) {
-		return c.run(ctx, p.scope, p.id, func(ctx context.Context) (*Result, error) { return c.create(ctx, p) })
+		return c.run(ctx, p.scope, p.id, p.fingerprint, func(ctx context.Context) (*Result, error) { return c.create(ctx, p) })
 	})
 }
 
@@ -849,19 +849,22 @@ func (c *Client) transition(from, to Record, why Event) {
 // the same operation wait for it instead of racing it.
 type flight struct {
 	done chan struct{}
-	res  *Result
-	err  error
+	// fingerprint is the request the leader drives ("" when it drives a
+	// journaled operation as it is): a call with another shares nothing.
+	fingerprint string
+	res         *Result
+	err         error
 }
 
 // startFlight registers this call as the one driving op in this process,
 // or returns the flight already doing so.
-func (c *Client) startFlight(op scopeID) (f *flight, leader bool) {
+func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f, running := c.flights[op]; running {
 		return f, false
 	}
-	f = &flight{done: make(chan struct{})}
+	f = &flight{done: make(chan struct{}), fingerprint: fingerprint}
 	c.flights[op] = f
 	return f, true
 }
@@ -875,9 +878,10 @@ func (c *Client) endFlight(op scopeID, f *flight) {
 
 // run executes fn for (scope, id) unless another call in this process is
 // already driving that operation, in which case it waits for that call and
-// shares its answer. A follower whose leader was stopped by its own context
-// runs fn itself.
-func (c *Client) run(ctx context.Context, scope, id string, fn func(context.Context) (*Result, error)) (*Result, error) {
+// shares its answer. A follower whose leader was stopped by its own context,
+// drives another request (fingerprint) or was refused one, runs fn itself
+// once the leader is done: the journal then answers it.
+func (c *Client) run(ctx context.Context, scope, id, fingerprint string, fn func(context.Context) (*Result, error)) (*Result, error) {
 	ctx, done, err := c.enter(ctx)
 	if err != nil {
 		return nil, err
@@ -885,7 +889,7 @@ func (c *Client) run(ctx context.Context, scope, id string, fn func(context.Cont
 	defer done()
 	op := scopeID{scope, id}
 	for {
-		f, leader := c.startFlight(op)
+		f, leader := c.startFlight(op, fingerprint)
 		if leader {
 			defer c.endFlight(op, f)
 			f.res, f.err = fn(ctx)
@@ -898,6 +902,9 @@ func (c *Client) run(ctx context.Context, scope, id string, fn func(context.Cont
 		}
 		if f.err != nil && (errors.Is(f.err, context.Canceled) || errors.Is(f.err, context.DeadlineExceeded)) && ctx.Err() == nil {
 			continue // the leader gave up for its own reasons; try ourselves
+		}
+		if f.fingerprint != fingerprint || errors.Is(f.err, ErrFingerprintMismatch) {
+			continue // the leader's answer is to another request
 		}
 		return f.res, f.err
 	}

@@ -214,10 +214,27 @@ func (c *Client) prepare(op Op) (prepared, error) {
 		if canon == c.keyHeader {
 			return prepared{}, invalidOp("Op.Header sets %s; the client sets the idempotency key itself", canon)
 		}
+		if err := checkHeader(canon, values); err != nil {
+			return prepared{}, err
+		}
 		p.header[canon] = slices.Clone(values)
 	}
 	p.fingerprint = Fingerprint(p.method, p.url, p.header, op.SignificantHeaders, p.body)
 	return p, nil
+}
+
+// checkHeader refuses a header net/http's transport would refuse to write
+// on every attempt: journaled, it would stay pending for ever.
+func checkHeader(name string, values []string) error {
+	if !wire.IsToken(name) {
+		return invalidOp("Op.Header name %q is not an HTTP token; nothing was journaled or sent", name)
+	}
+	for _, v := range values {
+		if strings.ContainsFunc(v, func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }) {
+			return invalidOp("Op.Header %s has a value with a control character (CR, LF, NUL...), which HTTP cannot carry; nothing was journaled or sent", name)
+		}
+	}
+	return nil
 }
 
 func checkName(field, v string, limit int, hint string) error {
@@ -295,7 +312,7 @@ func (o *Operation) ID() string { return o.id }
 func (o *Operation) Send(ctx context.Context) (*Result, error) {
 	call := Call{Kind: CallSend, Scope: o.scope, ID: o.id, Key: o.key, Method: o.method, URL: o.url, Link: o.link}
 	return o.c.observe(ctx, call, func(ctx context.Context) (*Result, error) {
-		return o.c.run(ctx, o.scope, o.id, func(ctx context.Context) (*Result, error) {
+		return o.c.run(ctx, o.scope, o.id, "", func(ctx context.Context) (*Result, error) {
 			rec, err := o.c.journal.Get(ctx, o.key)
 			if err != nil {
 				return nil, err

@@ -331,7 +331,7 @@ func (r *resumer) expireOverdue(ctx context.Context) error {
 	}
 	for _, rec := range overdue {
 		op := scopeID{rec.scope, rec.id}
-		f, leader := r.c.startFlight(op)
+		f, leader := r.c.startFlight(op, "")
 		if !leader {
 			continue // a call of this client drives it, and will expire it
 		}
@@ -474,7 +474,7 @@ func (r *resumer) awaitClaimable(ctx context.Context, slots chan struct{}, freed
 func (r *resumer) drive(ctx context.Context, rec Record) {
 	c := r.c
 	op := scopeID{rec.Scope, rec.ID}
-	f, leader := c.startFlight(op)
+	f, leader := c.startFlight(op, "")
 	if !leader {
 		// A call of this client is on it: leave it that call.
 		c.unhold(rec.Key)

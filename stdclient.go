@@ -120,7 +120,8 @@ func RefuseUnnamedWrites() TransportOption {
 // to Config.HTTPClient's transport: no key, no journal, no Authorize, no
 // AttemptTimeout (unless RefuseUnnamedWrites). So is a GET or HEAD that
 // net/http's client makes to follow a redirect (301, 302, 303) of an
-// operation's answer. A 307 or 308 within the request's origin is
+// operation's answer, except that it goes to another origin without the
+// call's credentials (Cookie aside, which the jar chooses). A 307 or 308 within the request's origin is
 // followed inside the operation, with its key; one to another origin is
 // the operation's answer, and the RoundTripper refuses to send the write
 // there if an http.Client tries.
@@ -143,7 +144,9 @@ func (c *Client) RoundTripper(opts ...TransportOption) http.RoundTripper {
 // redirect of an operation that would re-send its write (307, 308; those
 // within the origin are followed inside the operation) is returned as the
 // answer. It has no Timeout (each attempt is bounded by
-// Config.AttemptTimeout; bound a call with its context) and no Jar
+// Config.AttemptTimeout; bound a call with its context: when an
+// http.Client's Timeout fires, net/http replaces the transport's error by
+// its text, and errors.Is no longer sees ErrOutcomeUnknown) and no Jar
 // (Config.HTTPClient's Jar applies to the operation's attempts).
 func (c *Client) StandardClient(opts ...TransportOption) *http.Client {
 	return &http.Client{Transport: c.RoundTripper(opts...), CheckRedirect: standardRedirect}
@@ -179,7 +182,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	case req.Response != nil && safeMethod(req.Method):
 		// net/http's client follows a 301, 302 or 303 of the operation's
 		// answer with a GET: the operation is settled, this is a read.
-		return t.c.rawTransport().RoundTrip(req)
+		return t.c.rawTransport().RoundTrip(t.withoutCredentialsElsewhere(req))
 	case req.Response != nil:
 		closeBody(req)
 		return nil, fmt.Errorf("idem: operation %q answered HTTP %d, a redirect to %s, another origin: its write is not sent there (a write and its credentials never leave the request's origin); the redirect is the operation's answer",
@@ -202,6 +205,37 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("%w: operation %s/%s (key %s) is %s", ErrNoResponse, res.Scope, res.ID, res.Key, res.State)
 	}
 	return response(req, res), nil
+}
+
+// withoutCredentialsElsewhere is req without the call's credentials when
+// it follows a redirect to another origin than the first request's:
+// net/http drops Authorization and Cookie only for another host name (not
+// another port or scheme) and Config.SecretHeaders never. Cookie stays, as
+// net/http and the cookie jar choose it for the destination.
+func (t *roundTripper) withoutCredentialsElsewhere(req *http.Request) *http.Request {
+	first := req
+	for first.Response != nil && first.Response.Request != nil {
+		first = first.Response.Request
+	}
+	if first.URL == nil || req.URL == nil ||
+		(strings.EqualFold(first.URL.Scheme, req.URL.Scheme) && strings.EqualFold(first.URL.Host, req.URL.Host)) {
+		return req
+	}
+	var r *http.Request
+	for name := range req.Header {
+		canon := http.CanonicalHeaderKey(name)
+		if canon == "Cookie" || !t.c.secretHeader(canon) {
+			continue
+		}
+		if r == nil {
+			r = req.Clone(req.Context()) // a RoundTripper must not change its request
+		}
+		delete(r.Header, name)
+	}
+	if r == nil {
+		return req
+	}
+	return r
 }
 
 // CloseIdleConnections closes the client's idle connections, as

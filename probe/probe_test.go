@@ -497,3 +497,27 @@ func TestTheReportCountsTheTransportsOwnResends(t *testing.T) {
 	replay := finding(t, rep, probe.StepReplay)
 	require.Equal(t, 1, replay.Exchanges[1].Resent)
 }
+
+// A transport the probe cannot reconfigure (the application's wrapper
+// around net/http's) and a request without a body: net/http would send it
+// again by itself on a new connection when a reused one dies, so the
+// probe must never leave a connection to reuse.
+func TestTheBudgetHoldsForABodilessRequestThroughAWrappedTransport(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.requests.Load() != 2 {
+			a.create(w, r)
+			return
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	hc := &http.Client{Transport: roundTripper{&http.Transport{}}}
+	rep, err := probe.Run(context.Background(), probe.Config{URL: a.url("/orders"), MaxRequests: 2, HTTPClient: hc})
+	require.NoError(t, err)
+	require.LessOrEqual(t, a.requests.Load(), int64(2), "the endpoint received more than MaxRequests; the report says %d", rep.Requests)
+	require.Equal(t, int64(rep.Requests), a.requests.Load(), "the report's count and the server's")
+}

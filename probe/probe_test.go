@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 	"testing"
 
@@ -527,4 +528,29 @@ func TestTheBudgetHoldsForABodilessRequestThroughAWrappedTransport(t *testing.T)
 	require.NoError(t, err)
 	require.LessOrEqual(t, a.requests.Load(), int64(2), "the endpoint received more than MaxRequests; the report says %d", rep.Requests)
 	require.Equal(t, int64(rep.Requests), a.requests.Load(), "the report's count and the server's")
+}
+
+// The same through a proxy (as HTTP_PROXY configures one): the requests
+// reach the proxy in absolute form, over connections net/http pools the
+// same way.
+func TestTheBudgetHoldsThroughAProxy(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.requests.Load() != 2 {
+			a.create(w, r)
+			return
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	proxy, err := url.Parse(a.srv.URL)
+	require.NoError(t, err)
+	hc := &http.Client{Transport: roundTripper{&http.Transport{Proxy: http.ProxyURL(proxy)}}}
+	rep, err := probe.Run(context.Background(), probe.Config{URL: "http://api.example.test/orders", MaxRequests: 2, HTTPClient: hc})
+	require.NoError(t, err)
+	require.LessOrEqual(t, a.requests.Load(), int64(2), "the proxy received more than MaxRequests; the report says %d", rep.Requests)
+	require.Equal(t, int64(rep.Requests), a.requests.Load(), "the report's count and the proxy's")
 }

@@ -62,9 +62,12 @@ type Config struct {
 	// sends a request that carries an idempotency key again by itself,
 	// on a new connection, when a reused one dies before any reply, and
 	// the probe's requests must each reach the endpoint once. A request
-	// with a body is never sent again by any net/http transport; one
-	// without a body through a transport of another type may be, and
-	// such a re-send is counted in Report.Requests and Exchange.Resent.
+	// with a body is never sent again by any net/http transport. Each
+	// request is sent with Connection: close, so a transport of another
+	// type wrapping net/http's finds no connection of the probe's to
+	// reuse; one the application left idle in a transport it shares may
+	// still lead to a re-send of a request without a body, counted in
+	// Report.Requests and Exchange.Resent.
 	HTTPClient *http.Client
 	// MaxRequests bounds the requests sent, status checks included; a step
 	// that would go past it is skipped, and its finding says so. Defaults
@@ -287,6 +290,10 @@ func (p *prober) send(ctx context.Context, t target, f form, key string, body []
 	// connection (Request.isReplayable); redirects, which need it, are
 	// not followed.
 	req.GetBody = nil
+	// A request without a body stays replayable, and a transport of the
+	// caller's type keeps its keep-alives: net/http sends again only on a
+	// connection it reused, so no probe request leaves one to reuse.
+	req.Close = true
 	var writes atomic.Int32
 	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { writes.Add(1) }}))
 	defer func() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 	"testing"
 
@@ -475,7 +476,9 @@ func TestTheBudgetHoldsWhenTheEndpointDropsTheConnection(t *testing.T) {
 
 // A transport of the application's own type is not reconfigured, and a
 // request without a body is replayable whatever the probe does: when such
-// a transport sends it again, the report counts what reached the endpoint.
+// a transport, shared with the application, holds a connection the
+// application left idle, net/http may send a probe request again on a new
+// one, and the report counts what reached the endpoint.
 func TestTheReportCountsTheTransportsOwnResends(t *testing.T) {
 	t.Parallel()
 	a := &api{}
@@ -490,10 +493,64 @@ func TestTheReportCountsTheTransportsOwnResends(t *testing.T) {
 		}
 	}))
 	hc := &http.Client{Transport: roundTripper{&http.Transport{}}}
+	// The application's own request leaves its connection idle.
+	resp, err := hc.Get(a.url("/health"))
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
 	rep, err := probe.Run(context.Background(), probe.Config{URL: a.url("/orders"), Body: []byte{}, MaxRequests: 2, HTTPClient: hc})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), a.requests.Load(), "net/http re-sent the dropped request on a new connection")
-	require.Equal(t, 3, rep.Requests, "the report counts the re-send")
+	require.Equal(t, 2, rep.Requests, "the report counts the re-send")
 	replay := finding(t, rep, probe.StepReplay)
-	require.Equal(t, 1, replay.Exchanges[1].Resent)
+	require.Equal(t, 1, replay.Exchanges[0].Resent)
+}
+
+// A transport the probe cannot reconfigure (the application's wrapper
+// around net/http's) and a request without a body: net/http would send it
+// again by itself on a new connection when a reused one dies, so the
+// probe must never leave a connection to reuse.
+func TestTheBudgetHoldsForABodilessRequestThroughAWrappedTransport(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.requests.Load() != 2 {
+			a.create(w, r)
+			return
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	hc := &http.Client{Transport: roundTripper{&http.Transport{}}}
+	rep, err := probe.Run(context.Background(), probe.Config{URL: a.url("/orders"), MaxRequests: 2, HTTPClient: hc})
+	require.NoError(t, err)
+	require.LessOrEqual(t, a.requests.Load(), int64(2), "the endpoint received more than MaxRequests; the report says %d", rep.Requests)
+	require.Equal(t, int64(rep.Requests), a.requests.Load(), "the report's count and the server's")
+}
+
+// The same through a proxy (as HTTP_PROXY configures one): the requests
+// reach the proxy in absolute form, over connections net/http pools the
+// same way.
+func TestTheBudgetHoldsThroughAProxy(t *testing.T) {
+	t.Parallel()
+	a := &api{}
+	start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.requests.Load() != 2 {
+			a.create(w, r)
+			return
+		}
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	proxy, err := url.Parse(a.srv.URL)
+	require.NoError(t, err)
+	hc := &http.Client{Transport: roundTripper{&http.Transport{Proxy: http.ProxyURL(proxy)}}}
+	rep, err := probe.Run(context.Background(), probe.Config{URL: "http://api.example.test/orders", MaxRequests: 2, HTTPClient: hc})
+	require.NoError(t, err)
+	require.LessOrEqual(t, a.requests.Load(), int64(2), "the proxy received more than MaxRequests; the report says %d", rep.Requests)
+	require.Equal(t, int64(rep.Requests), a.requests.Load(), "the report's count and the proxy's")
 }

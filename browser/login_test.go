@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -38,9 +37,8 @@ func TestLoginStaysOnTheViewInABrowser(t *testing.T) {
 	t.Setenv("IDEM_UI_TEST_TOKEN", token)
 	elsewhere := newElsewhere(t)
 	b := browse(t, chromedp.Flag("host-resolver-rules", "MAP * "+elsewhere.addr+", EXCLUDE 127.0.0.1"))
-	path := filepath.Join(t.TempDir(), "ops.db")
-	uitest.Build(t, path)
-	u := startUI(t, path, "--token-env", "IDEM_UI_TEST_TOKEN")
+	jt, _ := sqliteFixture(t)
+	u := startUI(t, jt, "--token-env", "IDEM_UI_TEST_TOKEN")
 	origin, err := url.Parse(u.url)
 	require.NoError(t, err)
 

@@ -35,13 +35,19 @@ func slowCommit(t *testing.T, schema, table string) {
 // database sleeps in slowCommit: the client loses the connection while the
 // server still runs the commit, which then completes.
 func cutWhileCommitting(t *testing.T, p *pgproxy.Proxy, direct *pgxpool.Pool) <-chan bool {
+	return cutWhileWaiting(p, direct, "PgSleep")
+}
+
+// cutWhileWaiting cuts every session of p once a session of direct's
+// database waits on event.
+func cutWhileWaiting(p *pgproxy.Proxy, direct *pgxpool.Pool, event string) <-chan bool {
 	cut := make(chan bool, 1)
 	go func() {
 		deadline := time.Now().Add(10 * time.Second)
 		for time.Now().Before(deadline) {
 			var n int
 			if err := direct.QueryRow(context.Background(),
-				`SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n); err == nil && n > 0 {
+				`SELECT count(*) FROM pg_stat_activity WHERE wait_event = $1 AND datname = current_database() AND pid <> pg_backend_pid()`, event).Scan(&n); err == nil && n > 0 {
 				p.CutAll()
 				cut <- true
 				return

@@ -3,8 +3,8 @@ package postgres_test
 import (
 	"fmt"
 	"sync"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

@@ -10,6 +10,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
@@ -52,6 +53,10 @@ func (e *Error) Unwrap() error { return e.Err }
 // Ident quotes a schema or table name for SQL.
 func Ident(name string) string { return pgx.Identifier{name}.Sanitize() }
 
+// readOnlyTransaction is the SQLSTATE of a write refused by a read-only
+// transaction (read_only_sql_transaction).
+const readOnlyTransaction = "25006"
+
 // Migrate brings kind's tables in schema to the newest version, creating
 // the schema if need be, in one transaction under an advisory lock, so
 // that processes opening it at once migrate it once. It refuses a schema
@@ -61,7 +66,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, kind Kind) 
 	if schema == "" {
 		return errors.New("postgres: the schema name is empty; name one, such as \"idem\"")
 	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1, hashtext($2))", lockClass, schema); err != nil {
 			return err
 		}
@@ -90,6 +95,15 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, kind Kind) 
 			ON CONFLICT (kind) DO UPDATE SET version = excluded.version`, kind.Name, len(kind.Migrations))
 		return err
 	})
+	// A hot standby, or a role or database whose transactions are read-only
+	// by default, refuses even CREATE SCHEMA IF NOT EXISTS: the server's
+	// error alone names neither the tables nor the way out.
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == readOnlyTransaction {
+		return fmt.Errorf("postgres %s in schema %q: the database refuses writes (a hot standby, or default_transaction_read_only on for the role or database): point the pool at the primary, with a role that may write: %w",
+			kind.Name, schema, err)
+	}
+	return err
 }
 
 // Version returns the version of kind's tables in schema, 0 when there are

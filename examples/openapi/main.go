@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/child"
 	"github.com/idemkit/idem/examples/openapi/ordersapi"
 )
 
@@ -110,7 +111,7 @@ func run(ctx context.Context, out io.Writer) error {
 
 	fmt.Fprintln(out, "2. The application places cart-2 and is killed (SIGKILL) while the order is on the wire.")
 	api.holdNextAnswer()
-	app, err := startApplication(out, path, api.URL)
+	app, err := child.Start(out, appEnv+"=1", journalEnv+"="+path, apiEnv+"="+api.URL)
 	if err != nil {
 		return err
 	}
@@ -121,8 +122,8 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 	select {
 	case <-api.arrived:
-	case <-app.exited:
-		return fmt.Errorf("the application exited before the crash: %v", app.waitErr)
+	case <-app.Exited():
+		return fmt.Errorf("the application exited before the crash: %v", app.Err())
 	case <-time.After(time.Minute):
 		return errors.New("the application's order never reached the API")
 	}

@@ -1,17 +1,11 @@
 package main
 
-// Demo scaffolding: run the application in a child process (this same
-// executable, with an environment variable set), relay its output, and kill
-// it with SIGKILL.
+// The application as a child process (package child starts and kills it).
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"sync"
 
 	"github.com/idemkit/idem"
 )
@@ -45,52 +39,4 @@ func applicationMain(ctx context.Context) error {
 	}
 	fmt.Println("paid", pi.ID)
 	return nil
-}
-
-type application struct {
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	waitErr  error
-	killOnce sync.Once
-	killed   string
-}
-
-// startApplication starts this executable again as the application; its
-// output goes to out, each line prefixed with "   app | ".
-func startApplication(out io.Writer, journalPath, apiURL string) (*application, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	a := &application{exited: make(chan struct{})}
-	a.cmd = exec.Command(exe)
-	a.cmd.Env = append(os.Environ(), appEnv+"=1", journalEnv+"="+journalPath, apiEnv+"="+apiURL)
-	a.cmd.Stderr = os.Stderr
-	stdout, err := a.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := a.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() {
-		lines := bufio.NewScanner(stdout)
-		for lines.Scan() {
-			fmt.Fprintln(out, "   app | "+lines.Text())
-		}
-		a.waitErr = a.cmd.Wait()
-		close(a.exited)
-	}()
-	return a, nil
-}
-
-// Kill kills the application with SIGKILL, waits for it, and says how it
-// ended.
-func (a *application) Kill() string {
-	a.killOnce.Do(func() {
-		_ = a.cmd.Process.Kill()
-		<-a.exited
-		a.killed = fmt.Sprintf("The process ended: %v.", a.waitErr)
-	})
-	return a.killed
 }

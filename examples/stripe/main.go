@@ -40,6 +40,7 @@ import (
 	"github.com/stripe/stripe-go/v82"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/examples/internal/child"
 )
 
 func main() {
@@ -126,7 +127,7 @@ func run(ctx context.Context, out io.Writer) error {
 
 	fmt.Fprintln(out, "2. The application pays invoice-8 and is killed (SIGKILL) while the payment is on the wire.")
 	api.holdNextAnswer()
-	app, err := startApplication(out, path, api.URL)
+	app, err := child.Start(out, appEnv+"=1", journalEnv+"="+path, apiEnv+"="+api.URL)
 	if err != nil {
 		return err
 	}
@@ -135,8 +136,8 @@ func run(ctx context.Context, out io.Writer) error {
 	for created := ""; created != "pi_2"; {
 		select {
 		case created = <-api.created:
-		case <-app.exited:
-			return fmt.Errorf("the application exited before the crash: %v", app.waitErr)
+		case <-app.Exited():
+			return fmt.Errorf("the application exited before the crash: %v", app.Err())
 		case <-time.After(time.Minute):
 			return errors.New("the application's payment never reached the API")
 		}

@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,24 +17,33 @@ import (
 	"github.com/idemkit/idem/server/storetest"
 )
 
-// startCluster starts a Redis Cluster of three masters, children of the
-// test, and returns a client of it and its nodes.
-func startCluster(t *testing.T) (*goredis.ClusterClient, []*redisProc) {
+// createCluster starts n redis-server children of the test with cluster
+// mode on and joins them into one cluster with `redis-cli --cluster
+// create`, replicas replicas per master; nodeTimeout is in milliseconds.
+func createCluster(t *testing.T, n, replicas int, nodeTimeout string) ([]*redisProc, []string) {
 	t.Helper()
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		t.Skip("redis-cli is not installed: the test builds a cluster with it")
 	}
 	var nodes []*redisProc
 	var addrs []string
-	for range 3 {
-		n := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no")
-		nodes = append(nodes, n)
-		addrs = append(addrs, n.addr())
+	for range n {
+		p := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", nodeTimeout, "--save", "", "--appendonly", "no")
+		nodes = append(nodes, p)
+		addrs = append(addrs, p.addr())
 	}
 	out, err := exec.Command("redis-cli", append(append([]string{"--cluster", "create"}, addrs...),
-		"--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
+		"--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")...).CombinedOutput()
 	require.NoError(t, err, "redis-cli --cluster create: %s", out)
+	return nodes, addrs
+}
+
+// startCluster starts a Redis Cluster of three masters, children of the
+// test, and returns a client of it and its nodes.
+func startCluster(t *testing.T) (*goredis.ClusterClient, []*redisProc) {
+	t.Helper()
+	nodes, addrs := createCluster(t, 3, 0, "2000")
 	for _, n := range nodes {
 		c := goredis.NewClient(&goredis.Options{Addr: n.addr()})
 		require.Eventually(t, func() bool {

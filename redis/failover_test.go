@@ -3,7 +3,6 @@ package redis_test
 import (
 	"context"
 	"errors"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -27,20 +26,7 @@ import (
 // client find the promoted replica within the test's 45 s.
 func TestClusterFailover(t *testing.T) {
 	t.Parallel()
-	if _, err := exec.LookPath("redis-cli"); err != nil {
-		t.Skip("redis-cli is not installed: the test builds a cluster with it")
-	}
-	var nodes []*redisProc
-	var addrs []string
-	for range 6 {
-		n := startRedis(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no")
-		nodes = append(nodes, n)
-		addrs = append(addrs, n.addr())
-	}
-	out, err := exec.Command("redis-cli", append(append([]string{"--cluster", "create"}, addrs...),
-		"--cluster-replicas", "1", "--cluster-yes")...).CombinedOutput()
-	require.NoError(t, err, "redis-cli --cluster create: %s", out)
+	nodes, addrs := createCluster(t, 6, 1, "1000")
 	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, ClusterStateReloadInterval: time.Hour,
 		ReadTimeout: 500 * time.Millisecond, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = cc.Close() })

@@ -358,7 +358,7 @@ func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 		base = t
 	}
 	own := &http.Client{
-		Transport: authorizing{base: callCredentials{base}, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate,
+		Transport: authorizing{base: base, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate,
 			timeout: c.cfg.AttemptTimeout},
 		Jar:           jar,
 		CheckRedirect: sameOriginRedirect,
@@ -415,22 +415,26 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Response, error) {
-	if a.authorize == nil && a.propagate == nil {
+	creds, _ := ctx.Value(callCredentialsKey{}).(http.Header)
+	if a.authorize == nil && a.propagate == nil && len(creds) == 0 {
 		return a.base.RoundTrip(req.WithContext(ctx))
 	}
 	r := req.Clone(ctx)
 	if a.propagate != nil {
 		a.propagate(ctx, r.Header)
 	}
-	if a.authorize == nil {
-		return a.base.RoundTrip(r)
-	}
-	if err := a.authorize(r); err != nil {
-		if req.Body != nil {
-			req.Body.Close()
+	if a.authorize != nil {
+		if err := a.authorize(r); err != nil {
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			return nil, &authorizeError{err}
 		}
-		return nil, &authorizeError{err}
 	}
+	// The credentials the request gave the RoundTripper for this call
+	// override Authorize's: they are in the call's context, never in the
+	// journal.
+	maps.Copy(r.Header, creds)
 	return a.base.RoundTrip(r)
 }
 
@@ -658,6 +662,11 @@ func (c *Client) Do(ctx context.Context, op Op) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	return c.do(ctx, p)
+}
+
+// do is Do for a prepared operation.
+func (c *Client) do(ctx context.Context, p prepared) (*Result, error) {
 	call := Call{Kind: CallDo, Scope: p.scope, ID: p.id, Method: p.method, URL: p.url}
 	return c.observe(ctx, call, func(ctx context.Context) (*Result, error) {
 		return c.run(ctx, p.scope, p.id, p.fingerprint, func(ctx context.Context) (*Result, error) { return c.create(ctx, p) })

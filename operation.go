@@ -184,7 +184,18 @@ type prepared struct {
 // prepare validates op. Every problem is reported before anything is
 // journaled or sent.
 func (c *Client) prepare(op Op) (prepared, error) {
-	p := prepared{scope: op.Scope, id: op.ID, method: op.Method, body: op.Body}
+	u, err := c.resolve(op.URL)
+	if err != nil {
+		return prepared{}, err
+	}
+	return c.prepareAt(op, u, true)
+}
+
+// prepareAt is prepare for op sent to the resolved URL u. copyHeader is
+// false when op.Header is the caller's own map, made for this call (the
+// RoundTripper's), which need not be copied again.
+func (c *Client) prepareAt(op Op, u string, copyHeader bool) (prepared, error) {
+	p := prepared{scope: op.Scope, id: op.ID, method: op.Method, url: u, body: op.Body}
 	if p.scope == "" {
 		p.scope = c.cfg.Scope
 	}
@@ -200,12 +211,10 @@ func (c *Client) prepare(op Op) (prepared, error) {
 	if !wire.IsToken(p.method) {
 		return prepared{}, invalidOp("Op.Method %q is not an HTTP method", p.method)
 	}
-	u, err := c.resolve(op.URL)
-	if err != nil {
-		return prepared{}, err
+	p.header = op.Header
+	if copyHeader || p.header == nil {
+		p.header = make(http.Header, len(op.Header))
 	}
-	p.url = u
-	p.header = make(http.Header, len(op.Header))
 	for name, values := range op.Header {
 		canon := http.CanonicalHeaderKey(name)
 		if c.secretHeader(canon) {
@@ -217,7 +226,9 @@ func (c *Client) prepare(op Op) (prepared, error) {
 		if err := checkHeader(canon, values); err != nil {
 			return prepared{}, err
 		}
-		p.header[canon] = slices.Clone(values)
+		if copyHeader {
+			p.header[canon] = slices.Clone(values)
+		}
 	}
 	p.fingerprint = Fingerprint(p.method, p.url, p.header, op.SignificantHeaders, p.body)
 	return p, nil
@@ -266,6 +277,12 @@ func (c *Client) resolve(ref string) (string, error) {
 		}
 		u = c.base.ResolveReference(u)
 	}
+	return checkURL(ref, u)
+}
+
+// checkURL checks an absolute URL that an operation is to be sent to, and
+// returns it as it is journaled: without its fragment. u is changed.
+func checkURL(ref string, u *url.URL) (string, error) {
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return "", invalidOp("Op.URL %q: scheme %q is not http or https", ref, u.Scheme)
 	}

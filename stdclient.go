@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -188,7 +187,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("idem: operation %q answered HTTP %d, a redirect to %s, another origin: its write is not sent there (a write and its credentials never leave the request's origin); the redirect is the operation's answer",
 			op.id, req.Response.StatusCode, redact(req))
 	}
-	o, creds, err := t.operation(req, op)
+	p, creds, err := t.operation(req, op)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +196,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if len(creds) > 0 {
 		ctx = context.WithValue(ctx, callCredentialsKey{}, creds)
 	}
-	res, err := t.c.Do(ctx, o)
+	res, err := t.c.do(ctx, p)
 	if err != nil && (res == nil || !errors.Is(err, ErrRejected)) {
 		return nil, err
 	}
@@ -242,12 +241,13 @@ func (t *roundTripper) withoutCredentialsElsewhere(req *http.Request) *http.Requ
 // http.Client.CloseIdleConnections expects of a transport.
 func (t *roundTripper) CloseIdleConnections() { t.c.http.CloseIdleConnections() }
 
-// operation reads req into the Op it stands for, and the credentials it
-// carries for this call. It closes the body.
-func (t *roundTripper) operation(req *http.Request, op namedOp) (Op, http.Header, error) {
-	fail := func(err error) (Op, http.Header, error) {
+// operation reads req into the operation it stands for, validated as Do
+// validates an Op, and the credentials it carries for this call. It
+// closes the body.
+func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, http.Header, error) {
+	fail := func(err error) (prepared, http.Header, error) {
 		closeBody(req)
-		return Op{}, nil, err
+		return prepared{}, nil, err
 	}
 	if op.id == "" {
 		return fail(invalidOp("%s %s: the context names an operation with an empty ID; give idem.WithOperation a stable ID, such as \"checkout/cart-42\"", req.Method, redact(req)))
@@ -270,18 +270,27 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (Op, http.Header
 		// Spelled as BaseURL is, so that Resume knows it as its origin's.
 		u.Scheme, u.Host = b.Scheme, b.Host
 	}
+	target, err := checkURL(redact(req), &u)
+	if err != nil {
+		return fail(err)
+	}
 	header, creds := t.split(req.Header)
 	body, err := t.readBody(req)
 	if err != nil {
-		return Op{}, nil, err
+		return prepared{}, nil, err
 	}
-	return Op{Scope: op.scope, ID: op.id, Method: req.Method, URL: u.String(), Header: header, Body: body}, creds, nil
+	// The header is split's, made for this call: prepareAt need not copy it.
+	p, err := t.c.prepareAt(Op{Scope: op.scope, ID: op.id, Method: req.Method, Header: header, Body: body}, target, false)
+	if err != nil {
+		return prepared{}, nil, err
+	}
+	return p, creds, nil
 }
 
 // split separates what is journaled from the request's headers and the
 // credentials that go with this call only. Both share the request's
 // values, which a RoundTripper may read until it returns and must not
-// change: Do copies what it journals, and callCredentials what it sends.
+// change: Do copies what it journals, and authorizing what it sends.
 func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
 	journaled = make(http.Header, len(h))
 	for name, values := range h {
@@ -321,7 +330,7 @@ func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
 	if req.ContentLength > int64(t.maxBody) {
 		return nil, tooLarge(strconv.FormatInt(req.ContentLength, 10))
 	}
-	body, err := io.ReadAll(io.LimitReader(req.Body, int64(t.maxBody)+1))
+	body, err := readAll(req.Body, req.ContentLength, t.maxBody+1)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("%w: %s %s: reading the body: %w; nothing was journaled or sent", ErrInvalidOp, req.Method, redact(req), err)
@@ -331,6 +340,29 @@ func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
 		return nil, invalidOp("%s %s: ContentLength is %d but the body has %d bytes; nothing was journaled or sent", req.Method, redact(req), req.ContentLength, len(body))
 	}
 	return body, nil
+}
+
+// readAll is io.ReadAll of at most limit bytes, with room for size bytes
+// and one more from the start when the size is known: the body is read
+// into one allocation instead of a doubling series of them.
+func readAll(r io.Reader, size int64, limit int) ([]byte, error) {
+	b := make([]byte, 0, 512)
+	if size > 0 && size < int64(limit) {
+		b = make([]byte, 0, size+1) // +1: the read that sees the end
+	}
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):min(cap(b), limit)])
+		b = b[:len(b)+n]
+		if err == io.EOF || len(b) >= limit {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
 }
 
 // cancelWith returns the request's context, ended also when its
@@ -425,35 +457,10 @@ func redact(req *http.Request) string {
 // rawTransport is Config.HTTPClient's transport (or the default one), with
 // nothing of idem's: for requests that are not operations.
 func (c *Client) rawTransport() http.RoundTripper {
-	return c.http.Transport.(authorizing).base.(callCredentials).base
+	return c.http.Transport.(authorizing).base
 }
 
 // callCredentialsKey carries the credentials a request gave the
-// RoundTripper, to every request of that call for its operation.
+// RoundTripper, which authorizing adds to every request of that call for
+// its operation, after Config.Authorize.
 type callCredentialsKey struct{}
-
-// callCredentials adds a call's credentials to each request for its
-// operation, after Config.Authorize, right before it is sent; they are in
-// the context of the call, never in the journal.
-type callCredentials struct{ base http.RoundTripper }
-
-func (t callCredentials) RoundTrip(req *http.Request) (*http.Response, error) {
-	creds, _ := req.Context().Value(callCredentialsKey{}).(http.Header)
-	if len(creds) == 0 {
-		return t.base.RoundTrip(req)
-	}
-	// A shallow copy with a header of its own: the values are shared, and
-	// nothing below changes them (the transport only reads a request).
-	r := new(http.Request)
-	*r = *req
-	r.Header = make(http.Header, len(req.Header)+len(creds))
-	maps.Copy(r.Header, req.Header)
-	maps.Copy(r.Header, creds)
-	return t.base.RoundTrip(r)
-}
-
-func (t callCredentials) CloseIdleConnections() {
-	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
-		c.CloseIdleConnections()
-	}
-}

@@ -20,7 +20,11 @@ import (
 // standard client's share is largest). cpu-µs/op is the figure the
 // overhead is judged by.
 //
-//	go test -run '^$' -bench 'StandardClient$' -benchtime 2s -count 5 .
+//	go test -run '^$' -bench 'StandardClient$' -benchtime 5000x .
+//
+// with the same b.N for both (a MemoryJournal keeps its records, so an
+// operation costs more the more the run has made); BENCHMARKS.md says how
+// the figures are taken, in alternating processes.
 func BenchmarkStandardClient(b *testing.B) {
 	for _, journal := range []string{"memory", "sqlite"} {
 		for _, callers := range []int{1, 16} {

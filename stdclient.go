@@ -97,7 +97,11 @@ func RefuseUnnamedWrites() TransportOption {
 //   - hop-by-hop headers, which the transport manages.
 //
 // The fingerprint is the method, URL and body: the same operation ID with
-// another of them is ErrFingerprintMismatch.
+// another of them is ErrFingerprintMismatch. Credentials are not part of
+// it: within one scope an ID names one operation whoever calls it, so a
+// client that calls for several principals names the principal (an
+// account or user ID, never a token: the scope is journaled) in the scope
+// with WithScopedOperation.
 //
 // The answer follows net/http's conventions. A definitive answer (2xx, a
 // rejection such as a 4xx, a replay) is an *http.Response with a nil

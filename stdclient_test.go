@@ -712,3 +712,55 @@ func TestStandardClientCallCredentialsOverAuthorize(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, []got{{"Bearer sdk-token", "acme"}, {"Bearer config-token", "acme"}}, seen)
 }
+
+// Credentials are not part of an operation's fingerprint: within one
+// scope, an operation ID names one operation whoever calls it, and a call
+// with another principal's credentials gets the first call's journaled
+// answer without being sent. A client that calls for several principals
+// names the principal in the scope (WithScopedOperation): then the same ID
+// is two operations, two keys, two requests, each with its own
+// credentials.
+func TestStandardClientScopeNamesThePrincipal(t *testing.T) {
+	t.Parallel()
+	type got struct{ auth, key string }
+	var mu sync.Mutex
+	var seen []got
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, got{r.Header.Get("Authorization"), r.Header.Get("Idempotency-Key")})
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"paid_by":"`+r.Header.Get("Authorization")+`"}`)
+	}))
+	t.Cleanup(srv.Close)
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry()})
+	std := c.StandardClient()
+	call := func(ctx context.Context, token string) string {
+		req := postOrder(t, ctx, srv.URL, `{"amount":100}`, "")
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := std.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return string(b)
+	}
+
+	// One scope: alice's call is the operation; bob's is answered with it.
+	assert.JSONEq(t, `{"paid_by":"Bearer alice"}`, call(idem.WithOperation(context.Background(), "pay/1"), "alice"))
+	assert.JSONEq(t, `{"paid_by":"Bearer alice"}`, call(idem.WithOperation(context.Background(), "pay/1"), "bob"),
+		"in one scope the ID names one operation, whoever calls")
+	mu.Lock()
+	require.Len(t, seen, 1, "bob's call was answered from the journal, not sent")
+	mu.Unlock()
+
+	// A scope per principal: two operations.
+	assert.JSONEq(t, `{"paid_by":"Bearer alice"}`, call(idem.WithScopedOperation(context.Background(), "alice", "pay/2"), "alice"))
+	assert.JSONEq(t, `{"paid_by":"Bearer bob"}`, call(idem.WithScopedOperation(context.Background(), "bob", "pay/2"), "bob"))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, seen, 3)
+	assert.Equal(t, "Bearer alice", seen[1].auth)
+	assert.Equal(t, "Bearer bob", seen[2].auth)
+	assert.NotEqual(t, seen[1].key, seen[2].key, "each principal's operation has a key of its own")
+}

@@ -92,6 +92,21 @@
 // again, as for any in_flight operation. Other workers wait for the lease
 // to lapse, or for the client to be gone.
 //
+// Fail-over. A fleet follows the promotion of a standby when its pools
+// connect with every server in the DSN and target_session_attrs=read-write
+// (postgres://app@db1,db2/app?target_session_attrs=read-write). With a
+// synchronous standby (synchronous_standby_names on the primary, the
+// sessions' synchronous_commit on or remote_apply), every write the
+// journal and the store make durable waits for the standby, and nothing
+// acknowledged is lost; an outcome or a release, which does not wait, may
+// be, and the operation then resumes as a status check once its lease
+// lapses. With an asynchronous standby, whatever the standby had not
+// received is lost: an intent with it (the operation is forgotten, and a
+// Do with the same ID journals a new intent, under a new key unless keys
+// are deterministic), and a key of the store (a retry with it runs the
+// handler again). The README's "When one machine is not enough" has the
+// whole account.
+//
 // # The server store
 //
 // Store keeps the keys of package server's middleware for every replica of

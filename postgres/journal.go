@@ -57,7 +57,9 @@ import (
 // path: the intent, then the outcome) takes one round trip: the journal
 // keeps a copy of each active row it wrote, applies the rules to the copy,
 // and writes each row only if no one has changed it since (its xmin is
-// still the transaction that wrote the copy). A write that finds its row
+// still the transaction that wrote the copy, and it holds the same
+// operation at the same version: a fail-over to an asynchronous standby
+// hands out a lost row's id and transaction id again). A write that finds its row
 // changed, or its operation or key taken, or that the rules refuse against
 // the copy, runs again through the read.
 //

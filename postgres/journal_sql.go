@@ -101,13 +101,18 @@ func newQueries(schema string) queries {
 	// An update of a row this journal wrote last, with its event: found by
 	// its primary key, and written only if its xmin is still the
 	// transaction that wrote it then ($18), that is if nobody changed it
-	// since (see Journal.fastBatch). The command tag counts the events
+	// since (see Journal.fastBatch), and it is still the operation ($29)
+	// at the version ($30) the journal wrote. Ids and transaction ids are
+	// handed out again after a fail-over to an asynchronous standby (and a
+	// crash that loses commits): a row the journal wrote and the fail-over
+	// lost may have both in another operation's row, which xmin alone
+	// would take for the journal's own. The command tag counts the events
 	// inserted: 0 when the row had changed, and nothing was written.
 	q.storeFenced = `WITH u AS (
 		UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
 			lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
 			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
-			version = $17 WHERE id = $1 AND xmin = $18::xid RETURNING id)
+			version = $17 WHERE id = $1 AND xmin = $18::xid AND key = $29 AND version = $30 RETURNING id)
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28 FROM u`
 	q.store = `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
@@ -151,12 +156,13 @@ func storeArgs(r idem.Record) []any {
 		nullString(r.LastError), nullString(r.Note), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt), r.Version}
 }
 
-// queueStoreFenced queues the write of r's mutable fields over the row id,
-// with its event ev, if the row's xmin is still xmin.
-func (q queries) queueStoreFenced(b *pgx.Batch, id int64, xmin uint32, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
-	args := append([]any{id}, storeArgs(r)...)
-	args = append(args, xmin)
-	return b.Queue(q.storeFenced, append(args, eventArgs(ev)...)...)
+// queueStoreFenced queues the write of r's mutable fields over the row
+// of copy, with its event ev, if the row is still the one copy holds.
+func (q queries) queueStoreFenced(b *pgx.Batch, copy rowCopy, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
+	args := append([]any{copy.id}, storeArgs(r)...)
+	args = append(args, copy.xmin)
+	args = append(args, eventArgs(ev)...)
+	return b.Queue(q.storeFenced, append(args, copy.rec.Key, copy.rec.Version)...)
 }
 
 // createColumns are a batch's creates, a column each, for insertMany.

@@ -520,7 +520,11 @@ func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
 // nothing and the write runs again through the read (again), as does a
 // create that finds its operation or key taken, and an update the rules
 // refuse against the copy. xmin is 32 bits and wraps after 2^32
-// transactions, which no copy lives through.
+// transactions, which no copy lives through; it is not unique across a
+// fail-over to an asynchronous standby, or a crash that loses commits,
+// after which the lost transactions' ids (and rows' ids) are handed out
+// again: the update is therefore also fenced on the row's key and
+// version, so that it never lands on another operation's row.
 //
 // The creates are one statement; each update is one statement, found by
 // its primary key and sent in key order, the order readBatch locks rows in.
@@ -581,7 +585,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	}
 	for _, u := range updates {
 		u.r.sent = &u.next
-		j.q.queueStoreFenced(b, u.id, copies[u.r.key].xmin, u.next, u.ev).Exec(func(tag pgconn.CommandTag) error {
+		j.q.queueStoreFenced(b, copies[u.r.key], u.next, u.ev).Exec(func(tag pgconn.CommandTag) error {
 			u.written = tag.RowsAffected() > 0
 			return nil
 		})

@@ -43,7 +43,7 @@ func TestStatementsFindRowsThroughTheirIndex(t *testing.T) {
 		"journal lock by ops":     {jq.lockByOps, `ARRAY['s', 's'], ARRAY['a', 'b']`, "operations"},
 		"journal renew":           {jq.renew, `'k', 1, 'owner', 2`, "operations"},
 		"journal fenced store": {jq.storeFenced, `1, 2, 1, 0, 3, NULL, 1, NULL, 201, NULL, NULL, NULL, NULL, NULL, 3, NULL, 2, '5',
-			2, 3, 2, NULL, 1, 2, 1, 201, NULL, 'owner'`, "operations"},
+			2, 3, 2, NULL, 1, 2, 1, 201, NULL, 'owner', 'k', 1`, "operations"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := conn.Exec(ctx, `DEALLOCATE ALL; SET plan_cache_mode = force_generic_plan; PREPARE p AS `+tc.sql, pgx.QueryExecModeSimpleProtocol)

@@ -943,7 +943,9 @@ func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, err
 			// a call that returned left it behind (its journal write's
 			// answer was lost, say). Waiting for it to lapse would wait for
 			// nobody; its writes stay fenced by the lease's epoch.
-			return c.newDriver(rec).run(ctx)
+			d := c.newDriver(rec)
+			d.callersDeadline = true
+			return d.run(ctx)
 		}
 		if errors.Is(err, ErrLeased) {
 			// Another process drives it: poll until it settles or its lease

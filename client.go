@@ -623,6 +623,26 @@ func (c *Client) adopt(key string, l Lease) bool {
 	return true
 }
 
+// leftBehind returns the keys calls of this client left behind (see
+// leave), for Resume to take up the ones still under this client's lease.
+func (c *Client) leftBehind() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	keys := make([]string, 0, len(c.left))
+	for k := range c.left {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// forget drops key from those left behind: nothing of this client's is
+// left to take up there.
+func (c *Client) forget(key string) {
+	c.mu.Lock()
+	delete(c.left, key)
+	c.mu.Unlock()
+}
+
 func (c *Client) unhold(key string) {
 	c.mu.Lock()
 	delete(c.held, key)

@@ -65,6 +65,22 @@ func readOnly(kind, schema string, err error) error {
 	return fmt.Errorf("postgres %s in schema %q: %w: point the pool at the primary, with a role that may write: %w", kind, schema, ErrReadOnly, err)
 }
 
+// Writable refuses, with an error matching ErrReadOnly, a pool whose
+// sessions cannot write (transaction_read_only is on: a hot standby, or
+// default_transaction_read_only for the role or database), for opening
+// kind's tables in schema without migrating them, which would have met
+// the refusal.
+func Writable(ctx context.Context, pool *pgxpool.Pool, schema, kind string) error {
+	var ro string
+	if err := pool.QueryRow(ctx, "SHOW transaction_read_only").Scan(&ro); err != nil {
+		return fmt.Errorf("postgres %s in schema %q: reading transaction_read_only: %w", kind, schema, err)
+	}
+	if ro == "on" {
+		return readOnly(kind, schema, nil)
+	}
+	return nil
+}
+
 // readOnlyTransaction is the SQLSTATE of a write refused by a read-only
 // transaction (read_only_sql_transaction).
 const readOnlyTransaction = "25006"

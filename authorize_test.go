@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -197,4 +198,41 @@ func TestAFailingAuthorizeOnResumeIsNotAnAttempt(t *testing.T) {
 	assert.Equal(t, idem.StatePending, rec.State)
 	assert.Zero(t, rec.Attempts, "nothing was sent, and the journal counts nothing")
 	assert.Contains(t, rec.LastError, "Config.Authorize failed")
+}
+
+// What Authorize makes of a request is what is sent, run before the
+// attempt is journaled: a credential it puts in the URL's query reaches
+// the server on the attempt and on a replay, and never the journal.
+func TestAuthorizeMayPutItsCredentialInTheQuery(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var keys []string
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		keys = append(keys, r.URL.Query().Get("api_key"))
+		mu.Unlock()
+		if n == 1 {
+			dropConn(w) // unknown: the status check replays it
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	policy := fastRetry()
+	policy.MaxAttempts = 1
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Authorize: func(r *http.Request) error {
+		q := r.URL.Query()
+		q.Set("api_key", "s3cret")
+		r.URL.RawQuery = q.Encode()
+		return nil
+	}})
+	res, err := c.Do(context.Background(), idem.Op{ID: "order-1", URL: "/orders?x=1", Body: []byte(`{}`)})
+	require.NoError(t, err)
+	assert.Equal(t, 2, res.Attempts)
+	mu.Lock()
+	assert.Equal(t, []string{"s3cret", "s3cret"}, keys)
+	mu.Unlock()
+	rec, err := j.Lookup(context.Background(), "default", "order-1")
+	require.NoError(t, err)
+	assert.NotContains(t, rec.URL, "s3cret")
 }

@@ -243,7 +243,7 @@ func (d *driver) send(ctx context.Context) error {
 		return d.unauthorized(ctx)
 	}
 	if last == nil {
-		// No attempt finished: the request could not even be built.
+		// No attempt finished: the request's body could not be rewound.
 		return d.stop(ctx, err, d.failedDue())
 	}
 	v := last.decision

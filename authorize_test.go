@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -87,4 +88,151 @@ func TestAFailingAuthorizeEndsTheStatusChecks(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrAuthorizeFailed)
 	require.ErrorIs(t, err, errNoToken)
 	assert.Equal(t, int32(1), checks.Load(), "the status check is not repeated when Authorize fails")
+}
+
+// failingAfter is a Config.Authorize that works n times, then fails with
+// errNoToken until fixed.
+type failingAfter struct {
+	calls, ok atomic.Int32
+	fixed     atomic.Bool
+}
+
+var errNoToken = errors.New("token service unavailable")
+
+func (f *failingAfter) authorize(r *http.Request) error {
+	f.calls.Add(1)
+	if f.ok.Add(-1) < 0 && !f.fixed.Load() {
+		return errNoToken
+	}
+	r.Header.Set("Authorization", "Bearer t")
+	return nil
+}
+
+// An Authorize that fails on a later attempt (a retry within the call)
+// sends nothing and counts nothing either: the journal holds only the
+// attempt that was sent, the error says so and carries Authorize's own,
+// and the next Do sends the operation with the attempt counted once.
+func TestAFailingAuthorizeOnARetryIsNotAnAttempt(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+		if n == 1 {
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	auth := &failingAfter{}
+	auth.ok.Store(1)
+	policy := fastRetry()
+	policy.MaxAttempts = 5
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Authorize: auth.authorize})
+	ctx := context.Background()
+	op := idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)}
+
+	_, err := c.Do(ctx, op)
+	require.ErrorIs(t, err, idem.ErrAuthorizeFailed)
+	require.ErrorIs(t, err, errNoToken)
+	var oe *idem.OperationError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, 1, oe.Attempts, "the one attempt that was sent: %v", err)
+	assert.Contains(t, err.Error(), "[1 attempt(s)]")
+	assert.Equal(t, int32(2), auth.calls.Load(), "Authorize is not retried within the call")
+	assert.Len(t, srv.received(), 1)
+	rec, err := j.Lookup(ctx, "default", "order-1")
+	require.NoError(t, err)
+	assert.Equal(t, 1, rec.Attempts, "the journal counts the attempt that was sent, not the one Authorize stopped")
+
+	auth.fixed.Store(true)
+	res, err := c.Do(ctx, op)
+	require.NoError(t, err)
+	assert.Equal(t, 2, res.Attempts, "two attempts were sent")
+	assert.Len(t, srv.received(), 2)
+}
+
+// An Authorize that fails on a replay made to learn the outcome (the
+// default status check) counts no attempt: the operation stays unknown
+// with the one attempt that was sent.
+func TestAFailingAuthorizeOnAReplayIsNotAnAttempt(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		dropConn(w) // the attempt's answer is lost: unknown
+	})
+	auth := &failingAfter{}
+	auth.ok.Store(1)
+	policy := fastRetry()
+	policy.MaxAttempts = 1
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Authorize: auth.authorize})
+	ctx := context.Background()
+	_, err := c.Do(ctx, idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
+	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	require.ErrorIs(t, err, idem.ErrAuthorizeFailed)
+	require.ErrorIs(t, err, errNoToken)
+	var oe *idem.OperationError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, 1, oe.Attempts, "%v", err)
+	assert.Len(t, srv.received(), 1, "the replay was not sent")
+	rec, err := j.Lookup(ctx, "default", "order-1")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateUnknown, rec.State)
+	assert.Equal(t, 1, rec.Attempts, "the journal counts the attempt that was sent, not the replay Authorize stopped")
+}
+
+// Resume's send of a pending operation whose Authorize fails journals no
+// attempt: the operation stays pending with none.
+func TestAFailingAuthorizeOnResumeIsNotAnAttempt(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	auth := &failingAfter{}
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), Authorize: auth.authorize})
+	ctx := context.Background()
+	_, err := c.Begin(ctx, idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
+	require.NoError(t, err)
+
+	rep, err := c.Resume(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.Pending, "%+v", rep)
+	assert.Empty(t, srv.received())
+	rec, err := j.Lookup(ctx, "default", "order-1")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, rec.State)
+	assert.Zero(t, rec.Attempts, "nothing was sent, and the journal counts nothing")
+	assert.Contains(t, rec.LastError, "Config.Authorize failed")
+}
+
+// What Authorize makes of a request is what is sent, run before the
+// attempt is journaled: a credential it puts in the URL's query reaches
+// the server on the attempt and on a replay, and never the journal.
+func TestAuthorizeMayPutItsCredentialInTheQuery(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var keys []string
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		keys = append(keys, r.URL.Query().Get("api_key"))
+		mu.Unlock()
+		if n == 1 {
+			dropConn(w) // unknown: the status check replays it
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	policy := fastRetry()
+	policy.MaxAttempts = 1
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Authorize: func(r *http.Request) error {
+		q := r.URL.Query()
+		q.Set("api_key", "s3cret")
+		r.URL.RawQuery = q.Encode()
+		return nil
+	}})
+	res, err := c.Do(context.Background(), idem.Op{ID: "order-1", URL: "/orders?x=1", Body: []byte(`{}`)})
+	require.NoError(t, err)
+	assert.Equal(t, 2, res.Attempts)
+	mu.Lock()
+	assert.Equal(t, []string{"s3cret", "s3cret"}, keys)
+	mu.Unlock()
+	rec, err := j.Lookup(context.Background(), "default", "order-1")
+	require.NoError(t, err)
+	assert.NotContains(t, rec.URL, "s3cret")
 }

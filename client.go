@@ -57,12 +57,16 @@ type Config struct {
 	// which operation (scope, ID, key) the request is for, so it can choose
 	// credentials per tenant.
 	//
-	// When it returns an error the request is not sent, and that is no
-	// attempt: the call stops at once with an error matching
-	// ErrAuthorizeFailed and Authorize's own error, the operation staying
-	// pending (unknown if an earlier attempt may have reached the server).
-	// The next Do of the operation, or a Resume once it is due (after
-	// RetryPolicy.MaxBackoff), runs Authorize again.
+	// It runs before an attempt is journaled (the first, a retry, a
+	// status check's replay, a Resume's send) and on a redirect the
+	// attempt follows. When it returns an error the request is not sent,
+	// and that is no attempt: nothing is journaled for it, and the call
+	// stops at once with an error matching ErrAuthorizeFailed and
+	// Authorize's own error, the operation staying pending (unknown if an
+	// earlier attempt may have reached the server). Nothing tries it again
+	// within the call; the next Do of the operation, or a Resume (the
+	// background one included) once it is due, after RetryPolicy.MaxBackoff,
+	// runs Authorize again.
 	Authorize func(*http.Request) error
 	// HTTPClient supplies the transport (and cookie jar). Its Timeout and
 	// CheckRedirect are not used: each attempt is bounded by AttemptTimeout,
@@ -420,10 +424,16 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		return a.base.RoundTrip(req.WithContext(ctx))
 	}
 	r := req.Clone(ctx)
+	p := preauthorized(req)
+	if p != nil {
+		// Authorize ran before the attempt was journaled: send what it
+		// made of the request (its headers, its URL), as it is now.
+		r.Header, r.URL, r.Host = p.Header.Clone(), p.URL, p.Host
+	}
 	if a.propagate != nil {
 		a.propagate(ctx, r.Header)
 	}
-	if a.authorize != nil {
+	if a.authorize != nil && p == nil {
 		if err := a.authorize(r); err != nil {
 			if req.Body != nil {
 				req.Body.Close()
@@ -627,6 +637,26 @@ func (c *Client) adopt(key string, l Lease) bool {
 	return true
 }
 
+// leftBehind returns the keys calls of this client left behind (see
+// leave), for Resume to take up the ones still under this client's lease.
+func (c *Client) leftBehind() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	keys := make([]string, 0, len(c.left))
+	for k := range c.left {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// forget drops key from those left behind: nothing of this client's is
+// left to take up there.
+func (c *Client) forget(key string) {
+	c.mu.Lock()
+	delete(c.left, key)
+	c.mu.Unlock()
+}
+
 func (c *Client) unhold(key string) {
 	c.mu.Lock()
 	delete(c.held, key)
@@ -687,6 +717,18 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rec.Attempts = 1
 	rec.ExpiresAt = now.Add(c.cfg.Retention)
 	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
+	// The first send's request is made, and Authorize run on it, before
+	// the create journals it as attempt 1: a send Authorize stops is no
+	// attempt, and the operation is journaled pending, with none.
+	d := c.newDriver(rec)
+	rd := d.newRound(ctx)
+	if req, err := rd.request(); err == nil {
+		d.first, d.firstReq = rd, req
+		d.authErr = c.preauthorize(req.Request)
+	}
+	if d.authErr != nil {
+		rec.State, rec.Attempts, rec.ExpiresAt = StatePending, 0, time.Time{}
+	}
 	stored, created, err := c.journal.Create(ctx, rec)
 	if err != nil {
 		if !errors.Is(err, ErrFingerprintMismatch) {
@@ -699,9 +741,10 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 		return c.continueExisting(ctx, stored)
 	}
 	c.transition(Record{}, stored, Event{Kind: EventCreate})
-	d := c.newDriver(stored)
-	// in_flight, attempt 1, journaled: but not sent yet.
-	d.next, d.journaled, d.maybeApplied = stepSend, true, false
+	d.rec, d.lease = stored, stored.Lease
+	// in_flight, attempt 1, journaled: but not sent yet (or pending, if
+	// Authorize failed).
+	d.next, d.journaled, d.maybeApplied = stepSend, d.authErr == nil, false
 	d.callersDeadline = true
 	return d.run(ctx)
 }
@@ -952,7 +995,9 @@ func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, err
 			// a call that returned left it behind (its journal write's
 			// answer was lost, say). Waiting for it to lapse would wait for
 			// nobody; its writes stay fenced by the lease's epoch.
-			return c.newDriver(rec).run(ctx)
+			d := c.newDriver(rec)
+			d.callersDeadline = true
+			return d.run(ctx)
 		}
 		if errors.Is(err, ErrLeased) {
 			// Another process drives it: poll until it settles or its lease

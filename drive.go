@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/hashicorp/go-retryablehttp"
+
 	"github.com/idemkit/idem/internal/wire"
 )
 
@@ -33,6 +35,13 @@ type driver struct {
 	// journaled: the next send is already journaled (Do created the
 	// record in_flight, attempt 1).
 	journaled bool
+	// first and firstReq are the next send's round and request when they
+	// were made, and Authorize run, before the send was journaled (Do's
+	// create); authErr is Authorize's failure on the next send, which is
+	// then no attempt.
+	first    *round
+	firstReq *retryablehttp.Request
+	authErr  *authorizeError
 
 	deadline time.Time // end of this call's budget
 	// callersDeadline: this call drives one operation for its caller (Do,
@@ -187,12 +196,26 @@ func (d *driver) send(ctx context.Context) error {
 	if err := d.waitForServer(ctx, 0); err != nil {
 		return err
 	}
+	rd, req := d.first, d.firstReq
+	d.first, d.firstReq = nil, nil
+	if rd == nil {
+		rd = d.newRound(ctx)
+		var err error
+		if req, err = rd.request(); err != nil {
+			// The request cannot even be built.
+			return d.stop(ctx, err, d.failedDue())
+		}
+		// Authorize first: a send it stops is no attempt, and nothing
+		// of it is journaled.
+		d.authErr = d.c.preauthorize(req.Request)
+	}
+	if d.authErr != nil {
+		return d.unauthorized(ctx)
+	}
 	if !d.journaled {
 		next := d.rec
 		next.State = StateInFlight
-		if !unsentIntent(d.rec) {
-			next.Attempts++
-		}
+		next.Attempts++
 		next.NextAttemptAt = time.Time{}
 		// The server's retention starts when it may first see the key:
 		// now, for a pending operation or one the server said it never saw.
@@ -211,23 +234,16 @@ func (d *driver) send(ctx context.Context) error {
 	d.journaled = false
 	d.next, d.why = stepCheck, ""
 
-	rd := d.newRound(ctx)
-	last, err := rd.run()
+	last, err := rd.run(req)
 	if rd.journalErr != nil {
 		return d.journalFailed(rd.journalErr)
 	}
 	if rd.unauthorized != nil {
-		// Pending when nothing of the operation may have reached the
-		// server; the intent just journaled is reused by the next send.
-		state := StatePending
-		if d.maybeApplied {
-			state = StateUnknown
-		}
-		d.cause = rd.unauthorized
-		return d.leave(ctx, state, d.cause, d.failedDue(), EventStop)
+		d.authErr = rd.unauthorized
+		return d.unauthorized(ctx)
 	}
 	if last == nil {
-		// No attempt finished: the request could not even be built.
+		// No attempt finished: the request's body could not be rewound.
 		return d.stop(ctx, err, d.failedDue())
 	}
 	v := last.decision
@@ -255,6 +271,19 @@ func (d *driver) send(ctx context.Context) error {
 		return d.leave(ctx, StateUnknown, d.cause, due, EventAnswer)
 	}
 	return d.markUnknown(ctx, v.Reason)
+}
+
+// unauthorized ends the call after Config.Authorize failed (authErr) on
+// a send: pending when nothing of the operation may have reached the
+// server, else unknown. Another try now would fail the same way; the next
+// Do, or a Resume once it is due, runs Authorize again.
+func (d *driver) unauthorized(ctx context.Context) error {
+	state := StatePending
+	if d.maybeApplied {
+		state = StateUnknown
+	}
+	d.cause, d.authErr = d.authErr, nil
+	return d.leave(ctx, state, d.cause, d.failedDue(), EventStop)
 }
 
 // serverAsked records a wait the server asked for (Retry-After).

@@ -73,14 +73,10 @@ type attempt struct {
 
 func (d *driver) newRound(ctx context.Context) *round { return &round{d: d, ctx: ctx} }
 
-// run sends the journaled request until an attempt's verdict is final or
-// the plan says stop. It returns the last attempt that finished, or nil and
-// the error when none did.
-func (rd *round) run() (*attempt, error) {
-	req, err := rd.request()
-	if err != nil {
-		return nil, err
-	}
+// run sends req, the journaled request (see request), until an attempt's
+// verdict is final or the plan says stop. It returns the last attempt that
+// finished, or nil and the error when none did.
+func (rd *round) run(req *retryablehttp.Request) (*attempt, error) {
 	rc := &retryablehttp.Client{
 		HTTPClient:     rd.d.c.attempts,
 		RetryMax:       math.MaxInt32, // checkRetry enforces the policy
@@ -266,11 +262,17 @@ func (d *driver) countResends(a *attempt) {
 // backoff is retryablehttp's Backoff: checkRetry has already chosen the wait.
 func (rd *round) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Duration { return rd.wait }
 
-// prepareRetry is retryablehttp's PrepareRetry: it journals the attempt
-// about to start, and why. The record is already in_flight, so this is
-// buffered; a lost lease stops the loop before anything is sent.
+// prepareRetry is retryablehttp's PrepareRetry: it runs Config.Authorize
+// for the attempt about to start, then journals it, and why. A failing
+// Authorize stops the loop with nothing journaled: no attempt. The record
+// is already in_flight, so the journal write is buffered; a lost lease
+// stops the loop before anything is sent.
 func (rd *round) prepareRetry(req *http.Request) error {
 	d := rd.d
+	if err := d.c.preauthorize(req); err != nil {
+		rd.unauthorized = err
+		return err
+	}
 	next := d.rec
 	next.Attempts++
 	next.LastError = rd.last.decision.Reason
@@ -308,8 +310,46 @@ func OperationFrom(ctx context.Context) (OperationInfo, bool) {
 	return info, ok
 }
 
+// operationContext is the context of a request of the operation: it says
+// which for Authorize, and carries the slot for the request Authorize
+// prepared before the attempt was journaled (see preauthorize).
 func (d *driver) operationContext(ctx context.Context, statusCheck bool) context.Context {
+	ctx = context.WithValue(ctx, preauthKey{}, &preauth{})
 	return context.WithValue(ctx, operationKey{}, OperationInfo{Key: d.rec.Key, Scope: d.rec.Scope, ID: d.rec.ID, StatusCheck: statusCheck})
+}
+
+// preauth holds what Config.Authorize made of an attempt's request, run
+// before the attempt was journaled, for the transport to send instead of
+// running Authorize again. It is taken once: a redirect the attempt
+// follows, which goes elsewhere, runs Authorize afresh.
+type preauth struct{ req atomic.Pointer[http.Request] }
+
+type preauthKey struct{}
+
+// preauthorize runs Config.Authorize on a copy of req, an attempt about to
+// be journaled and sent, and keeps the result for the transport. Run
+// before the journal write, a failing Authorize is no attempt: nothing is
+// journaled, nothing sent.
+func (c *Client) preauthorize(req *http.Request) *authorizeError {
+	slot, _ := req.Context().Value(preauthKey{}).(*preauth)
+	if c.cfg.Authorize == nil || slot == nil {
+		return nil
+	}
+	r := req.Clone(req.Context())
+	if err := c.cfg.Authorize(r); err != nil {
+		return &authorizeError{err}
+	}
+	slot.req.Store(r)
+	return nil
+}
+
+// preauthorized takes the request Authorize prepared for req's attempt, if
+// there is one.
+func preauthorized(req *http.Request) *http.Request {
+	if slot, _ := req.Context().Value(preauthKey{}).(*preauth); slot != nil {
+		return slot.req.Swap(nil)
+	}
+	return nil
 }
 
 // errJournal wraps a journal error met while a status checker sent a

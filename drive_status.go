@@ -180,7 +180,16 @@ type replayKey struct{}
 // nothing more), counted, and its transport re-sends counted too.
 func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 	replay := req.Context().Value(replayKey{}) != nil
+	a := &attempt{}
+	trace := &httptrace.ClientTrace{WroteHeaders: a.wrote}
+	ctx := d.operationContext(httptrace.WithClientTrace(req.Context(), trace), !replay)
+	req = req.WithContext(ctx)
+	d.form.set(req.Header, d.rec.Key)
 	if replay {
+		// Authorize first: a replay it stops is no attempt.
+		if err := d.c.preauthorize(req); err != nil {
+			return nil, err
+		}
 		d.replayed = true
 		next := d.rec
 		next.Attempts++
@@ -189,11 +198,6 @@ func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 			return nil, errJournal{err}
 		}
 	}
-	a := &attempt{}
-	trace := &httptrace.ClientTrace{WroteHeaders: a.wrote}
-	ctx := d.operationContext(httptrace.WithClientTrace(req.Context(), trace), !replay)
-	req = req.WithContext(ctx)
-	d.form.set(req.Header, d.rec.Key)
 	resp, err := d.c.attempts.Do(req)
 	if replay {
 		d.countResends(a)

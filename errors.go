@@ -3,7 +3,6 @@ package idem
 import (
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // Errors a client call returns. Match them with errors.Is; an
@@ -56,10 +55,11 @@ var (
 	ErrClientClosed = errors.New("idem: client is closed")
 	// ErrAuthorizeFailed: Config.Authorize returned an error, so the
 	// request was not sent; the error wraps Authorize's own too. It is no
-	// attempt, and the call stops at once rather than fail the same way
-	// again: it is the cause of an ErrNotSent (the operation stays pending)
-	// or, when an earlier attempt may have reached the server, of an
-	// ErrOutcomeUnknown. The next Do of the operation, or a Resume once it
+	// attempt (Authorize runs before an attempt is journaled, whether the
+	// first, a retry, a status check's replay or a Resume's send), and the
+	// call stops at once rather than fail the same way again: it is the
+	// cause of an ErrNotSent (the operation stays pending) or, when an
+	// earlier attempt may have reached the server, of an ErrOutcomeUnknown. The next Do of the operation, or a Resume once it
 	// is due (after RetryPolicy.MaxBackoff), tries again.
 	ErrAuthorizeFailed = errors.New("idem: Config.Authorize failed")
 )
@@ -69,13 +69,6 @@ type authorizeError struct{ err error }
 
 func (e *authorizeError) Error() string   { return ErrAuthorizeFailed.Error() + ": " + e.err.Error() }
 func (e *authorizeError) Unwrap() []error { return []error{ErrAuthorizeFailed, e.err} }
-
-// unsentIntent reports a record left pending because Authorize failed: its
-// last journaled attempt was never sent, and its next send reuses it
-// rather than count another.
-func unsentIntent(rec Record) bool {
-	return rec.State == StatePending && rec.Attempts > 0 && strings.HasPrefix(rec.LastError, ErrAuthorizeFailed.Error())
-}
 
 // OperationError reports an operation that is not settled as succeeded: it
 // says what the journal holds, the operation's key and state, and why.
@@ -93,9 +86,9 @@ type OperationError struct {
 	ID    string
 	// State is the operation's journaled state when the call returned.
 	State State
-	// Attempts is the number of attempts journaled so far, less one
-	// that Config.Authorize stopped (ErrAuthorizeFailed): nothing was
-	// sent.
+	// Attempts is the number of attempts journaled so far. A send that
+	// Config.Authorize stopped (ErrAuthorizeFailed) is none: Authorize
+	// runs before an attempt is journaled.
 	Attempts int
 	// StatusCode is the last HTTP status received, or zero; Body is the
 	// server's answer when the operation was rejected.
@@ -175,9 +168,6 @@ func (e *OperationError) Unwrap() []error {
 // rejected record's answer is its Body.
 func opError(rec Record, cause error) *OperationError {
 	e := &OperationError{Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State, Attempts: rec.Attempts, Err: cause}
-	if unsentIntent(rec) {
-		e.Attempts--
-	}
 	if rec.Response != nil {
 		e.StatusCode = rec.Response.StatusCode
 		if rec.State == StateRejected {

@@ -136,7 +136,10 @@ func ResumeWait() ResumeOption {
 // would, except that an operation found in_flight or unknown gets a status
 // check before anything is re-sent. An operation leased by a process that
 // is gone is taken at once, when the journal can see that (the SQLite
-// journal always can); one leased by a live owner is left to it. While
+// journal always can); one leased by a live owner is left to it, except
+// one under this client's own lease that a call of this client left behind
+// (a journal write whose answer was lost), which no call holds: that one
+// is taken up at once, as the next Do would. While
 // slow operations keep some of its slots busy, it claims again every
 // Config.ResumeInterval (every second without one) with the free ones, so
 // that an operation whose owner dies meanwhile waits for no slow one. Without
@@ -423,10 +426,15 @@ func (r *resumer) claimAndDrive(ctx context.Context, started time.Time) error {
 	return nil
 }
 
-// claim claims up to n operations of Resume's scopes due by dueBy.
+// claim claims up to n operations of Resume's scopes due by dueBy: first
+// those under this client's own lease that a call of it left behind (see
+// adoptLeft), then what the journal lets it claim.
 func (r *resumer) claim(ctx context.Context, n int, dueBy time.Time) ([]Record, error) {
 	c := r.c
-	var out []Record
+	out, err := r.adoptLeft(ctx, n, dueBy)
+	if err != nil {
+		return out, err
+	}
 	for _, scope := range r.opts.scopes {
 		if len(out) == n {
 			break
@@ -436,6 +444,41 @@ func (r *resumer) claim(ctx context.Context, n int, dueBy time.Time) ([]Record, 
 		out = append(out, recs...)
 		if err != nil {
 			return out, err
+		}
+	}
+	return out, nil
+}
+
+// adoptLeft takes up to n operations of Resume's scopes, due by dueBy,
+// that are under a live lease of this client's own which no call of it
+// holds: a call left them behind (its journal write's answer was lost,
+// say). The journal will not let this client claim them, its owner being
+// alive; waiting for the lease to lapse would wait for nobody. Their
+// writes stay fenced by the lease's epoch. A key whose operation is
+// settled, or leased to another owner, is forgotten.
+func (r *resumer) adoptLeft(ctx context.Context, n int, dueBy time.Time) ([]Record, error) {
+	c := r.c
+	var out []Record
+	for _, key := range c.leftBehind() {
+		if len(out) == n {
+			break
+		}
+		rec, err := c.journal.Get(ctx, key)
+		if errors.Is(err, ErrNotFound) {
+			c.forget(key)
+			continue
+		}
+		if err != nil {
+			return out, err
+		}
+		now := c.now()
+		switch {
+		case !rec.State.Active() || rec.Lease.Owner != c.owner:
+			c.forget(key)
+		case !rec.Lease.Held(now) || !r.inScope(rec) || rec.NextAttemptAt.After(dueBy):
+			// A lapsed lease is claimed as any other.
+		case c.adopt(key, rec.Lease):
+			out = append(out, rec)
 		}
 	}
 	return out, nil

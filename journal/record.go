@@ -40,9 +40,10 @@ type Record struct {
 	// State is where the operation stands.
 	State State
 	// Attempts counts the attempts the client started, each a send of the
-	// request (a replay made to check the status included). A pending
-	// record whose LastError says Config.Authorize failed counts one that
-	// was journaled and never sent; its next send reuses it.
+	// request (a replay made to check the status included). A send that
+	// Config.Authorize stopped is none: Authorize runs before an attempt
+	// is journaled. (A record written by an older idem may count one such
+	// send, on a pending record whose LastError says Authorize failed.)
 	Attempts int
 	// TransportResends counts the times Go's HTTP transport sent an attempt
 	// again by itself, on a new connection, after a reused one died before

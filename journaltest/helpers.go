@@ -120,9 +120,15 @@ func waitExpired(t *testing.T, l idem.Lease) {
 		waitFor, pollEvery, "the lease of %s did not run out", l.Owner)
 }
 
-// within runs fn and fails the test if it does not return within waitFor,
-// for calls that must not hang or deadlock. fn runs on another goroutine:
-// it must not call require or t.FailNow.
+// within runs fn and fails the test if it has not returned when the test
+// binary is about to time out (go test -timeout), for calls that must not
+// hang or deadlock. fn runs on another goroutine: it must not call require
+// or t.FailNow.
+//
+// A hang never returns, while a correct journal on a loaded machine may
+// take many seconds: no shorter bound tells the two apart without failing
+// the slow one. Waiting to the binary's own deadline fails a hang with a
+// message that says what hung, rather than with the binary's panic.
 func within(t *testing.T, what string, fn func()) {
 	t.Helper()
 	done := make(chan struct{})
@@ -132,9 +138,20 @@ func within(t *testing.T, what string, fn func()) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(waitFor):
-		t.Fatalf("%s did not return within %s: the journal hangs or deadlocks", what, waitFor)
+	case <-hung(t):
+		t.Fatalf("%s did not return before the test binary's deadline: the journal hangs or deadlocks", what)
 	}
+}
+
+// hung fires shortly before the test binary's deadline, when it has one,
+// leaving time to report what hung and to clean up; never otherwise.
+func hung(t *testing.T) <-chan time.Time {
+	dl, ok := t.Deadline()
+	if !ok {
+		return nil
+	}
+	left := time.Until(dl)
+	return time.After(left - min(left/10, 30*time.Second))
 }
 
 // listKeys returns the keys List yields for f, in order.

@@ -199,8 +199,8 @@ func openJournal(t *testing.T, open func(t *testing.T) idem.Journal) idem.Journa
 			if err != nil && !errors.Is(err, idem.ErrJournalClosed) {
 				t.Errorf("closing the journal: %v", err)
 			}
-		case <-time.After(waitFor):
-			t.Errorf("Close did not return within %s: the journal hangs or deadlocks", waitFor)
+		case <-hung(t):
+			t.Errorf("Close did not return before the test binary's deadline: the journal hangs or deadlocks")
 		}
 	})
 	counts, err := j.Count(t.Context())

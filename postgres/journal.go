@@ -219,6 +219,16 @@ func classify(ctx context.Context, err error) error {
 	return err
 }
 
+// fail is the error of what, a call that failed with err: a canceled
+// context stays one; any other error names the journal and what failed,
+// and says what to do when the statement ran past statement_timeout.
+func (j *Journal) fail(ctx context.Context, what string, err error) error {
+	if err = classify(ctx, err); err == nil || err == ctx.Err() {
+		return err
+	}
+	return fmt.Errorf("%s: %s: %w%s", j.where(), what, err, timeoutAdvice(err))
+}
+
 // Create implements idem.Journal.
 func (j *Journal) Create(ctx context.Context, rec idem.Record) (idem.Record, bool, error) {
 	off := j.off()
@@ -284,7 +294,7 @@ func (j *Journal) readOne(ctx context.Context, what, query string, args ...any) 
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, journal.NotFound(what)
 	}
-	return shiftRecord(rec, -off), classify(ctx, err)
+	return shiftRecord(rec, -off), j.fail(ctx, "the read of operation "+what, err)
 }
 
 // Claim implements idem.Journal. Workers claim with FOR UPDATE SKIP LOCKED:
@@ -300,7 +310,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 	}
 	defer done()
 	if err := j.clock.refresh(ctx, j.pool); err != nil {
-		return nil, classify(ctx, err)
+		return nil, j.fail(ctx, "claim by "+req.Owner, err)
 	}
 	off := j.off()
 	var out []idem.Record
@@ -384,10 +394,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 			j.where(), describeClaim(req.Owner, out), d.err)
 	}
 	if err != nil {
-		if err = classify(ctx, err); err == ctx.Err() {
-			return nil, err // a canceled context stays one
-		}
-		return nil, fmt.Errorf("%s: claim by %s: %w", j.where(), req.Owner, err)
+		return nil, j.fail(ctx, "claim by "+req.Owner, err)
 	}
 	return out, nil
 }
@@ -406,7 +413,7 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 		return 0, nil
 	}
 	if err := j.clock.refresh(ctx, j.pool); err != nil {
-		return 0, classify(ctx, err)
+		return 0, j.fail(ctx, "the renewal of leases", err)
 	}
 	keys := slices.Sorted(maps.Keys(held)) // rows are locked in key order, as every batch does
 	until := wire.Millis(journal.TruncateTime(j.now().Add(lease)))
@@ -438,7 +445,7 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 		}
 		n, err = renew(rctx)
 	}
-	return n, classify(ctx, err)
+	return n, j.fail(ctx, "the renewal of leases", err)
 }
 
 // inTx runs fn in a transaction on a connection of the pool, and reports a
@@ -490,7 +497,7 @@ func (j *Journal) Sync(ctx context.Context) error {
 		}
 		err = sync(rctx)
 	}
-	return classify(ctx, err)
+	return j.fail(ctx, "the sync", err)
 }
 
 // listPage is how many records List reads per query.
@@ -543,7 +550,7 @@ func (j *Journal) rowID(ctx context.Context, key string) (int64, error) {
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, journal.CursorNotFound(key)
 	}
-	return id, classify(ctx, err)
+	return id, j.fail(ctx, "the read of operation "+key, err)
 }
 
 func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, after int64) ([]idem.Record, int64, error) {
@@ -561,7 +568,7 @@ func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, a
 		WHERE id > $1 AND ($2 = '' OR scope = $2) AND (cardinality($3::smallint[]) = 0 OR state = ANY($3))
 		AND ($4::bigint = 0 OR created_at < $4) ORDER BY id LIMIT `+fmt.Sprint(listPage), after, f.Scope, states, created)
 	if err != nil {
-		return nil, 0, classify(ctx, err)
+		return nil, 0, j.fail(ctx, "listing operations", err)
 	}
 	defer rows.Close()
 	var page []idem.Record
@@ -573,7 +580,7 @@ func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, a
 		}
 		page = append(page, shiftRecord(rec, -off))
 	}
-	return page, id, classify(ctx, rows.Err())
+	return page, id, j.fail(ctx, "listing operations", rows.Err())
 }
 
 // Count implements idem.Journal.
@@ -586,7 +593,7 @@ func (j *Journal) Count(ctx context.Context) ([]idem.Count, error) {
 	rows, err := j.pool.Query(ctx, `SELECT scope, state, count(*), min(created_at) FROM `+j.q.operations+`
 		GROUP BY scope, state ORDER BY scope, state`)
 	if err != nil {
-		return nil, classify(ctx, err)
+		return nil, j.fail(ctx, "counting operations", err)
 	}
 	defer rows.Close()
 	var out []idem.Count
@@ -600,7 +607,7 @@ func (j *Journal) Count(ctx context.Context) ([]idem.Count, error) {
 		c.State, c.N, c.Oldest = idem.State(state), int(n), wire.FromMillis(oldest).Add(-j.off())
 		out = append(out, c)
 	}
-	return out, classify(ctx, rows.Err())
+	return out, j.fail(ctx, "counting operations", rows.Err())
 }
 
 // History implements idem.Journal.
@@ -615,12 +622,12 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, journal.NotFound("key " + key)
 		}
-		return nil, classify(ctx, err)
+		return nil, j.fail(ctx, "the history of operation "+key, err)
 	}
 	rows, err := j.pool.Query(ctx, `SELECT version, at, kind, detail, from_state, to_state, attempt, status, error, owner
 		FROM `+j.q.table("events")+` WHERE op = $1 ORDER BY version`, id)
 	if err != nil {
-		return nil, classify(ctx, err)
+		return nil, j.fail(ctx, "the history of operation "+key, err)
 	}
 	defer rows.Close()
 	var out []idem.Event
@@ -646,7 +653,7 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		ev.Detail, ev.Error, ev.Owner = deref(detail), deref(msg), deref(owner)
 		out = append(out, ev)
 	}
-	return out, classify(ctx, rows.Err())
+	return out, j.fail(ctx, "the history of operation "+key, rows.Err())
 }
 
 // pruneChunk is how many records Prune deletes per transaction.
@@ -683,7 +690,7 @@ func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
 			return err
 		})
 		if err != nil {
-			return total, classify(ctx, err)
+			return total, j.fail(ctx, "pruning settled operations", err)
 		}
 		total += len(ids)
 		if len(ids) < pruneChunk {

@@ -38,7 +38,7 @@ func (j *Journal) Owners(ctx context.Context) ([]Owner, error) {
 			AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted)
 		ORDER BY o.registered_at, o.id`, int64(j.ownersOID), j.liveness)
 	if err != nil {
-		return nil, classify(ctx, err)
+		return nil, j.fail(ctx, "listing owners", err)
 	}
 	owners, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Owner, error) {
 		var o Owner
@@ -47,5 +47,5 @@ func (j *Journal) Owners(ctx context.Context) ([]Owner, error) {
 		o.RegisteredAt = wire.FromMillis(at)
 		return o, err
 	})
-	return owners, classify(ctx, err)
+	return owners, j.fail(ctx, "listing owners", err)
 }

@@ -143,7 +143,7 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		if _, ok := isUniqueViolation(err); ok {
 			return nil, fmt.Errorf("%w: owner %q registered before; each registration needs a new name", idem.ErrInvalidRecord, owner)
 		}
-		return nil, classify(ctx, err)
+		return nil, j.fail(ctx, "registering owner "+owner, err)
 	}
 	conn, err := j.takeLiveness(ctx, owner, id)
 	if err != nil {
@@ -219,7 +219,7 @@ func (j *Journal) reserveSession(owner string) error {
 func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pgxpool.Conn, error) {
 	conn, err := j.pool.Acquire(ctx)
 	if err != nil {
-		return nil, classify(ctx, err)
+		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
 	var locked bool
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, j.livenessClass(), id).Scan(&locked); err != nil {
@@ -229,7 +229,7 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 			err = fmt.Errorf("%w: %w", errDeadConn, err)
 		}
 		dropConn(conn) // the lock may have been taken, and the answer lost
-		return nil, classify(ctx, err)
+		return nil, j.fail(ctx, "owner "+owner+"'s liveness lock", err)
 	}
 	if !locked {
 		// Only this registration takes this lock: another session holds it
@@ -242,7 +242,7 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 	}
 	if _, err := conn.Exec(ctx, j.q.newSession, id, owner, wire.Millis(j.now())); err != nil {
 		dropConn(conn) // ending the session lets go of the lock
-		return nil, classify(ctx, err)
+		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
 	// The session is idle for as long as the owner lives: a server that
 	// ends idle sessions (idle_session_timeout, PostgreSQL 14 and later)

@@ -307,3 +307,39 @@ func TestStoreTakeOverWhoseAcknowledgementIsLost(t *testing.T) {
 	assert.Equal(t, e.Token, res.Token)
 	assert.Greater(t, res.Token, first.Token)
 }
+
+// The same, taken up by Resume: once the database answers again, the
+// client's Resume drives the operation under the client's own lease, which
+// no call holds any more, instead of waiting for it to lapse (an hour).
+func TestResumeOfAnIntentThatCannotBeReadBack(t *testing.T) {
+	t.Parallel()
+	p, j, direct := proxiedJournal(t)
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		hits.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, LeaseDuration: time.Hour})
+	require.NoError(t, err)
+	defer c.Close()
+	op := idem.Op{ID: "order-3", Method: http.MethodPost, URL: "/orders", Body: []byte(`{}`)}
+
+	f := p.DropReplyAndRefuse(pgproxy.IsCommit, time.Hour)
+	_, err = c.Do(ctx, op)
+	fired(t, f)
+	require.ErrorIs(t, err, postgres.ErrCommitInDoubt)
+	assert.Zero(t, hits.Load(), "nothing was sent")
+
+	p.Refuse(0)
+	rctx, cancel := context.WithTimeout(ctx, time.Minute) // far less than the lease
+	defer cancel()
+	rep, err := c.Resume(rctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.Succeeded, "Resume took up the operation under the client's own lease: %+v", rep)
+	assert.EqualValues(t, 1, hits.Load())
+	rec, err := direct.Lookup(ctx, "default", "order-3")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, rec.State)
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
 )
 
 // ErrNotMigrated reports tables that are missing or older than this build,
@@ -14,6 +15,13 @@ import (
 // (WithoutMigration). Run MigrateJournal or MigrateStore, or open without
 // WithoutMigration.
 var ErrNotMigrated = errors.New("idem tables are not migrated")
+
+// ErrReadOnly reports a database whose sessions refuse writes: a hot
+// standby, or a role or database with default_transaction_read_only on.
+// OpenJournal and OpenStore refuse such a pool when they would migrate,
+// and OpenStore always (every claim writes); a journal may be opened
+// WithoutMigration on it to be read (idem ls, idem ui on a replica).
+var ErrReadOnly = pgschema.ErrReadOnly
 
 // An Option configures OpenJournal or OpenStore. Schema and
 // WithoutMigration configure both; every other option names the one it

@@ -38,6 +38,7 @@ func TestOpenOnAReadOnlyDatabaseSaysSo(t *testing.T) {
 			assert.Contains(t, err.Error(), "primary", "says to point the pool at a database that takes writes")
 			var pe *pgconn.PgError
 			assert.True(t, errors.As(err, &pe), "the server's error is kept")
+			assert.ErrorIs(t, err, postgres.ErrReadOnly)
 		})
 	}
 }
@@ -55,4 +56,25 @@ func settingsPool(t *testing.T, params map[string]string) *pgxpool.Pool {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// A store opened WithoutMigration on a pool whose sessions cannot write
+// would answer every claim with a 503: the open refuses it, naming the
+// schema and saying what to do. The journal is not refused: idem ls and
+// idem ui read a journal through a read-only pool (a replica).
+func TestStoreWithoutMigrationOnAReadOnlyDatabaseIsRefused(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	require.NoError(t, postgres.MigrateStore(ctx, pgtest.Pool(t), schema))
+	pool := settingsPool(t, map[string]string{"default_transaction_read_only": "on"})
+	_, err := postgres.OpenStore(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
+	require.Error(t, err, "a store that can write nothing is refused at open")
+	require.ErrorIs(t, err, postgres.ErrReadOnly)
+	assert.Contains(t, err.Error(), schema, "names the schema")
+	assert.Contains(t, err.Error(), "primary", "says to point the pool at a database that takes writes")
+
+	require.NoError(t, postgres.MigrateJournal(ctx, pgtest.Pool(t), schema))
+	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
+	require.NoError(t, err, "a journal may be read through a read-only pool")
+	_ = j.Close()
 }

@@ -93,8 +93,10 @@ func MigrateStore(ctx context.Context, pool *pgxpool.Pool, schema string) error 
 // OpenStore returns the key store in pool's database, migrating its tables
 // first unless WithoutMigration. It refuses, changing nothing, a
 // schema that holds another program's tables (server.ErrNotStore), a
-// store written by a newer idem (server.ErrSchemaTooNew), and, without
-// migration, tables that are missing or older (ErrNotMigrated). The
+// store written by a newer idem (server.ErrSchemaTooNew), a database that
+// refuses writes (ErrReadOnly: a hot standby, or
+// default_transaction_read_only on), and, without migration, tables that
+// are missing or older (ErrNotMigrated). The
 // pool belongs to the application: the store never closes it, and needs
 // no connection of its own between calls.
 func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store, error) {
@@ -116,6 +118,11 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store,
 		}
 		if want := len(storeKind.Migrations); v != want {
 			return nil, notMigrated("store", cfg.schema, v, want, "MigrateStore")
+		}
+		// Every claim writes: on a pool that cannot, each request would
+		// get a 503 that invites it again.
+		if err := pgschema.Writable(ctx, pool, cfg.schema, storeKind.Name); err != nil {
+			return nil, err
 		}
 	}
 	clock := newDBClock()
@@ -356,7 +363,7 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("postgres store in schema %q: %s: %w; the store's tables are gone: run postgres.MigrateStore, or open the store again",
 			s.schema, op, err)
 	}
-	return fmt.Errorf("postgres store in schema %q: %s: %w", s.schema, op, err)
+	return fmt.Errorf("postgres store in schema %q: %s: %w%s", s.schema, op, err, timeoutAdvice(err))
 }
 
 // scanStoreEntry reads storeColumns, its times moved back from the

@@ -53,6 +53,34 @@ func (e *Error) Unwrap() error { return e.Err }
 // Ident quotes a schema or table name for SQL.
 func Ident(name string) string { return pgx.Identifier{name}.Sanitize() }
 
+// ErrReadOnly is a database whose sessions refuse writes.
+var ErrReadOnly = errors.New("the database refuses writes (a hot standby, or default_transaction_read_only on for the role or database)")
+
+// readOnly is the error of opening kind's tables in schema on a database
+// that refuses writes; err, when not nil, is the server's own.
+func readOnly(kind, schema string, err error) error {
+	if err == nil {
+		return fmt.Errorf("postgres %s in schema %q: %w: point the pool at the primary, with a role that may write", kind, schema, ErrReadOnly)
+	}
+	return fmt.Errorf("postgres %s in schema %q: %w: point the pool at the primary, with a role that may write: %w", kind, schema, ErrReadOnly, err)
+}
+
+// Writable refuses, with an error matching ErrReadOnly, a pool whose
+// sessions cannot write (transaction_read_only is on: a hot standby, or
+// default_transaction_read_only for the role or database), for opening
+// kind's tables in schema without migrating them, which would have met
+// the refusal.
+func Writable(ctx context.Context, pool *pgxpool.Pool, schema, kind string) error {
+	var ro string
+	if err := pool.QueryRow(ctx, "SHOW transaction_read_only").Scan(&ro); err != nil {
+		return fmt.Errorf("postgres %s in schema %q: reading transaction_read_only: %w", kind, schema, err)
+	}
+	if ro == "on" {
+		return readOnly(kind, schema, nil)
+	}
+	return nil
+}
+
 // readOnlyTransaction is the SQLSTATE of a write refused by a read-only
 // transaction (read_only_sql_transaction).
 const readOnlyTransaction = "25006"
@@ -100,8 +128,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, kind Kind) 
 	// error alone names neither the tables nor the way out.
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == readOnlyTransaction {
-		return fmt.Errorf("postgres %s in schema %q: the database refuses writes (a hot standby, or default_transaction_read_only on for the role or database): point the pool at the primary, with a role that may write: %w",
-			kind.Name, schema, err)
+		return readOnly(kind.Name, schema, err)
 	}
 	return err
 }

@@ -253,11 +253,11 @@ func TestGuardPassesOtherToolsThrough(t *testing.T) {
 
 func TestCanonical(t *testing.T) {
 	for in, want := range map[string]string{
-		``:                           `null`,
+		``:                          `null`,
 		`{"b":1, "a":[true, null]}`: `{"a":[true,null],"b":1}`,
-		`1.0`:                        `1.0`,
-		`{"x":"<&>"}`:                `{"x":"<&>"}`,
-		`{"a":{"d":1,"c":2}}`:        `{"a":{"c":2,"d":1}}`,
+		`1.0`:                       `1.0`,
+		`{"x":"<&>"}`:               `{"x":"<&>"}`,
+		`{"a":{"d":1,"c":2}}`:       `{"a":{"c":2,"d":1}}`,
 	} {
 		got, err := idemmcp.Canonical(json.RawMessage(in))
 		require.NoError(t, err, in)

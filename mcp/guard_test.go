@@ -1,9 +1,11 @@
 package mcp_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -36,12 +38,16 @@ type mailServer struct {
 	runs    atomic.Int64
 	release chan struct{}
 	started chan struct{}
+	onRun   func()
 }
 
 func (m *mailServer) server(t *testing.T, guard *idemmcp.Guard) *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "send_email"}, func(ctx context.Context, _ *mcp.CallToolRequest, in emailIn) (*mcp.CallToolResult, emailOut, error) {
 		n := m.runs.Add(1)
+		if m.onRun != nil {
+			m.onRun()
+		}
 		if m.started != nil {
 			m.started <- struct{}{}
 		}
@@ -279,4 +285,11 @@ func TestWithoutGuardARepeatedKeyRunsTwice(t *testing.T) {
 		require.NoError(t, err)
 	}
 	assert.EqualValues(t, 2, m.runs.Load())
+}
+
+// readAndRestore reads r's body and puts it back for the next reader.
+func readAndRestore(r *http.Request) (string, error) {
+	b, err := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	return string(b), err
 }

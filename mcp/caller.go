@@ -1,0 +1,316 @@
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
+)
+
+// CallerConfig configures a Caller. Journal, Server and Open are required.
+type CallerConfig struct {
+	// Journal keeps the tool calls: idem.OpenSQLite for one process,
+	// postgres.Open for a fleet. The Caller never closes it.
+	Journal idem.Journal
+	// Server names the MCP server the calls go to, in the journal: its
+	// calls are journaled as POST http://{Server}.mcp.invalid/tools/{tool}
+	// (an address that never resolves: nothing is sent over HTTP by that
+	// name), so that `idem ls` and `idem ui` show them. Letters, digits and
+	// hyphens.
+	Server string
+	// Open opens a session to the server. The Caller opens one when it
+	// first needs it and again after a session breaks, and Resume uses it
+	// after a restart.
+	Open func(ctx context.Context) (*mcp.ClientSession, error)
+	// Scope is the journal's scope of the calls (the runtime, the agent).
+	// Defaults to "mcp".
+	Scope string
+	// Client is the rest of the idem.Client's configuration (Retry,
+	// LeaseDuration, Hooks, Logger...); its Journal, BaseURL, HTTPClient,
+	// Status, Scope and Authorize are the Caller's.
+	Client idem.Config
+}
+
+// A Caller calls tools of an MCP server as idem operations: each call,
+// named by the runtime's own tool-call ID (the model's "call_…"), is
+// journaled with its tool, its arguments and a key before it is sent; the
+// key travels in _meta[MetaKey]; a call whose answer was lost is settled
+// by sending it again with the same key (a server with a Guard replays
+// the first answer); after a crash, Resume finishes what was pending.
+//
+// The promise rests on the server: a server that does not honour keys
+// runs a re-sent call again. Verify tells.
+type Caller struct {
+	c  *idem.Client
+	tr *sessionTransport
+}
+
+var serverName = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
+
+// NewCaller returns a Caller for cfg. Close it when done.
+func NewCaller(cfg CallerConfig) (*Caller, error) {
+	switch {
+	case cfg.Journal == nil:
+		return nil, errors.New("idem/mcp: CallerConfig.Journal is nil; open one with idem.OpenSQLite")
+	case cfg.Open == nil:
+		return nil, errors.New("idem/mcp: CallerConfig.Open is nil; give a function that connects an mcp.Client to the server")
+	case !serverName.MatchString(cfg.Server):
+		return nil, fmt.Errorf("idem/mcp: CallerConfig.Server %q is not a name of letters, digits and hyphens (at most 63)", cfg.Server)
+	}
+	tr := &sessionTransport{open: cfg.Open}
+	ic := cfg.Client
+	ic.Journal = cfg.Journal
+	ic.BaseURL = "http://" + strings.ToLower(cfg.Server) + ".mcp.invalid"
+	ic.HTTPClient = &http.Client{Transport: tr}
+	ic.Status = idem.ReplayStatus()
+	ic.Authorize = nil
+	ic.Scope = cfg.Scope
+	if ic.Scope == "" {
+		ic.Scope = "mcp"
+	}
+	c, err := idem.New(ic)
+	if err != nil {
+		return nil, fmt.Errorf("idem/mcp: %w", err)
+	}
+	return &Caller{c: c, tr: tr}, nil
+}
+
+// Close stops the Caller's background work and closes its session.
+func (c *Caller) Close() error {
+	return errors.Join(c.c.Close(), c.tr.close())
+}
+
+// Client is the idem.Client underneath, for Lookup, Cancel and the like.
+func (c *Caller) Client() *idem.Client { return c.c }
+
+// Call calls tool with args as the tool call callID. Calling it again with
+// the same callID (after an error, or after a restart) continues the same
+// call under the same key and returns its result; other arguments under
+// the same callID are idem.ErrFingerprintMismatch. A result with IsError
+// is a result. A JSON-RPC error the server answered is returned as a
+// *jsonrpc.Error; any other error says what is known, as idem.Client.Do's
+// do (idem.ErrOutcomeUnknown: Resume or another Call finishes it).
+func (c *Caller) Call(ctx context.Context, callID, tool string, args any) (*mcp.CallToolResult, error) {
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return nil, fmt.Errorf("%w: tool call %q: the arguments do not marshal to JSON: %v", idem.ErrInvalidOp, callID, err)
+	}
+	canon, err := Canonical(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%w: tool call %q: %v", idem.ErrInvalidOp, callID, err)
+	}
+	if tool == "" {
+		return nil, fmt.Errorf("%w: tool call %q names no tool", idem.ErrInvalidOp, callID)
+	}
+	res, err := c.c.Do(ctx, idem.Op{ID: callID, URL: "/tools/" + url.PathEscape(tool), Body: canon,
+		Header: http.Header{"Content-Type": {"application/json"}}})
+	return decodeResult(res, err)
+}
+
+// Resume finishes the tool calls that were journaled but not settled (a
+// crash, a lost answer), re-sending each with its key through a session
+// from CallerConfig.Open.
+func (c *Caller) Resume(ctx context.Context) (idem.ResumeReport, error) {
+	return c.c.Resume(ctx)
+}
+
+// Result is the journaled result of the tool call callID, or an error: the
+// call is not journaled (idem.ErrNotFound), or not settled yet.
+func (c *Caller) Result(ctx context.Context, callID string) (*mcp.CallToolResult, error) {
+	rec, err := c.c.Lookup(ctx, "", callID)
+	if err != nil {
+		return nil, err
+	}
+	if !rec.State.Terminal() || rec.Response == nil {
+		return nil, fmt.Errorf("idem/mcp: tool call %q is %s: not settled", callID, rec.State)
+	}
+	return decodeResult(&idem.Result{StatusCode: rec.Response.StatusCode, Body: rec.Response.Body}, nil)
+}
+
+// decodeResult turns Do's answer back into the tool's.
+func decodeResult(res *idem.Result, err error) (*mcp.CallToolResult, error) {
+	if res == nil {
+		return nil, err
+	}
+	var env envelope
+	if jerr := json.Unmarshal(res.Body, &env); jerr != nil {
+		return nil, errors.Join(err, fmt.Errorf("idem/mcp: the server's answer (HTTP %d) does not parse: %v", res.StatusCode, jerr))
+	}
+	if env.Error != nil {
+		return nil, env.Error
+	}
+	out := new(mcp.CallToolResult)
+	if jerr := json.Unmarshal(env.Result, out); jerr != nil {
+		return nil, fmt.Errorf("idem/mcp: the tool's result does not parse: %v", jerr)
+	}
+	return out, nil
+}
+
+// sessionTransport sends the requests the idem.Client makes as tool calls
+// on an MCP session: POST /tools/{tool} with the canonical arguments and
+// the key becomes tools/call with _meta[MetaKey]; the answer comes back
+// as an HTTP response the client's classifier reads. It never sends HTTP
+// by the request's URL.
+type sessionTransport struct {
+	open func(context.Context) (*mcp.ClientSession, error)
+
+	mu sync.Mutex
+	cs *mcp.ClientSession
+}
+
+func (t *sessionTransport) session(ctx context.Context) (*mcp.ClientSession, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cs != nil {
+		return t.cs, nil
+	}
+	cs, err := t.open(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idem/mcp: opening a session: %w", err)
+	}
+	t.cs = cs
+	return cs, nil
+}
+
+// broken drops cs, so that the next call opens a new session.
+func (t *sessionTransport) broken(cs *mcp.ClientSession) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cs == cs {
+		_ = cs.Close()
+		t.cs = nil
+	}
+}
+
+func (t *sessionTransport) close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cs == nil {
+		return nil
+	}
+	err := t.cs.Close()
+	t.cs = nil
+	return err
+}
+
+func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		defer req.Body.Close()
+	}
+	tool, ok := strings.CutPrefix(req.URL.EscapedPath(), "/tools/")
+	if req.Method != http.MethodPost || !ok {
+		return nil, fmt.Errorf("idem/mcp: %s %s is not a tool call", req.Method, req.URL.Path)
+	}
+	tool, err := url.PathUnescape(tool)
+	if err != nil {
+		return nil, err
+	}
+	key, err := wire.ParseKey(req.Header.Get(wire.KeyHeader))
+	if err != nil {
+		return nil, fmt.Errorf("idem/mcp: a tool call without its key: %w", err)
+	}
+	var args json.RawMessage
+	if req.Body != nil {
+		if args, err = io.ReadAll(req.Body); err != nil {
+			return nil, err
+		}
+	}
+	cs, err := t.session(req.Context())
+	if err != nil {
+		return nil, err // nothing was sent
+	}
+	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.WroteRequest != nil {
+		// From here the call may reach the server: an error is an
+		// unknown outcome, settled by sending it again with its key.
+		trace.WroteRequest(httptrace.WroteRequestInfo{})
+	}
+	res, err := cs.CallTool(req.Context(), &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
+	if we := serverError(err); we != nil {
+		return rpcResponse(req, we), nil
+	}
+	if err != nil {
+		t.broken(cs)
+		return nil, err
+	}
+	rb, err := json.Marshal(res)
+	if err != nil {
+		return nil, fmt.Errorf("idem/mcp: the tool's result does not marshal: %w", err)
+	}
+	b, _ := json.Marshal(envelope{Result: rb})
+	h := http.Header{"Content-Type": {"application/json"}}
+	if replayed, _ := res.Meta[MetaReplayed].(bool); replayed {
+		h.Set(wire.ReplayedHeader, "true")
+	}
+	return response(req, http.StatusOK, h, b), nil
+}
+
+// JSON-RPC codes of go-sdk's own (not the server's): the call did not get
+// through the session, or the session closed under it.
+const (
+	codeRejectedByTransport = -32005
+	codeClientClosing       = -32003
+	codeServerClosing       = -32004
+)
+
+// serverError is err when it is the server's JSON-RPC error response, and
+// nil for a local failure (go-sdk wraps those, some in its own codes).
+func serverError(err error) *jsonrpc.Error {
+	we, ok := err.(*jsonrpc.Error)
+	if !ok || we.Code == codeRejectedByTransport || we.Code == codeClientClosing {
+		return nil
+	}
+	return we
+}
+
+// rpcResponse is a JSON-RPC error as the HTTP answer the client's
+// classifier reads: a Guard's retryable errors as their HTTP kin (409 in
+// progress, 503 store unavailable, 422 key reused); any other as a
+// definitive rejection that carries the error.
+func rpcResponse(req *http.Request, we *jsonrpc.Error) *http.Response {
+	h := http.Header{}
+	var data struct {
+		RetryAfterMs int64 `json:"retryAfterMs"`
+	}
+	_ = json.Unmarshal(we.Data, &data)
+	if data.RetryAfterMs > 0 {
+		h.Set("Retry-After", strconv.FormatInt((data.RetryAfterMs+999)/1000, 10))
+	}
+	problem := func(status int, typ string) *http.Response {
+		h.Set("Content-Type", wire.ProblemContentType)
+		b, _ := json.Marshal(wire.Problem{Type: typ, Status: status, Detail: we.Message})
+		return response(req, status, h, b)
+	}
+	switch we.Code {
+	case CodeInProgress:
+		return problem(http.StatusConflict, wire.ProblemInProgress)
+	case CodeStoreUnavailable, codeServerClosing:
+		return problem(http.StatusServiceUnavailable, wire.ProblemStoreFailed)
+	case CodeKeyReused:
+		return problem(http.StatusUnprocessableEntity, wire.ProblemKeyReused)
+	}
+	b, _ := json.Marshal(envelope{Error: we})
+	h.Set("Content-Type", "application/json")
+	return response(req, http.StatusBadRequest, h, b)
+}
+
+func response(req *http.Request, status int, h http.Header, body []byte) *http.Response {
+	return &http.Response{
+		Status: strconv.Itoa(status) + " " + http.StatusText(status), StatusCode: status,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: h,
+		Body: io.NopCloser(strings.NewReader(string(body))), ContentLength: int64(len(body)), Request: req,
+	}
+}

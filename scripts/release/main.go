@@ -11,8 +11,8 @@
 // an order where a module comes after the idem modules it requires) is
 // copied from the working tree (the files git tracks or would add),
 // its requirements on the modules released with it set to the version
-// and its replace directives to them dropped, tidied against the proxy
-// built so far, and zipped by the module zip rules (golang.org/x/mod/zip:
+// (its replace directives kept: see rewriteGoMod), tidied against the
+// proxy built so far, and zipped by the module zip rules (golang.org/x/mod/zip:
 // nested modules, vendor and VCS directories left out). With -write the
 // go.mod and go.sum so made are written back into the working tree: the
 // commit to tag as VERSION, postgres/VERSION, cmd/idem/VERSION.
@@ -234,8 +234,11 @@ func (r *releaser) nestedIn(dir, file string) bool {
 }
 
 // rewriteGoMod requires the modules released with this one at the
-// version and drops the replace directives that pointed them at the
-// working tree.
+// version. It keeps the replace directives: a module's own are ignored
+// where it is a dependency, and a clone's development needs them (the
+// postgres module's `replace github.com/idemkit/idem => ../`); a module to
+// install with `go install module@version` must have none, as cmd/idem
+// has none (its go.work replaces instead).
 func (r *releaser) rewriteGoMod(file string) (string, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
@@ -258,13 +261,6 @@ func (r *releaser) rewriteGoMod(file string) (string, error) {
 		}
 		if strings.HasPrefix(p, "github.com/idemkit/") {
 			return "", fmt.Errorf("requires %s, which is not released before it: name its directory earlier", p)
-		}
-	}
-	for _, rep := range slices.Clone(f.Replace) {
-		if _, ok := r.released[rep.Old.Path]; ok {
-			if err := f.DropReplace(rep.Old.Path, rep.Old.Version); err != nil {
-				return "", err
-			}
 		}
 	}
 	f.Cleanup()

@@ -68,7 +68,9 @@ func storyApp() error {
 		return err
 	}
 	defer j.Close()
-	c, err := idem.New(idem.Config{Journal: j, Owner: "pod-1", BaseURL: base,
+	// An hour's lease: when the test kills it, only its owner being
+	// gone, never the lease lapsing, lets another take the operation.
+	c, err := idem.New(idem.Config{Journal: j, Owner: "pod-1", BaseURL: base, LeaseDuration: time.Hour,
 		Status: idem.StatusEndpoint(base + "/status"),
 		Retry:  idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}})
 	if err != nil {

@@ -82,6 +82,29 @@ func (s *stateList) Set(v string) error {
 	return nil
 }
 
+// nameFlag is a name that filters, such as --owner or --scope: empty,
+// it would filter nothing and list everything, which an unset shell
+// variable asked for rather than the operator.
+type nameFlag struct {
+	value string
+	what  string // what to give instead, for the message
+}
+
+func (n *nameFlag) String() string {
+	if n == nil {
+		return ""
+	}
+	return n.value
+}
+
+func (n *nameFlag) Set(v string) error {
+	if v == "" {
+		return fmt.Errorf("is empty; name %s, or leave the flag out to list every one", n.what)
+	}
+	n.value = v
+	return nil
+}
+
 // ageFlag is a non-negative duration: a Go duration such as 90m or 36h, or
 // days such as 7d or 1d12h.
 type ageFlag struct {

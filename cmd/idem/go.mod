@@ -23,9 +23,9 @@ require (
 	golang.org/x/text v0.41.0 // indirect
 )
 
-// The command is built from this repository as it is: the root module
-// and the postgres module beside it.
-replace (
-	github.com/idemkit/idem => ../..
-	github.com/idemkit/idem/postgres => ../../postgres
-)
+// No replace directives: `go install github.com/idemkit/idem/cmd/idem@VERSION`
+// refuses a module that has them. In a clone, go.work beside this file
+// builds the command against the root and postgres modules of the same
+// checkout (go mod tidy ignores it: run it as
+// `go mod edit -replace=github.com/idemkit/idem=../.. -replace=github.com/idemkit/idem/postgres=../../postgres && go mod tidy && go mod edit -dropreplace=github.com/idemkit/idem -dropreplace=github.com/idemkit/idem/postgres`).
+// scripts/release sets the two versions above when a version is tagged.

@@ -76,10 +76,16 @@ type result struct {
 // empty), with the test's environment minus IDEM_JOURNAL, plus env.
 func cli(t *testing.T, dir string, env []string, args ...string) result {
 	t.Helper()
+	return runBinary(t, idemBin, dir, env, args...)
+}
+
+// runBinary runs an idem binary, as cli runs the one TestMain built.
+func runBinary(t *testing.T, bin, dir string, env []string, args ...string) result {
+	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	cmd := exec.Command(idemBin, args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.Env = append(childEnv(), env...)
 	var stdout, stderr bytes.Buffer

@@ -37,14 +37,14 @@ expired without sending anything, for an operator to reconcile.`,
 	setup: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		var (
 			states stateList
-			scope  string
-			owner  string
+			scope  = nameFlag{what: "a scope"}
+			owner  = nameFlag{what: "a worker, as 'idem stats' lists them"}
 			older  ageFlag
 			asJSON bool
 		)
 		fs.Var(&states, "state", "only operations in these `STATES`, comma-separated: pending, in_flight, unknown, succeeded, rejected, expired, canceled; may be repeated")
-		fs.StringVar(&scope, "scope", "", "only operations of `SCOPE`")
-		fs.StringVar(&owner, "owner", "", "only operations whose lease `OWNER` holds or last held (a worker, as 'idem stats' lists them)")
+		fs.Var(&scope, "scope", "only operations of `SCOPE`")
+		fs.Var(&owner, "owner", "only operations whose lease `OWNER` holds or last held (a worker, as 'idem stats' lists them)")
 		fs.Var(&older, "older-than", "only operations created more than `D` ago: a Go duration (90m, 36h) or days (7d)")
 		fs.BoolVar(&asJSON, "json", false, "print one JSON object per line")
 		return func(ctx context.Context, e *env, args []string) error {
@@ -52,13 +52,13 @@ expired without sending anything, for an operator to reconcile.`,
 				return err
 			}
 			now := e.now()
-			f := idem.Filter{Scope: scope, States: states}
+			f := idem.Filter{Scope: scope.value, States: states}
 			if older.set {
 				f.CreatedBefore = now.Add(-older.d)
 			}
 			keep := func(idem.Record) bool { return true }
-			if owner != "" {
-				keep = func(rec idem.Record) bool { return rec.Lease.Owner == owner }
+			if owner.value != "" {
+				keep = func(rec idem.Record) bool { return rec.Lease.Owner == owner.value }
 			}
 			return withJournal(ctx, e, reading, func(j *openJournal) error {
 				if asJSON {

@@ -131,3 +131,18 @@ func TestLsEmptyJournal(t *testing.T) {
 	requireOK(t, r)
 	assert.Empty(t, r.stdout)
 }
+
+// An empty --owner or --scope is a mistake (an unset shell variable, as
+// often as not), not a wish to list everything: a usage error, nothing
+// listed.
+func TestLsEmptyOwnerOrScope(t *testing.T) {
+	t.Parallel()
+	path, _ := standardJournal(t)
+	for _, flagName := range []string{"--owner", "--scope"} {
+		for _, args := range [][]string{{"ls", flagName, ""}, {"ls", flagName + "=", "--json"}} {
+			r := idemOn(t, path, args...)
+			requireOneLineError(t, r, exitUsage, "ls: invalid value \"\" for flag -"+strings.TrimPrefix(flagName, "--")+": is empty")
+			assert.Contains(t, r.stderr, "(see 'idem help ls')")
+		}
+	}
+}

@@ -280,6 +280,35 @@ func TestPostgresSettleRefusesALeasedOperation(t *testing.T) {
 	assert.Equal(t, before, pgSnapshot(t, schema))
 }
 
+// A worker that died holding an operation's lease does not block its
+// reconcile until the lease lapses: the journal sees the owner gone, as
+// its Claim does, and lets the operator's write through; the refusal
+// while the owner lives says whom it waits for and until when.
+func TestPostgresReconcileOfAGoneWorkersOperation(t *testing.T) {
+	t.Parallel()
+	schema, j := pgJournal(t)
+	ctx := context.Background()
+	rec := put(t, j, op{id: "pay/invoice-8", path: []idem.State{idem.StateInFlight, idem.StateUnknown}})
+	leave, err := j.Register(ctx, "worker-dead")
+	require.NoError(t, err)
+	leased, err := j.Acquire(ctx, rec.Key, "worker-dead", time.Hour)
+	require.NoError(t, err)
+
+	// Alive: refused, naming the worker and the lease's end.
+	r := idemOnPG(t, schema, "reconcile", rec.Key, "--as", "succeeded", "--note", "matched order 9813")
+	requireOneLineError(t, r, exitError, "being driven by worker-dead until "+leased.Lease.ExpiresAt.UTC().Format(time.RFC3339))
+
+	// Gone, its lease an hour from lapsing: reconciled now.
+	require.NoError(t, leave())
+	r = idemOnPG(t, schema, "reconcile", rec.Key, "--as", "succeeded", "--note", "matched order 9813")
+	requireOK(t, r)
+	assert.Equal(t, "reconciled "+rec.Key+" (default/pay/invoice-8) as succeeded, was unknown\n", r.stdout)
+	got, err := j.Get(ctx, rec.Key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, got.State)
+	assert.Equal(t, "matched order 9813", got.Note)
+}
+
 // Bad input: one line on stderr, exit 1, and nothing created on the
 // server: no schema, no table, no row.
 func TestPostgresBadInput(t *testing.T) {

@@ -20,7 +20,9 @@ be confirmed (unknown or expired, or in_flight left by a crashed process),
 after checking the business records. Nothing is sent. The note says what
 the decision is based on, such as "matched order 9812 in the ERP", and is
 required. A settled operation cannot be reconciled, nor one that a live
-process is driving. The operation is named as for "idem show".`,
+process is driving (the error says which and until when); one whose
+process is gone can be at once, its lease unexpired or not. The operation
+is named as for "idem show".`,
 	setup: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		var as, note string
 		fs.StringVar(&as, "as", "", "the `OUTCOME`: succeeded or rejected (required)")

@@ -122,36 +122,7 @@ func drop(w http.ResponseWriter) {
 // once because its owner is gone, and the status check that settled it.
 func TestShowTellsTheStory(t *testing.T) {
 	t.Parallel()
-	srv := newStoryServer(t)
-	path := filepath.Join(t.TempDir(), "ops.db")
-	app, out := startApp(t, "story", "IDEM_TEST_BASE_URL="+srv.URL, "IDEM_TEST_JOURNAL="+path)
-
-	// The application is in its second status check, which hangs: wait
-	// until the first is journaled, then kill it.
-	exited := make(chan error, 1)
-	go func() { exited <- app.Wait() }()
-	select {
-	case <-srv.check2:
-	case err := <-exited:
-		t.Fatalf("the application exited early (%v):\n%s", err, out)
-	}
-	j, err := idem.OpenSQLite(path, idem.SQLiteMustExist())
-	require.NoError(t, err)
-	var rec idem.Record
-	for {
-		rec, err = j.Lookup(context.Background(), "default", "checkout/cart-42")
-		require.NoError(t, err)
-		hist, err := j.History(context.Background(), rec.Key)
-		require.NoError(t, err)
-		if hist[len(hist)-1].Kind == idem.EventStatus {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	require.NoError(t, j.Close())
-	require.NoError(t, app.Process.Kill())
-	<-exited
-	srv.letGo()
+	srv, path, rec := killedHoldingTheLease(t)
 
 	// What an operator sees now: the operation is unknown, leased by a
 	// process that is gone, and the last error is the status check's.
@@ -216,4 +187,55 @@ func TestShowTellsTheStory(t *testing.T) {
 	for _, k := range srv.keysSeen {
 		assert.Equal(t, rec.Key, k)
 	}
+}
+
+// killedHoldingTheLease runs the story application until its second
+// status check and kills it there: it dies holding the operation's
+// lease, which has not expired, and its owner is gone.
+func killedHoldingTheLease(t *testing.T) (*storyServer, string, idem.Record) {
+	t.Helper()
+	srv := newStoryServer(t)
+	path := filepath.Join(t.TempDir(), "ops.db")
+	app, out := startApp(t, "story", "IDEM_TEST_BASE_URL="+srv.URL, "IDEM_TEST_JOURNAL="+path)
+
+	// The application is in its second status check, which hangs: wait
+	// until the first is journaled, then kill it.
+	exited := make(chan error, 1)
+	go func() { exited <- app.Wait() }()
+	select {
+	case <-srv.check2:
+	case err := <-exited:
+		t.Fatalf("the application exited early (%v):\n%s", err, out)
+	}
+	j, err := idem.OpenSQLite(path, idem.SQLiteMustExist())
+	require.NoError(t, err)
+	var rec idem.Record
+	for {
+		rec, err = j.Lookup(context.Background(), "default", "checkout/cart-42")
+		require.NoError(t, err)
+		hist, err := j.History(context.Background(), rec.Key)
+		require.NoError(t, err)
+		if hist[len(hist)-1].Kind == idem.EventStatus {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.NoError(t, j.Close())
+	require.NoError(t, app.Process.Kill())
+	<-exited
+	srv.letGo()
+	return srv, path, rec
+}
+
+// A reconcile does not wait for the lease of a process that died holding
+// it: the journal sees its owner gone (its lock file is free), as idem
+// resume's claim does.
+func TestReconcileOfAKilledProcessOperation(t *testing.T) {
+	t.Parallel()
+	_, path, rec := killedHoldingTheLease(t)
+	require.True(t, getRecord(t, path, rec.Key).Lease.Held(time.Now()), "the lease has not lapsed")
+	r := idemOn(t, path, "reconcile", rec.Key, "--as", "succeeded", "--note", "order 42 is in the ERP")
+	requireOK(t, r)
+	assert.Equal(t, "reconciled "+rec.Key+" (default/checkout/cart-42) as succeeded, was unknown\n", r.stdout)
+	assert.Equal(t, idem.StateSucceeded, getRecord(t, path, rec.Key).State)
 }

@@ -41,7 +41,7 @@ func CheckNote(note string) error {
 // as the client's Reconcile does, and returns what was done in one line.
 // state and note must have passed ParseOutcome and CheckNote.
 func Reconcile(ctx context.Context, j idem.Journal, rec idem.Record, state idem.State, note string, now time.Time) (string, error) {
-	return settle(ctx, j, rec, now, func(c *idem.Client) error { return c.Reconcile(ctx, rec.Key, state, note) },
+	return settle(ctx, j, rec, func(c *idem.Client) error { return c.Reconcile(ctx, rec.Key, state, note) },
 		fmt.Sprintf("reconciled %s (%s/%s) as %s, was %s", rec.Key, rec.Scope, rec.ID, state, rec.State))
 }
 
@@ -49,27 +49,54 @@ func Reconcile(ctx context.Context, j idem.Journal, rec idem.Record, state idem.
 // sent, as the client's Cancel does, and returns what was done in one
 // line.
 func Cancel(ctx context.Context, j idem.Journal, rec idem.Record, now time.Time) (string, error) {
-	return settle(ctx, j, rec, now, func(c *idem.Client) error { return c.Cancel(ctx, rec.Key) },
+	return settle(ctx, j, rec, func(c *idem.Client) error { return c.Cancel(ctx, rec.Key) },
 		fmt.Sprintf("canceled %s (%s/%s)", rec.Key, rec.Scope, rec.ID))
 }
 
 // settle applies an operator's change to rec through a client, which
 // enforces what may change (the state machine, the version), and returns
 // done when it was applied.
-func settle(ctx context.Context, j idem.Journal, rec idem.Record, now time.Time, change func(*idem.Client) error, done string) (string, error) {
-	// The client's operator calls do not check leases: refuse to change
-	// an operation that a live process is driving.
-	if rec.Lease.Held(now) {
-		return "", fmt.Errorf("operation %s (%s/%s) is %s and being driven by %s until %s; wait for it to stop, then look again",
-			rec.Key, rec.Scope, rec.ID, rec.State, rec.Lease.Owner, rec.Lease.ExpiresAt.UTC().Format(time.RFC3339))
-	}
+//
+// The journal fences the write as it fences a worker's Claim: it refuses
+// it (ErrLeased) while a worker that is not known to be gone holds a live
+// lease, and lets it through when the holder is gone (a PostgreSQL
+// worker's liveness lock, an SQLite client's lock file), its lease
+// unexpired or not. Checking the lease here instead would make an operator
+// wait for a dead worker's lease to lapse.
+func settle(ctx context.Context, j idem.Journal, rec idem.Record, change func(*idem.Client) error, done string) (string, error) {
 	c, err := idem.New(idem.Config{Journal: j})
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
 	if err := change(c); err != nil {
+		if errors.Is(err, idem.ErrLeased) {
+			return "", leased(ctx, j, rec, err)
+		}
 		return "", err
 	}
 	return done, nil
 }
+
+// leased says whom a refused write waits for, and until when, from the
+// record as it is now.
+func leased(ctx context.Context, j idem.Journal, rec idem.Record, err error) error {
+	if now, gerr := j.Get(ctx, rec.Key); gerr == nil {
+		rec = now
+	}
+	if rec.Lease.Owner == "" {
+		return err
+	}
+	return leasedError{fmt.Sprintf("operation %s (%s/%s) is %s and being driven by %s until %s, when its lease lapses "+
+		"unless the worker is seen gone first; wait for it to stop, then look again",
+		rec.Key, rec.Scope, rec.ID, rec.State, rec.Lease.Owner, rec.Lease.ExpiresAt.UTC().Format(time.RFC3339)), err}
+}
+
+// leasedError says it in the operator's words and is still ErrLeased.
+type leasedError struct {
+	msg string
+	err error
+}
+
+func (e leasedError) Error() string { return e.msg }
+func (e leasedError) Unwrap() error { return e.err }

@@ -19,7 +19,7 @@
 // or keep the journal, to look at it afterwards with the operator CLI:
 //
 //	go run ./examples/checkout -journal /tmp/ops.db
-//	go run ./cmd/idem --journal /tmp/ops.db ls
+//	(cd cmd/idem && go run . --journal /tmp/ops.db ls)
 //
 // Start from this program when your code calls an HTTP API that changes
 // something (creates an order, charges a card, books a slot) and a timeout
@@ -176,12 +176,18 @@ func run(ctx context.Context, out io.Writer) error {
 	if n != 2 {
 		return fmt.Errorf("the shop holds %d orders for 2 orders placed", n)
 	}
+	// The CLI is a module of its own (cmd/idem), run from its directory:
+	// the journal is named by its absolute path.
 	if *journalFlag != "" {
-		fmt.Fprintf(out, "\nThe journal is kept in %s; look at it with the operator CLI:\n"+
-			"   go run ./cmd/idem --journal %s ls\n   go run ./cmd/idem --journal %s ui\n", journalPath, journalPath, journalPath)
+		abs, err := filepath.Abs(journalPath)
+		if err != nil {
+			abs = journalPath
+		}
+		fmt.Fprintf(out, "\nThe journal is kept in %s; look at it with the operator CLI, from the repository's root:\n"+
+			"   (cd cmd/idem && go run . --journal %s ls)\n   (cd cmd/idem && go run . --journal %s ui)\n", journalPath, abs, abs)
 	} else {
 		fmt.Fprint(out, "\nThe journal was temporary and is removed now. To keep it, and look at it with the operator CLI:\n"+
-			"   go run ./examples/checkout -journal ops.db\n   go run ./cmd/idem --journal ops.db ls    (or ui, a web view)\n")
+			"   go run ./examples/checkout -journal /tmp/ops.db\n   (cd cmd/idem && go run . --journal /tmp/ops.db ls)    (or ui, a web view)\n")
 	}
 	return nil
 }

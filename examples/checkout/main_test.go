@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,8 +33,8 @@ func TestRun(t *testing.T) {
 	assert.Equal(t, "ord_1", first[1])
 	assert.Contains(t, text, "The shop saw 1 POST /orders and 1 status request")
 	// The journal is gone at the end, and the demo says how to keep it.
-	assert.Contains(t, text, "go run ./examples/checkout -journal ops.db", "the demo names its -journal flag")
-	assert.Contains(t, text, "idem --journal ops.db ls")
+	assert.Contains(t, text, "go run ./examples/checkout -journal /tmp/ops.db", "the demo names its -journal flag")
+	assert.Contains(t, text, "(cd cmd/idem && go run . --journal /tmp/ops.db ls)")
 
 	// 2. The same key and order, from the journal, nothing sent.
 	second := regexp.MustCompile(`(?m)^   → order (ord_\d+), key ([0-9a-f-]{36}), from the journal: POST /orders requests at the shop: (\d+) before, (\d+) after$`).FindStringSubmatch(text)
@@ -78,8 +80,15 @@ func TestRunRefusesAnExistingJournal(t *testing.T) {
 	require.NoError(t, run(ctx, &out), "a new journal file is created and kept")
 	assert.FileExists(t, path)
 	assert.Contains(t, out.String(), "The journal is kept in "+path, "the demo says where its journal is")
-	assert.Contains(t, out.String(), "go run ./cmd/idem --journal "+path+" ui")
-	err := run(ctx, &out)
+	assert.Contains(t, out.String(), "(cd cmd/idem && go run . --journal "+path+" ui)")
+	// The command it prints names a main package where it says: the CLI's
+	// module, from the repository's root.
+	list := exec.Command("go", "list", "-f", "{{.Name}}", ".")
+	list.Dir = filepath.Join("..", "..", "cmd", "idem")
+	name, err := list.CombinedOutput()
+	require.NoError(t, err, "%s", name)
+	assert.Equal(t, "main", strings.TrimSpace(string(name)))
+	err = run(ctx, &out)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "already exists")
 }

@@ -236,3 +236,33 @@ func TestAuthorizeMayPutItsCredentialInTheQuery(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, rec.URL, "s3cret")
 }
+
+// Authorize runs for requests the client sends, and only those: a Do of an
+// operation already settled sends nothing, so it runs no Authorize (which
+// may fetch a token over the network), and the requests it does see carry
+// the operation's journaled key.
+func TestAuthorizeRunsOnlyForRequestsThatAreSent(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	var mu sync.Mutex
+	var keys []string
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), Authorize: func(r *http.Request) error {
+		mu.Lock()
+		defer mu.Unlock()
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		return nil
+	}})
+	ctx := context.Background()
+	op := idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)}
+	first, err := c.Do(ctx, op)
+	require.NoError(t, err)
+	for range 3 {
+		again, err := c.Do(ctx, op)
+		require.NoError(t, err)
+		assert.True(t, again.Journaled, "answered from the journal")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{first.Key}, keys, "one request sent, one Authorize, with the operation's key")
+	assert.Len(t, srv.received(), 1)
+}

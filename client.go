@@ -717,18 +717,6 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rec.Attempts = 1
 	rec.ExpiresAt = now.Add(c.cfg.Retention)
 	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
-	// The first send's request is made, and Authorize run on it, before
-	// the create journals it as attempt 1: a send Authorize stops is no
-	// attempt, and the operation is journaled pending, with none.
-	d := c.newDriver(rec)
-	rd := d.newRound(ctx)
-	if req, err := rd.request(); err == nil {
-		d.first, d.firstReq = rd, req
-		d.authErr = c.preauthorize(req.Request)
-	}
-	if d.authErr != nil {
-		rec.State, rec.Attempts, rec.ExpiresAt = StatePending, 0, time.Time{}
-	}
 	stored, created, err := c.journal.Create(ctx, rec)
 	if err != nil {
 		if !errors.Is(err, ErrFingerprintMismatch) {
@@ -741,10 +729,13 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 		return c.continueExisting(ctx, stored)
 	}
 	c.transition(Record{}, stored, Event{Kind: EventCreate})
-	d.rec, d.lease = stored, stored.Lease
-	// in_flight, attempt 1, journaled: but not sent yet (or pending, if
-	// Authorize failed).
-	d.next, d.journaled, d.maybeApplied = stepSend, d.authErr == nil, false
+	// in_flight, attempt 1, journaled: but not sent yet. Authorize runs on
+	// the send, after the create: before it, the client does not know
+	// whether the operation is journaled already (then nothing is sent,
+	// and no Authorize runs). A send it stops leaves this intent unsent
+	// (unsentIntent), and the next send reuses it.
+	d := c.newDriver(stored)
+	d.next, d.journaled, d.maybeApplied = stepSend, true, false
 	d.callersDeadline = true
 	return d.run(ctx)
 }

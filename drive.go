@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/hashicorp/go-retryablehttp"
-
 	"github.com/idemkit/idem/internal/wire"
 )
 
@@ -35,13 +33,9 @@ type driver struct {
 	// journaled: the next send is already journaled (Do created the
 	// record in_flight, attempt 1).
 	journaled bool
-	// first and firstReq are the next send's round and request when they
-	// were made, and Authorize run, before the send was journaled (Do's
-	// create); authErr is Authorize's failure on the next send, which is
+	// authErr is Config.Authorize's failure on the next send, which is
 	// then no attempt.
-	first    *round
-	firstReq *retryablehttp.Request
-	authErr  *authorizeError
+	authErr *authorizeError
 
 	deadline time.Time // end of this call's budget
 	// callersDeadline: this call drives one operation for its caller (Do,
@@ -196,26 +190,24 @@ func (d *driver) send(ctx context.Context) error {
 	if err := d.waitForServer(ctx, 0); err != nil {
 		return err
 	}
-	rd, req := d.first, d.firstReq
-	d.first, d.firstReq = nil, nil
-	if rd == nil {
-		rd = d.newRound(ctx)
-		var err error
-		if req, err = rd.request(); err != nil {
-			// The request cannot even be built.
-			return d.stop(ctx, err, d.failedDue())
-		}
-		// Authorize first: a send it stops is no attempt, and nothing
-		// of it is journaled.
-		d.authErr = d.c.preauthorize(req.Request)
+	rd := d.newRound(ctx)
+	req, err := rd.request()
+	if err != nil {
+		// The request cannot even be built.
+		return d.stop(ctx, err, d.failedDue())
 	}
-	if d.authErr != nil {
+	// Authorize first: a send it stops is no attempt, and nothing of it
+	// is journaled (Do's first send was journaled by its create: that
+	// intent stays unsent, and the next send reuses it).
+	if d.authErr = d.c.preauthorize(req.Request); d.authErr != nil {
 		return d.unauthorized(ctx)
 	}
 	if !d.journaled {
 		next := d.rec
 		next.State = StateInFlight
-		next.Attempts++
+		if !unsentIntent(d.rec) {
+			next.Attempts++
+		}
 		next.NextAttemptAt = time.Time{}
 		// The server's retention starts when it may first see the key:
 		// now, for a pending operation or one the server said it never saw.
@@ -283,6 +275,11 @@ func (d *driver) unauthorized(ctx context.Context) error {
 		state = StateUnknown
 	}
 	d.cause, d.authErr = d.authErr, nil
+	if d.journaled {
+		// Do's create journaled this send as attempt 1: it stays unsent,
+		// and the next send reuses it (unsentIntent).
+		d.cause = unsentError{d.cause}
+	}
 	return d.leave(ctx, state, d.cause, d.failedDue(), EventStop)
 }
 

@@ -3,6 +3,7 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Errors a client call returns. Match them with errors.Is; an
@@ -69,6 +70,25 @@ type authorizeError struct{ err error }
 
 func (e *authorizeError) Error() string   { return ErrAuthorizeFailed.Error() + ": " + e.err.Error() }
 func (e *authorizeError) Unwrap() []error { return []error{ErrAuthorizeFailed, e.err} }
+
+// unsentIntent reports a record left pending because Authorize stopped the
+// first send of Do, whose create had journaled it in_flight as attempt 1:
+// that attempt was never sent, and the next send reuses it rather than
+// count another. (Any later send runs Authorize before it is journaled.)
+func unsentIntent(rec Record) bool {
+	return rec.State == StatePending && rec.Attempts > 0 && strings.HasPrefix(rec.LastError, unsentNote)
+}
+
+// unsentNote starts the LastError of an unsentIntent record.
+const unsentNote = "journaled attempt not sent: "
+
+// unsentError is Authorize's failure on the send of an attempt already
+// journaled; its text, kept as LastError, marks the record's last attempt
+// as unsent.
+type unsentError struct{ err error }
+
+func (e unsentError) Error() string { return unsentNote + e.err.Error() }
+func (e unsentError) Unwrap() error { return e.err }
 
 // OperationError reports an operation that is not settled as succeeded: it
 // says what the journal holds, the operation's key and state, and why.
@@ -168,6 +188,9 @@ func (e *OperationError) Unwrap() []error {
 // rejected record's answer is its Body.
 func opError(rec Record, cause error) *OperationError {
 	e := &OperationError{Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State, Attempts: rec.Attempts, Err: cause}
+	if unsentIntent(rec) {
+		e.Attempts--
+	}
 	if rec.Response != nil {
 		e.StatusCode = rec.Response.StatusCode
 		if rec.State == StateRejected {

@@ -264,11 +264,13 @@ func TestHooksTellTheCallThatExpiredAnOperation(t *testing.T) {
 	policy.MaxStatusChecks = 1
 	var log hookLog
 	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.URL + "/status"),
-		Retry: policy, Retention: 50 * time.Millisecond, Hooks: log.hooks()})
+		Retry: policy, Retention: time.Second, Hooks: log.hooks()})
 	op := idem.Op{ID: "op", URL: "/orders"}
 	_, err := c.Do(t.Context(), op)
+	// A retention of a second, not a few milliseconds: on a loaded
+	// machine the first call could outlive a shorter one.
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	time.Sleep(100 * time.Millisecond) // past the server's retention
+	time.Sleep(1100 * time.Millisecond) // past the server's retention
 	_, err = c.Do(t.Context(), op)
 	require.ErrorIs(t, err, idem.ErrNeedsReconciliation)
 	_, err = c.Do(t.Context(), op)

@@ -57,10 +57,13 @@ type Config struct {
 	// which operation (scope, ID, key) the request is for, so it can choose
 	// credentials per tenant.
 	//
-	// It runs before an attempt is journaled (the first, a retry, a
-	// status check's replay, a Resume's send) and on a redirect the
-	// attempt follows. When it returns an error the request is not sent,
-	// and that is no attempt: nothing is journaled for it, and the call
+	// It runs for each request the client sends, and no other: before a
+	// retry, a status check's replay or a Resume's send is journaled,
+	// right after Do journals a new operation with its first attempt, and
+	// on a redirect an attempt follows. When it returns an error the
+	// request is not sent, and that is no attempt: nothing is journaled for
+	// it (the first attempt Do journaled is reused by the next send), and
+	// the call
 	// stops at once with an error matching ErrAuthorizeFailed and
 	// Authorize's own error, the operation staying pending (unknown if an
 	// earlier attempt may have reached the server). Nothing tries it again

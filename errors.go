@@ -56,8 +56,9 @@ var (
 	ErrClientClosed = errors.New("idem: client is closed")
 	// ErrAuthorizeFailed: Config.Authorize returned an error, so the
 	// request was not sent; the error wraps Authorize's own too. It is no
-	// attempt (Authorize runs before an attempt is journaled, whether the
-	// first, a retry, a status check's replay or a Resume's send), and the
+	// attempt (Authorize runs before an attempt is journaled, or, for Do's
+	// first, before the attempt its create journaled is sent, which the
+	// next send then reuses), and the
 	// call stops at once rather than fail the same way again: it is the
 	// cause of an ErrNotSent (the operation stays pending) or, when an
 	// earlier attempt may have reached the server, of an ErrOutcomeUnknown. The next Do of the operation, or a Resume once it

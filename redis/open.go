@@ -72,5 +72,19 @@ func Open(ctx context.Context, client goredis.UniversalClient, opts ...Option) (
 		level = slog.LevelWarn
 	}
 	o.logger.LogAttrs(ctx, level, "idem redis store: "+d.Cost(), slog.String("prefix", o.prefix))
-	return &Store{client: client, prefix: o.prefix, clock: o.clock, durable: d, wait: o.wait}, nil
+	var scripts goredis.Scripter = client
+	if o.autoPipeline {
+		ap, ok := client.(interface {
+			AutoPipeline() (*goredis.AutoPipeliner, error)
+		})
+		if !ok {
+			return nil, fmt.Errorf("redis: Open: AutoPipeline needs a *goredis.Client or *goredis.ClusterClient, not a %T", client)
+		}
+		p, err := ap.AutoPipeline()
+		if err != nil {
+			return nil, fmt.Errorf("redis: Open: AutoPipeline: %w", err)
+		}
+		scripts = p
+	}
+	return &Store{client: client, scripts: scripts, prefix: o.prefix, clock: o.clock, durable: d, wait: o.wait}, nil
 }

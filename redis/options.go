@@ -38,6 +38,7 @@ type options struct {
 	logger         *slog.Logger
 	requireDurable bool
 	allowEviction  bool
+	autoPipeline   bool
 	wait           waitReplicas
 }
 
@@ -82,6 +83,17 @@ func AllowEviction() Option { return func(o *options) { o.allowEviction = true }
 func WaitReplicas(n int, timeout time.Duration) Option {
 	return func(o *options) { o.wait = waitReplicas{replicas: n, timeout: timeout} }
 }
+
+// AutoPipeline sends the store's scripts through the client's
+// autopipeliner (go-redis's Client.AutoPipeline, which the client owns and
+// closes): the scripts of concurrent requests go to Redis in one write
+// and their replies come back in one read, instead of a write and a read
+// each. Under concurrency that is most of the CPU the store costs, in the
+// application and in Redis's one thread (see BENCHMARKS.md); a lone
+// request waits a little longer, for the hand-off to the pipeliner's
+// goroutine. Open refuses it with a client that has no autopipeliner.
+// go-redis marks the autopipeliner experimental.
+func AutoPipeline() Option { return func(o *options) { o.autoPipeline = true } }
 
 func (o *options) check() error {
 	switch {

@@ -30,7 +30,10 @@ import (
 // package documentation says what a crash of Redis can cost, and how to
 // make completions durable.
 type Store struct {
-	client  goredis.UniversalClient
+	client goredis.UniversalClient
+	// scripts runs the operations' scripts: the client, or its
+	// autopipeliner (AutoPipeline).
+	scripts goredis.Scripter
 	prefix  string
 	clock   Clock
 	closed  atomic.Bool
@@ -95,7 +98,7 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 		}
 		args = append(args, now, stale, expires)
 	}
-	reply, err := claimScript.Run(ctx, s.client, []string{Key(s.prefix, req.Scope, req.Key)}, args...).Slice()
+	reply, err := claimScript.Run(ctx, s.scripts, []string{Key(s.prefix, req.Scope, req.Key)}, args...).Slice()
 	if err != nil {
 		return server.ClaimResult{}, s.fail(ctx, "claim", err)
 	}
@@ -145,7 +148,7 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 	if s.wait.replicas > 0 {
 		reply, err = s.completeAndWait(ctx, key, args)
 	} else {
-		reply, err = completeScript.Run(ctx, s.client, key, args...).Text()
+		reply, err = completeScript.Run(ctx, s.scripts, key, args...).Text()
 	}
 	if err != nil {
 		return s.fail(ctx, "complete", err)
@@ -179,7 +182,7 @@ func (s *Store) fenced(ctx context.Context, op string, script *goredis.Script, s
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	reply, err := script.Run(ctx, s.client, []string{Key(s.prefix, scope, key)}, args...).Text()
+	reply, err := script.Run(ctx, s.scripts, []string{Key(s.prefix, scope, key)}, args...).Text()
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}
@@ -201,7 +204,7 @@ func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (serv
 			return server.Entry{}, badTime("get", err)
 		}
 	}
-	reply, err := getScript.Run(ctx, s.client, []string{Key(s.prefix, scope, key)}, string(s.clock), at).Slice()
+	reply, err := getScript.Run(ctx, s.scripts, []string{Key(s.prefix, scope, key)}, string(s.clock), at).Slice()
 	if err != nil {
 		return server.Entry{}, s.fail(ctx, "get", err)
 	}

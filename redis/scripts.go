@@ -124,7 +124,14 @@ var completeScript = goredis.NewScript(prelude + `
 local token, nonce = ARGV[2], ARGV[3]
 local e = redis.call('HMGET', key, 's', 't', 'l', 'n')
 if e[2] ~= token then return 'lost' end
-if e[1] == '2' and e[4] == nonce then return 'ok' end
+if e[1] == '2' then
+  if e[4] == nonce then return 'ok' end
+  -- The same completion sent again by the middleware, after the reply to
+  -- the first was lost: it changes nothing and succeeds.
+  local r = redis.call('HMGET', key, 'rs', 'rh', 'rb')
+  if r[1] == ARGV[6] and r[2] == ARGV[7] and r[3] == ARGV[8] then return 'ok' end
+  return 'lost'
+end
 if e[1] ~= '1' then return 'lost' end
 local now, expires
 if ARGV[1] == 'S' then

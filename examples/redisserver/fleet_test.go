@@ -210,6 +210,7 @@ type handlerRun struct {
 	pid   int
 	line  int
 	done  bool
+	code  int
 	order string
 }
 
@@ -234,6 +235,7 @@ func readRuns(path string) (map[tenantKey][]*handlerRun, int, error) {
 			runs[k] = append(runs[k], &handlerRun{pid: pid, line: i})
 		case len(f) == 6 && f[0] == "done":
 			pid, _ := strconv.Atoi(f[3])
+			code, _ := strconv.Atoi(f[4])
 			rs := runs[tenantKey{f[1], f[2]}]
 			j := len(rs) - 1
 			for j >= 0 && (rs[j].pid != pid || rs[j].done) {
@@ -242,7 +244,7 @@ func readRuns(path string) (map[tenantKey][]*handlerRun, int, error) {
 			if j < 0 {
 				return nil, 0, fmt.Errorf("exec log line %d: done without its run: %q", i+1, line)
 			}
-			rs[j].done, rs[j].order = true, f[5]
+			rs[j].done, rs[j].code, rs[j].order = true, code, f[5]
 		default:
 			return nil, 0, fmt.Errorf("exec log line %d: %q", i+1, line)
 		}
@@ -318,15 +320,18 @@ func sendUntilCreated(ctx context.Context, client *http.Client, replicas []*repl
 // committed. IDEM_REDIS_FLEET_KEYS sets the number of keys (60).
 func TestFleetOfReplicasRunsEachKeyOnce(t *testing.T) {
 	const (
-		heldPer     = 2
-		killAmid    = 5
-		lockTimeout = 3 * time.Second
+		heldPer  = 2
+		killAmid = 5
 	)
-	total := fleetKeys
+	total, lockTimeout := fleetKeys, 3*time.Second
 	if v := os.Getenv(fleetKeysEnv); v != "" {
 		var err error
 		total, err = strconv.Atoi(v)
 		require.NoError(t, err, "%s must be a number of keys", fleetKeysEnv)
+		// Thousands of senders at once on two cores delay the lock's
+		// renewals: a longer timeout keeps take-overs to the killed
+		// replica's keys.
+		lockTimeout = 10 * time.Second
 	}
 	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
 	defer c.Close()
@@ -386,7 +391,7 @@ func TestFleetOfReplicasRunsEachKeyOnce(t *testing.T) {
 	for _, k := range held {
 		startedInVictim[k] = make(chan struct{})
 	}
-	allHeld, watchErr := make(chan struct{}), make(chan error, 1)
+	watchErr := make(chan error, 1)
 	go func() {
 		watchErr <- func() error {
 			for {
@@ -416,7 +421,6 @@ func TestFleetOfReplicasRunsEachKeyOnce(t *testing.T) {
 					}
 				}
 				if committed == len(held) && (others >= killAmid || othersStarted == len(keys)-len(held)) {
-					close(allHeld)
 					return nil
 				}
 				select {
@@ -465,25 +469,21 @@ func TestFleetOfReplicasRunsEachKeyOnce(t *testing.T) {
 		}
 	}
 
-	var killedAt time.Time
-	select {
-	case <-allHeld:
-		// The marker goes in before the kill: a run after it may be after
-		// the kill, a run before it certainly is not.
-		f, err := os.OpenFile(execPath, os.O_WRONLY|os.O_APPEND, 0)
-		require.NoError(t, err)
-		_, err = fmt.Fprintf(f, "kill %d\n", killed)
-		require.NoError(t, err)
-		require.NoError(t, f.Close())
-		killedAt = time.Now()
-		victim.kill()
-	case err := <-watchErr:
+	// The watcher returns once replica 1 holds its keys, or fails.
+	if err := <-watchErr; err != nil {
 		cancel()
 		wg.Wait()
 		require.NoError(t, err)
-		require.FailNow(t, "the watcher ended before replica 1 held its keys")
 	}
-	require.NoError(t, <-watchErr)
+	// The marker goes in before the kill: a run after it may be after the
+	// kill, a run before it certainly is not.
+	f, err := os.OpenFile(execPath, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = fmt.Fprintf(f, "kill %d\n", killed)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	killedAt := time.Now()
+	victim.kill()
 	wg.Wait()
 	finished := time.Now()
 	require.Empty(t, sendErrs, "every sender gets a 201")
@@ -527,43 +527,67 @@ func TestFleetOfReplicasRunsEachKeyOnce(t *testing.T) {
 		}
 	}
 
-	// One run per key, but for a run the kill interrupted.
+	// One run per key, but for a run the kill interrupted, and for runs
+	// that failed (the handler answered 5xx, its transaction rolled back:
+	// the middleware stores no 5xx, and the key runs again). Under heavy
+	// load a run fails when its replica could not renew the key's lock in
+	// time: the middleware cancels the handler's context before the lock
+	// lapses and another replica may take the key over.
 	runs, killLine, err := readRuns(execPath)
 	require.NoError(t, err)
-	handlerRuns, reruns := 0, 0
+	handlerRuns, reruns, failed := 0, 0, 0
 	for _, k := range keys {
 		rs := runs[k]
 		handlerRuns += len(rs)
-		switch {
-		case len(rs) == 0:
+		if len(rs) == 0 {
 			assert.Fail(t, "a key never ran", "%s", k)
-		case len(rs) == 2:
+			continue
+		}
+		// The runs that may have had an effect: those that answered 201,
+		// and those the kill interrupted.
+		var effective []*handlerRun
+		for _, r := range rs {
+			switch {
+			case !r.done:
+				assert.Equal(t, killed, r.pid, "%s: a run that never returned was in the killed replica", k)
+				effective = append(effective, r)
+			case r.code == http.StatusCreated:
+				assert.Equal(t, orderOf[k], r.order, "a run of %s answered the key's one order", k)
+				effective = append(effective, r)
+			default:
+				failed++
+				assert.Equal(t, "-", r.order, "%s: a run that failed (%d) answered no order", k, r.code)
+			}
+		}
+		switch {
+		case len(effective) == 2:
 			reruns++
-			first, second := rs[0], rs[1]
+			first, second := effective[0], effective[1]
 			assert.True(t, first.pid == killed && second.pid != killed && second.line > killLine,
 				"%s ran twice: only a run in flight in the killed replica runs again, in a survivor, after the kill", k)
 			if first.done {
 				assert.Equal(t, first.order, second.order, "the second run of %s found the killed run's order", k)
 			}
-		case len(rs) > 2:
-			assert.Fail(t, "a key ran more than twice", "%s ran %d times", k, len(rs))
-		}
-		for _, r := range rs {
-			if r.done {
-				assert.Equal(t, orderOf[k], r.order, "a run of %s answered the key's one order", k)
-			}
+		case len(effective) > 2:
+			assert.Fail(t, "a key ran more than twice", "%s ran %d times (pids %v)", k, len(effective), pids(effective))
 		}
 	}
 	// The kill landed mid-request: every held key's order was committed in
 	// replica 1, which died before storing its response.
 	for _, k := range held {
-		rs := runs[k]
-		if assert.Len(t, rs, 2, "%s ran in replica 1 and again in a survivor", k) {
-			assert.True(t, rs[0].pid == killed && rs[0].done, "%s's order was committed in replica 1", k)
-		}
+		assert.True(t, slices.ContainsFunc(runs[k], func(r *handlerRun) bool { return r.pid == killed && r.done && r.code == http.StatusCreated }),
+			"%s's order was committed in replica 1", k)
 	}
 	t.Logf("%d keys (%d tenants, %d held in replica 1), 3 senders each: %d requests, %d 201 (%d replayed), %d 409, %d 5xx, %d connection errors",
 		len(keys), len(tenants), len(held), n.requests.Load(), n.created.Load(), n.replayed.Load(), n.conflicts.Load(), n.unavailable.Load(), n.connErrors.Load())
-	t.Logf("handler runs: %d for %d keys; %d ran again after the kill; orders: %d; %.2f s from the first request to the last 201, %.2f s after the kill (lock timeout %s)",
-		handlerRuns, len(keys), reruns, len(count), finished.Sub(began).Seconds(), finished.Sub(killedAt).Seconds(), lockTimeout)
+	t.Logf("handler runs: %d for %d keys; %d failed (5xx, rolled back); %d keys ran again after the kill; orders: %d; %.2f s from the first request to the last 201, %.2f s after the kill (lock timeout %s)",
+		handlerRuns, len(keys), failed, reruns, len(count), finished.Sub(began).Seconds(), finished.Sub(killedAt).Seconds(), lockTimeout)
+}
+
+func pids(runs []*handlerRun) []int {
+	p := make([]int, len(runs))
+	for i, r := range runs {
+		p[i] = r.pid
+	}
+	return p
 }

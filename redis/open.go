@@ -40,7 +40,7 @@ func Open(ctx context.Context, client goredis.UniversalClient, opts ...Option) (
 	if client == nil {
 		return nil, errors.New("redis: Open needs a client; build one with goredis.NewClient, NewClusterClient or NewUniversalClient")
 	}
-	o := options{prefix: "idem:", clock: ServerClock, logger: slog.Default()}
+	o := options{prefix: "idem:", clock: ServerClock, logger: slog.Default(), policyEvery: DefaultPolicyCheck}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -86,5 +86,12 @@ func Open(ctx context.Context, client goredis.UniversalClient, opts ...Option) (
 		}
 		scripts = p
 	}
-	return &Store{client: client, scripts: scripts, prefix: o.prefix, clock: o.clock, durable: d, wait: o.wait}, nil
+	s := &Store{client: client, scripts: scripts, prefix: o.prefix, clock: o.clock, durable: d, wait: o.wait, logger: o.logger}
+	s.policy.allow = o.allowEviction
+	s.notePolicyQuietly(d)
+	if o.policyEvery > 0 {
+		s.policy.kick, s.policy.stop, s.policy.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		go s.watchPolicy(o.policyEvery)
+	}
+	return s, nil
 }

@@ -39,6 +39,7 @@ type options struct {
 	requireDurable bool
 	allowEviction  bool
 	autoPipeline   bool
+	policyEvery    time.Duration
 	wait           waitReplicas
 }
 
@@ -94,6 +95,15 @@ func WaitReplicas(n int, timeout time.Duration) Option {
 // goroutine. Open refuses it with a client that has no autopipeliner.
 // go-redis marks the autopipeliner experimental.
 func AutoPipeline() Option { return func(o *options) { o.autoPipeline = true } }
+
+// PolicyCheckEvery sets how often the store asks Redis again for its
+// maxmemory-policy (DefaultPolicyCheck, a minute; and at once when Redis
+// refuses a write for lack of memory). A policy that evicts, set after
+// Open, is logged at level Error and refused as Open refuses it: new keys
+// are refused (the middleware answers 503; keys already stored are still
+// replayed) until the policy is noeviction again, unless AllowEviction.
+// Zero or less turns the checks off.
+func PolicyCheckEvery(d time.Duration) Option { return func(o *options) { o.policyEvery = d } }
 
 func (o *options) check() error {
 	switch {

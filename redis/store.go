@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +41,19 @@ type Store struct {
 	closed  atomic.Bool
 	durable Durability
 	wait    waitReplicas
+	logger  *slog.Logger
+	policy  policyWatch
+}
+
+// policyWatch is the goroutine that asks Redis again for its
+// maxmemory-policy (policy.go), and what it learnt.
+type policyWatch struct {
+	allow    bool // AllowEviction
+	evicting atomic.Pointer[string]
+	kick     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
 }
 
 var _ server.Store = (*Store)(nil)
@@ -66,10 +81,17 @@ func (s *Store) Prefix() string { return s.prefix }
 func (s *Store) Durability() Durability { return s.durable }
 
 // Close makes later calls fail with server.ErrStoreClosed; calls in
-// progress finish. The store runs no goroutine and the client belongs to
-// the application, which closes it.
+// progress finish. It stops the goroutine that checks the server's
+// maxmemory-policy; the client belongs to the application, which closes
+// it.
 func (s *Store) Close() error {
 	s.closed.Store(true)
+	s.policy.once.Do(func() {
+		if s.policy.stop != nil {
+			close(s.policy.stop)
+			<-s.policy.done
+		}
+	})
 	return nil
 }
 
@@ -77,6 +99,15 @@ func (s *Store) Close() error {
 func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.ClaimResult, error) {
 	if err := s.enter(ctx); err != nil {
 		return server.ClaimResult{}, err
+	}
+	if refused := s.refusesClaims(); refused != nil {
+		// An entry that exists is answered (replayed, or in progress);
+		// only a new key, whose entry the policy could drop, is refused.
+		e, err := s.Get(ctx, req.Scope, req.Key, req.Now)
+		if errors.Is(err, server.ErrNotFound) {
+			return server.ClaimResult{}, refused
+		}
+		return server.ClaimResult{Entry: e}, err
 	}
 	args := []any{string(s.clock), req.Fingerprint, req.Method, req.Path, nonce()}
 	if s.clock == ServerClock {

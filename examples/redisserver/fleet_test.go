@@ -373,7 +373,9 @@ func TestFleetOfReplicasRunsEachKeyOnce(t *testing.T) {
 	replicas := []*replica{
 		startReplica(t, "replica-0", args, env),
 		startReplica(t, "replica-1", args, env, replicaHeldEnv+"="+strings.Join(heldNames, ",")),
-		startReplica(t, "replica-2", args, env),
+		// One replica sends its scripts through the autopipeliner: the
+		// fleet may mix both.
+		startReplica(t, "replica-2", append(slices.Clone(args), "-autopipeline"), env),
 	}
 	victim := replicas[1]
 	killed := victim.pid()

@@ -609,25 +609,24 @@ func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
 		}
 	}
 
-	var killedAt time.Time
-	select {
-	case <-allHeld:
-		// The marker goes in before the kill: a run after it may be after
-		// the kill, a run before it certainly is not.
-		f, err := os.OpenFile(execPath, os.O_WRONLY|os.O_APPEND, 0)
-		require.NoError(t, err)
-		_, err = fmt.Fprintf(f, "kill %d\n", killed)
-		require.NoError(t, err)
-		require.NoError(t, f.Close())
-		killedAt = time.Now()
-		victim.kill()
-	case err := <-watchErr:
+	// The watcher returns nil once replica 1 holds its keys (having closed
+	// allHeld), or an error. Waiting on its result alone: a select on both
+	// would pick either when both are ready, and fail the test on a nil.
+	if err := <-watchErr; err != nil {
 		cancel()
 		wg.Wait()
 		require.NoError(t, err)
-		require.FailNow(t, "the watcher ended before replica 1 held its keys")
 	}
-	require.NoError(t, <-watchErr)
+	<-allHeld
+	// The marker goes in before the kill: a run after it may be after the
+	// kill, a run before it certainly is not.
+	f, err := os.OpenFile(execPath, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = fmt.Fprintf(f, "kill %d\n", killed)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	killedAt := time.Now()
+	victim.kill()
 	wg.Wait()
 	finished := time.Now()
 	require.Empty(t, sendErrs, "every sender gets a 201")

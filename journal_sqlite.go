@@ -830,9 +830,6 @@ func (j *SQLiteJournal) Prune(ctx context.Context, before time.Time) (int, error
 			if _, err := tx.Exec(`DELETE FROM events WHERE op IN (`+marks+`)`, ids...); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(`DELETE FROM responses WHERE op IN (`+marks+`)`, ids...); err != nil {
-				return err
-			}
 			if _, err := tx.Exec(`DELETE FROM operations WHERE id IN (`+marks+`)`, ids...); err != nil {
 				return err
 			}

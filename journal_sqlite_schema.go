@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkit/idem/internal/sqlitefile"
+	"github.com/idemkit/idem/journal"
 	"github.com/idemkit/idem/internal/wire"
 )
 
@@ -105,7 +106,12 @@ var journalSchema = []string{
 	// frame fewer per operation (the responses table's leaf, written by
 	// every settle), measured in BENCHMARKS.md ("Fourth speed session").
 	// The row now grows when it settles; with one caller the row settled
-	// is on the table's last page, which is still being filled.
+	// is on the table's last page, which is still being filled. From this
+	// version on, a record's creation event is also not written by Create
+	// but derived from the record while it is at its first version, and
+	// written by the write that moves it past (storeRecordIf): one leaf
+	// fewer in the intent's commit. A build of an earlier schema, which
+	// would read such a record without its creation event, refuses the file.
 	`ALTER TABLE operations ADD COLUMN resp_status INTEGER;
 	ALTER TABLE operations ADD COLUMN resp_header BLOB;
 	ALTER TABLE operations ADD COLUMN resp_body BLOB;
@@ -287,6 +293,13 @@ func (d *dict) storeRecordIf(tx *sqlitefile.Tx, id int64, old, next Record, cond
 			return false, err
 		}
 	}
+	if old.Version == 1 {
+		// The row leaves its first version: write the creation event Create
+		// left to be derived. A row created before schema 4 has it already.
+		if err := d.insertEventIf(tx, id, journal.CreationEvent(old), true); err != nil {
+			return false, err
+		}
+	}
 	return true, nil
 }
 
@@ -300,6 +313,12 @@ func sameResponse(a, b *Response) bool {
 
 // insertEvent appends ev to the history of the row id.
 func (d *dict) insertEvent(tx *sqlitefile.Tx, id int64, ev Event) error {
+	return d.insertEventIf(tx, id, ev, false)
+}
+
+// insertEventIf is insertEvent that, when absent is set, writes nothing if
+// the row has an event of ev's version already.
+func (d *dict) insertEventIf(tx *sqlitefile.Tx, id int64, ev Event, absent bool) error {
 	owner, err := d.intern(tx, []byte(ev.Owner))
 	if err != nil {
 		return err
@@ -311,7 +330,11 @@ func (d *dict) insertEvent(tx *sqlitefile.Tx, id int64, ev Event) error {
 	if ev.StatusCode != 0 {
 		status = ev.StatusCode
 	}
-	_, err = tx.Exec(`INSERT INTO events (op, version, at, from_state, to_state, attempt, status, error, owner,
+	verb := `INSERT`
+	if absent {
+		verb = `INSERT OR IGNORE`
+	}
+	_, err = tx.Exec(verb+` INTO events (op, version, at, from_state, to_state, attempt, status, error, owner,
 		why) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		id, ev.Version, wire.Millis(ev.At), from, ev.To, ev.Attempt, status, nullString(ev.Error), owner, packWhy(ev))
 	return err

@@ -10,8 +10,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkit/idem/internal/sqlitefile"
-	"github.com/idemkit/idem/journal"
 	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/journal"
 )
 
 // journalAppID marks a file as an idem journal ("idmj").

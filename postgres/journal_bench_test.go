@@ -308,6 +308,8 @@ var benchBody = bytes.Repeat([]byte("x"), 200)
 // serving the configuration's pool, read from /proc (see benchPool). The
 // server's background processes (WAL writer, checkpointer) are not counted:
 // with synchronous_commit on, a backend flushes its own commit's WAL.
+// wal-B/op is the WAL the server wrote per operation (see readWAL): the
+// configuration's own only on a server nobody else writes to.
 //
 //	go test -run '^$' -bench 'BenchmarkDo$' -benchtime 2s .
 func BenchmarkDo(b *testing.B) {
@@ -519,6 +521,10 @@ func benchDo(b *testing.B, o opened, callers int) {
 		wg     sync.WaitGroup
 		failed atomic.Value
 	)
+	var wal0 walLSN
+	if o.pids != nil {
+		wal0 = readWAL(b)
+	}
 	b.ResetTimer()
 	pg0 := benchcpu.Processes(pids())
 	cpu0, cpuOK := benchcpu.Process()
@@ -555,7 +561,27 @@ func benchDo(b *testing.B, o opened, callers int) {
 	}
 	if o.pids != nil {
 		b.ReportMetric(float64(backendCPU(pg0, pg1))/float64(time.Microsecond)/float64(b.N), "pg-cpu-µs/op")
+		b.ReportMetric(float64(readWAL(b)-wal0)/float64(b.N), "wal-B/op")
 	}
+}
+
+// walLSN is the server's WAL insert position: the WAL written by the
+// whole server, every database and session of it, so that the bytes per
+// operation are the configuration's own only on a server nobody else
+// writes to (point IDEM_TEST_POSTGRES at one: BENCHMARKS.md, "Fourth speed
+// session"). pg_stat_wal would also count records and full-page images,
+// but backends report to it up to a second late.
+type walLSN int64
+
+func readWAL(b *testing.B) walLSN {
+	b.Helper()
+	var w int64
+	err := pgtest.Pool(b).QueryRow(context.Background(),
+		`SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`).Scan(&w)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return walLSN(w)
 }
 
 // The fleet: worker processes resuming operations enqueued in one journal.

@@ -264,8 +264,8 @@ func TestFleetOfWorkerProcessesUnderFaults(t *testing.T) {
 // fleetFigures is what one run of a fleet test counted.
 type fleetFigures struct {
 	operations, answers, duplicates, lost, liveTakeOvers, lapsedTakeOvers, disagreements int
-	answerKinds                                                       map[string]int
-	faults                                                            map[string]int
+	answerKinds                                                                          map[string]int
+	faults                                                                               map[string]int
 }
 
 func (f *fleetFigures) add(o fleetFigures) {

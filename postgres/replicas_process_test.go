@@ -555,7 +555,7 @@ func TestReplicaProcessesRunEachKeyOnceUnderFaults(t *testing.T) {
 // replicaFigures is what one run of the replicas test counted.
 type replicaFigures struct {
 	keys, requests, runs, afterKill, afterTold, duplicates, lost, breaches int
-	faults                                                             map[string]int
+	faults                                                                 map[string]int
 }
 
 func (f *replicaFigures) add(o replicaFigures) {

@@ -623,6 +623,28 @@ func (c *Client) adopt(key string, l Lease) bool {
 	return true
 }
 
+// adoptLease is adopt for Resume (adoptOwn): any lease in this client's
+// name that no call of it holds, whether a call left it or a claim whose
+// answer was lost.
+func (c *Client) adoptLease(key string, l Lease) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, held := c.held[key]; held || l.Owner != c.owner {
+		return false
+	}
+	delete(c.left, key)
+	c.held[key] = l
+	return true
+}
+
+// holds reports whether a call of this client holds the operation key.
+func (c *Client) holds(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, held := c.held[key]
+	return held
+}
+
 func (c *Client) unhold(key string) {
 	c.mu.Lock()
 	delete(c.held, key)

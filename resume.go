@@ -219,6 +219,12 @@ func (r *resumer) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if len(s.own) > 0 {
+			r.adoptOwn(ctx, s.own)
+			if s, err = r.look(ctx); err != nil {
+				return err
+			}
+		}
 		r.mu.Lock()
 		r.survey = s
 		r.mu.Unlock()
@@ -490,6 +496,35 @@ func (r *resumer) drive(ctx context.Context, rec Record) {
 	r.finish(rec.Key, f.res, f.err)
 }
 
+// adoptOwn drives operations leased to this client that no call of it
+// holds: a claim whose answer was lost (committed, and not read back: the
+// journal cannot say what it took), or a driver that stopped on a journal
+// error, leaves them so. Nobody else takes them before their leases lapse,
+// and no claim returns them: left alone, they would wait a whole lease for
+// another worker. One that a call of this client takes up meanwhile (the
+// flight) is left to that call, lease and all.
+func (r *resumer) adoptOwn(ctx context.Context, recs []Record) {
+	c := r.c
+	for _, rec := range recs {
+		if ctx.Err() != nil {
+			return
+		}
+		op := scopeID{rec.Scope, rec.ID}
+		f, leader := c.startFlight(op, "")
+		if !leader {
+			continue
+		}
+		if !c.adoptLease(rec.Key, rec.Lease) {
+			c.endFlight(op, f)
+			continue
+		}
+		f.res, f.err = c.observe(ctx, c.resumeCall(ctx, rec), c.newDriver(rec).run)
+		c.unhold(rec.Key)
+		c.endFlight(op, f)
+		r.finish(rec.Key, f.res, f.err)
+	}
+}
+
 // survey is what a pass left alone in Resume's scope, and why.
 type survey struct {
 	leased, notDue int
@@ -498,6 +533,9 @@ type survey struct {
 	// unsettled counts every active operation in scope: left alone, left
 	// unsettled by this call, or due now.
 	unsettled int
+	// own are leased to this client and held by no call of it: see
+	// adoptOwn.
+	own []Record
 }
 
 // look counts the active operations in scope that this call did not
@@ -510,6 +548,8 @@ func (r *resumer) look(ctx context.Context) (survey, error) {
 		_, taken := r.unsettled[keyHash(rec.Key)]
 		r.mu.Unlock()
 		switch {
+		case rec.Lease.Held(now) && rec.Lease.Owner == r.c.owner && !r.c.holds(rec.Key):
+			s.own = append(s.own, rec)
 		case rec.Lease.Held(now) && rec.Lease.Owner != r.c.owner:
 			s.leased++
 			if s.leaseEnds.IsZero() || rec.Lease.ExpiresAt.Before(s.leaseEnds) {

@@ -470,6 +470,12 @@ func testFleet(t *testing.T, db *fleetDB, liveness bool, lease time.Duration, do
 	fig.liveTakeOvers, fig.lapsedTakeOvers = len(live), len(lapsed)
 	if len(lapsed) > 0 {
 		t.Logf("operations of live workers taken once their leases lapsed: %v", lapsed)
+		key, _, _ := strings.Cut(lapsed[0], " ")
+		evs, err := j.History(ctx, key)
+		require.NoError(t, err)
+		for _, e := range evs {
+			t.Logf("  %s v%d %v %s→%s attempt %d %s %q %q", key, e.Version, e.At.Format(time.StampMilli), e.From, e.To, e.Attempt, e.Owner, e.Detail, e.Error)
+		}
 	}
 	if doOps > 0 {
 		a := checkAnswers(t, j, answers, "worker-1", doOps)

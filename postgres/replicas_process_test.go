@@ -820,19 +820,17 @@ func testReplicas(t *testing.T, db *fleetDB) replicaFigures {
 		if slices.ContainsFunc(rs, func(r *handlerRun) bool { return r.pid == killed }) {
 			inVictim++
 		}
-		for i, r := range rs[1:] {
+		for i := range rs[1:] {
 			if rs[i].told || rs[i].storeFailed {
 				fig.afterTold++
-			} else {
-				fig.afterKill++
+				continue
 			}
-			if r.line > 0 {
-				reruns++
-				if rs[0].done {
-					guarded++
-				} else {
-					unfinished++
-				}
+			fig.afterKill++
+			reruns++
+			if rs[i].done {
+				guarded++
+			} else {
+				unfinished++
 			}
 		}
 	}
@@ -840,8 +838,8 @@ func testReplicas(t *testing.T, db *fleetDB) replicaFigures {
 	t.Logf("%d keys (%d tenants, %d held in replica 1), 3 senders each: %d requests, %d 201 (%d replayed), %d 409, %d 5xx, %d connection errors",
 		len(keys), len(tenants), len(held), tally.requests.Load(), tally.created.Load(), tally.replayed.Load(),
 		tally.conflicts.Load(), tally.serverErrors.Load(), tally.connErrors.Load())
-	t.Logf("handler runs: %d for %d keys; %d keys ran in replica 1; re-runs after the kill: %d (%d found the killed run's order, %d had been killed before committing one); orders: %d",
-		runs, len(keys), inVictim, reruns, guarded, unfinished, len(count))
+	t.Logf("handler runs: %d for %d keys; %d keys ran in replica 1; re-runs after the kill: %d (%d found the killed run's order, %d had been killed before committing one); re-runs after a run that lost its hold: %d; orders: %d",
+		runs, len(keys), inVictim, reruns, guarded, unfinished, fig.afterTold, len(count))
 	t.Logf("time: %.2f s from the first request to the last 201, %.2f s of it after the kill (LockTimeout %s); faults injected: %s",
 		finished.Sub(began).Seconds(), finished.Sub(killedAt).Seconds(), lockTimeout, faults)
 	return fig

@@ -118,7 +118,10 @@ type Config struct {
 	SecretHeaders []string
 
 	// LeaseDuration is how long a worker's claim on an operation lasts
-	// without renewal. The client renews its leases every third of it.
+	// without renewal. The client renews its leases every third of it,
+	// and tries a failed renewal again within a thirtieth of it (a second
+	// at most), so that a journal that fails now and then does not cost a
+	// live worker its operations.
 	// When its process dies, a journal that can see it (SQLite: every
 	// process sharing the file is on one machine) lets another take its
 	// operations at once; one that cannot (a journal shared by machines)

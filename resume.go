@@ -548,7 +548,9 @@ func (r *resumer) look(ctx context.Context) (survey, error) {
 		_, taken := r.unsettled[keyHash(rec.Key)]
 		r.mu.Unlock()
 		switch {
-		case rec.Lease.Held(now) && rec.Lease.Owner == r.c.owner && !r.c.holds(rec.Key):
+		case rec.Lease.Held(now) && rec.Lease.Owner == r.c.owner && !r.c.holds(rec.Key) && !rec.NextAttemptAt.After(now):
+			// Due, as a claim would take it: a backoff or a server's
+			// Retry-After is kept.
 			s.own = append(s.own, rec)
 		case rec.Lease.Held(now) && rec.Lease.Owner != r.c.owner:
 			s.leased++

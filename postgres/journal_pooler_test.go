@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -149,4 +150,60 @@ func TestMixedFleetThroughATransactionPooler(t *testing.T) {
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgschema.Ident(schema)+`.owners
 		WHERE starts_with(name, 'worker-a')`).Scan(&n))
 	assert.Zero(t, n, "a journal WithoutLiveness records no owner")
+}
+
+// TestLivenessTransactionOutlivesIdleInTransactionTimeout: the liveness
+// lock is held in a transaction left open (so that a transaction pooler
+// keeps its server session bound to the worker); a server that ends
+// sessions idle in a transaction (idle_in_transaction_session_timeout, set
+// here for the worker's sessions as a role or database setting would)
+// ends an ordinary such session, never the liveness session.
+func TestLivenessTransactionOutlivesIdleInTransactionTimeout(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "200ms"
+	poolA, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer poolA.Close()
+	a := openOn(t, poolA, schema)
+	b := openOn(t, pgtest.Pool(t), schema, postgres.LivenessGrace(0))
+	keys := createRecords(t, b, 1)
+	unregister, err := a.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer unregister()
+	_, err = a.Acquire(ctx, keys[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+	lockPIDs := func() []int32 {
+		rows, err := pgtest.Pool(t).Query(ctx, livenessLocks(schema, "l.pid"), pgschema.Ident(schema)+".owners", "worker-a")
+		require.NoError(t, err)
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		require.NoError(t, err)
+		return pids
+	}
+	before := lockPIDs()
+	require.Len(t, before, 1)
+
+	// An ordinary session of the same settings, idle in a transaction
+	// opened after the liveness one, is ended (a minute bounds a failing
+	// run).
+	other, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
+	require.NoError(t, err)
+	defer other.Close(ctx)
+	_, err = other.Exec(ctx, `BEGIN`)
+	require.NoError(t, err)
+	pid := other.PgConn().PID()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
+		if n == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "idle_in_transaction_session_timeout did not end a session in a minute")
+	}
+	assert.Equal(t, before, lockPIDs(), "the liveness session is the one it was")
+	got, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	assert.Empty(t, got, "worker-a's operation is its own")
 }

@@ -38,7 +38,7 @@ func bouncerPool(t *testing.T, b *pgtest.Bouncer) *pgxpool.Pool {
 // worker-a, whose Do returns the server's 201.
 func TestLiveWorkerBehindATransactionPoolerKeepsItsOperation(t *testing.T) {
 	t.Parallel()
-	bouncer := pgtest.StartBouncer(t, pgtest.BouncerConfig{})
+	bouncer := pgtest.StartBouncer(t)
 	g, srv := newGate(t)
 	schema := pgtest.Schema(t)
 	ja := openOn(t, bouncerPool(t, bouncer), schema)
@@ -54,12 +54,12 @@ func TestLiveWorkerBehindATransactionPoolerKeepsItsOperation(t *testing.T) {
 
 // TestLiveWorkerBehindATransactionPoolerIsNotTakenWhileOthersRun:
 // worker-a, behind the pooler with liveness, drives an operation while
-// other clients of the same pooler run transactions on the pooler's few
+// other clients of the same pooler run transactions on the pooler's two
 // server sessions, and worker-b (LivenessGrace zero) resumes: worker-a
 // is alive all along and keeps its operation.
 func TestLiveWorkerBehindATransactionPoolerIsNotTakenWhileOthersRun(t *testing.T) {
 	t.Parallel()
-	bouncer := pgtest.StartBouncer(t, pgtest.BouncerConfig{PoolSize: 2})
+	bouncer := pgtest.StartBouncer(t)
 	g, srv := newGate(t)
 	schema := pgtest.Schema(t)
 	pool := bouncerPool(t, bouncer)
@@ -85,7 +85,7 @@ func TestLiveWorkerBehindATransactionPoolerIsNotTakenWhileOthersRun(t *testing.T
 // pooler gets round to closing the server session its lock was taken on.
 func TestKilledWorkerBehindATransactionPoolerIsTakenAtOnce(t *testing.T) {
 	t.Parallel()
-	bouncer := pgtest.StartBouncer(t, pgtest.BouncerConfig{})
+	bouncer := pgtest.StartBouncer(t)
 	j := openJournal(t)
 	keys := createRecords(t, j, 2)
 	kill := startHolderWith(t, []string{"IDEM_TEST_POSTGRES=" + bouncer.DSN()}, j.Schema(), "worker-killed", time.Hour, true, keys...)
@@ -113,7 +113,7 @@ func TestKilledWorkerBehindATransactionPoolerIsTakenAtOnce(t *testing.T) {
 // a server session of the pooler's.
 func TestClosedJournalBehindATransactionPoolerLetsGo(t *testing.T) {
 	t.Parallel()
-	bouncer := pgtest.StartBouncer(t, pgtest.BouncerConfig{PoolSize: 2})
+	bouncer := pgtest.StartBouncer(t)
 	schema := pgtest.Schema(t)
 	ja := openOn(t, bouncerPool(t, bouncer), schema)
 	jb := openOn(t, pgtest.Pool(t), schema)
@@ -136,7 +136,7 @@ func TestClosedJournalBehindATransactionPoolerLetsGo(t *testing.T) {
 // while worker-a drives an operation, leaves it to worker-a.
 func TestMixedFleetThroughATransactionPooler(t *testing.T) {
 	t.Parallel()
-	bouncer := pgtest.StartBouncer(t, pgtest.BouncerConfig{})
+	bouncer := pgtest.StartBouncer(t)
 	g, srv := newGate(t)
 	schema := pgtest.Schema(t)
 	ja := openOn(t, bouncerPool(t, bouncer), schema, postgres.WithoutLiveness())

@@ -30,17 +30,15 @@ type Bouncer struct {
 	done chan struct{} // closed once cmd.Wait returned
 }
 
-// BouncerConfig is what a test sets of its PgBouncer.
-type BouncerConfig struct {
-	// PoolSize is the most server sessions it opens (default_pool_size);
-	// 0: 4, fewer than the clients of a test so that they share them.
-	PoolSize int
-}
+// bouncerPoolSize is the most server sessions a Bouncer opens
+// (default_pool_size): fewer than the clients of a test, so that they
+// share them, and few of the shared server's connections.
+const bouncerPoolSize = 2
 
 // StartBouncer starts a PgBouncer in front of the tests' server and waits
 // until it accepts connections. A test is skipped, saying what to install,
 // only where the pgbouncer program is absent (.ci/run installs it).
-func StartBouncer(t testing.TB, c BouncerConfig) *Bouncer {
+func StartBouncer(t testing.TB) *Bouncer {
 	t.Helper()
 	exe, err := exec.LookPath("pgbouncer")
 	if err != nil {
@@ -52,9 +50,6 @@ func StartBouncer(t testing.TB, c BouncerConfig) *Bouncer {
 	up, err := pgconn.ParseConfig(DSN())
 	if err != nil {
 		t.Fatal(err)
-	}
-	if c.PoolSize == 0 {
-		c.PoolSize = 4
 	}
 	dir, err := os.MkdirTemp("", "idem-pgbouncer-")
 	if err != nil {
@@ -78,7 +73,7 @@ default_pool_size = %d
 max_client_conn = 500
 ignore_startup_parameters = extra_float_digits
 logfile = %s
-`, up.Database, up.Host, up.Port, up.Database, b.port, filepath.Join(dir, "userlist.txt"), up.User, c.PoolSize, filepath.Join(dir, "log"))
+`, up.Database, up.Host, up.Port, up.Database, b.port, filepath.Join(dir, "userlist.txt"), up.User, bouncerPoolSize, filepath.Join(dir, "log"))
 	for name, text := range map[string]string{"userlist.txt": users, "pgbouncer.ini": ini} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
 			t.Fatal(err)

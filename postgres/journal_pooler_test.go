@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -18,6 +19,16 @@ import (
 // The tests of this file run workers behind a real PgBouncer in
 // transaction pooling mode, which gives a client a server session for one
 // transaction at a time and never says when it closes one.
+
+// livenessPIDs are the server sessions that hold owner's liveness lock.
+func livenessPIDs(t *testing.T, schema, owner string) []int32 {
+	t.Helper()
+	rows, err := pgtest.Pool(t).Query(ctx, livenessLocks(schema, "l.pid"), pgschema.Ident(schema)+".owners", owner)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	return pids
+}
 
 // bouncerPool is a worker's pool through b.
 func bouncerPool(t *testing.T, b *pgtest.Bouncer) *pgxpool.Pool {
@@ -49,6 +60,39 @@ func TestLiveWorkerBehindATransactionPoolerKeepsItsOperation(t *testing.T) {
 	require.Equal(t, 1, terminateLiveness(t, schema, a.Owner()), "one server session holds worker-a's liveness lock")
 	waitLivenessHeld(t, schema, a.Owner())
 	o := driveWhileOtherResumes(t, g, a, b, jb, nil, nil)
+	checkKept(t, jb, srv, o, "worker-a")
+}
+
+// TestLiveWorkerKeepsItsOperationAcrossAPoolerRestart: the PgBouncer in
+// front of worker-a restarts while the server holds worker-a's request,
+// ending every connection and server session it held, worker-a's
+// liveness session among them. worker-a holds its lock again once the
+// pooler is back, and worker-b (whose grace outlasts the restart) resumes
+// and leaves the operation to it; worker-a's Do returns the server's 201.
+func TestLiveWorkerKeepsItsOperationAcrossAPoolerRestart(t *testing.T) {
+	t.Parallel()
+	bouncer := pgtest.StartBouncer(t)
+	g, srv := newGate(t)
+	schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(bouncer.DSN())
+	require.NoError(t, err)
+	// As the README asks of a pool whose connections a restart may end.
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return true }
+	poolA, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(poolA.Close) // after the journal's Close, which gives back its session
+	ja := openOn(t, poolA, schema)
+	jb := openOn(t, pgtest.Pool(t), schema, postgres.LivenessGrace(time.Minute))
+	a := workerClient(t, ja, srv, "worker-a")
+	b := workerClient(t, jb, srv, "worker-b")
+	before := livenessPIDs(t, schema, a.Owner())
+	require.Len(t, before, 1)
+
+	o := driveWhileOtherResumes(t, g, a, b, jb, func() {
+		bouncer.Restart()
+		waitLivenessHeld(t, schema, a.Owner())
+		assert.NotEqual(t, before, livenessPIDs(t, schema, a.Owner()), "worker-a's lock is held by a new server session")
+	}, nil)
 	checkKept(t, jb, srv, o, "worker-a")
 }
 
@@ -175,14 +219,7 @@ func TestLivenessTransactionOutlivesIdleInTransactionTimeout(t *testing.T) {
 	defer unregister()
 	_, err = a.Acquire(ctx, keys[0], "worker-a", time.Hour)
 	require.NoError(t, err)
-	lockPIDs := func() []int32 {
-		rows, err := pgtest.Pool(t).Query(ctx, livenessLocks(schema, "l.pid"), pgschema.Ident(schema)+".owners", "worker-a")
-		require.NoError(t, err)
-		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-		require.NoError(t, err)
-		return pids
-	}
-	before := lockPIDs()
+	before := livenessPIDs(t, schema, "worker-a")
 	require.Len(t, before, 1)
 
 	// An ordinary session of the same settings, idle in a transaction
@@ -202,7 +239,7 @@ func TestLivenessTransactionOutlivesIdleInTransactionTimeout(t *testing.T) {
 		}
 		require.True(t, time.Now().Before(deadline), "idle_in_transaction_session_timeout did not end a session in a minute")
 	}
-	assert.Equal(t, before, lockPIDs(), "the liveness session is the one it was")
+	assert.Equal(t, before, livenessPIDs(t, schema, "worker-a"), "the liveness session is the one it was")
 	got, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
 	require.NoError(t, err)
 	assert.Empty(t, got, "worker-a's operation is its own")

@@ -26,6 +26,8 @@ type Bouncer struct {
 	port int
 	db   string
 	user string
+	exe  string
+	cred *syscall.Credential // the user it runs as; nil: this process's
 	cmd  *exec.Cmd
 	done chan struct{} // closed once cmd.Wait returned
 }
@@ -56,7 +58,7 @@ func StartBouncer(t testing.TB) *Bouncer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	b := &Bouncer{t: t, dir: dir, port: freePort(t), db: up.Database, user: up.User, done: make(chan struct{})}
+	b := &Bouncer{t: t, dir: dir, port: freePort(t), db: up.Database, user: up.User, exe: exe}
 	users := fmt.Sprintf("%q \"\"\n", up.User)
 	ini := fmt.Sprintf(`[databases]
 %s = host=%s port=%d dbname=%s
@@ -79,8 +81,6 @@ logfile = %s
 			t.Fatal(err)
 		}
 	}
-	b.cmd = exec.Command(exe, filepath.Join(dir, "pgbouncer.ini"))
-	b.cmd.Dir = dir
 	if os.Geteuid() == 0 {
 		// PgBouncer refuses to run as root: run it as the postgres user.
 		u, err := user.Lookup("postgres")
@@ -94,28 +94,51 @@ logfile = %s
 				t.Fatal(err)
 			}
 		}
-		b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		b.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
-	if err := b.cmd.Start(); err != nil {
-		t.Fatalf("pgtest: starting pgbouncer: %v", err)
-	}
-	go func() { _ = b.cmd.Wait(); close(b.done) }()
 	t.Cleanup(b.stop)
+	b.start()
+	return b
+}
+
+// start starts the bouncer and waits until it accepts connections.
+func (b *Bouncer) start() {
+	b.t.Helper()
+	b.cmd = exec.Command(b.exe, filepath.Join(b.dir, "pgbouncer.ini"))
+	b.cmd.Dir = b.dir
+	if b.cred != nil {
+		b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: b.cred}
+	}
+	b.done = make(chan struct{})
+	if err := b.cmd.Start(); err != nil {
+		b.t.Fatalf("pgtest: starting pgbouncer: %v", err)
+	}
+	cmd, done := b.cmd, b.done
+	go func() { _ = cmd.Wait(); close(done) }()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", b.port))
 		if err == nil {
 			_ = c.Close()
-			return b
+			return
 		}
 		select {
-		case <-b.done:
-			t.Fatalf("pgtest: pgbouncer exited at start:\n%s", b.Log())
+		case <-done:
+			b.t.Fatalf("pgtest: pgbouncer exited at start:\n%s", b.Log())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pgtest: pgbouncer does not listen after a minute:\n%s", b.Log())
+			b.t.Fatalf("pgtest: pgbouncer does not listen after a minute:\n%s", b.Log())
 		}
 	}
+}
+
+// Restart stops the bouncer and starts it again on the same port, as an
+// operator's restart of the pooler would: every client connection and
+// every server session it held ends.
+func (b *Bouncer) Restart() {
+	b.t.Helper()
+	b.stop()
+	b.start()
 }
 
 // DSN is the tests' database through the bouncer. pgx's queries run as
@@ -134,6 +157,9 @@ func (b *Bouncer) Log() string {
 // stop ends the bouncer by its PID (SIGTERM: at once, whatever its clients
 // do) and waits for it to exit.
 func (b *Bouncer) stop() {
+	if b.cmd == nil || b.cmd.Process == nil {
+		return // never started
+	}
 	_ = b.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-b.done:

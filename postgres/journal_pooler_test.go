@@ -89,8 +89,12 @@ func TestLiveWorkerKeepsItsOperationAcrossAPoolerRestart(t *testing.T) {
 	require.Len(t, before, 1)
 
 	o := driveWhileOtherResumes(t, g, a, b, jb, func() {
+		restarted := time.Now()
 		bouncer.Restart()
+		back := time.Now()
 		waitLivenessHeld(t, schema, a.Owner())
+		t.Logf("the pooler restarted in %v; worker-a held its lock again %v after it listened",
+			back.Sub(restarted).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
 		assert.NotEqual(t, before, livenessPIDs(t, schema, a.Owner()), "worker-a's lock is held by a new server session")
 	}, nil)
 	checkKept(t, jb, srv, o, "worker-a")

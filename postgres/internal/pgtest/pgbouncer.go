@@ -106,9 +106,9 @@ func (b *Bouncer) start() {
 	b.t.Helper()
 	b.cmd = exec.Command(b.exe, filepath.Join(b.dir, "pgbouncer.ini"))
 	b.cmd.Dir = b.dir
-	if b.cred != nil {
-		b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: b.cred}
-	}
+	// Pdeathsig: a test binary that dies without its cleanups (a panic, a
+	// -timeout) leaves no pooler running on the shared machine.
+	b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: b.cred, Pdeathsig: syscall.SIGTERM}
 	b.done = make(chan struct{})
 	if err := b.cmd.Start(); err != nil {
 		b.t.Fatalf("pgtest: starting pgbouncer: %v", err)

@@ -232,6 +232,7 @@ func nullText(s string) any {
 
 // The naive journal is a journal, not a strawman: it passes the suite.
 func TestNaiveJournalConformance(t *testing.T) {
+	t.Parallel()
 	journaltest.Run(t, func(t *testing.T) idem.Journal {
 		return newNaiveJournal(openJournal(t), pgtest.Pool(t))
 	})

@@ -20,16 +20,19 @@ import (
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
-// soakEnv, when set to a number N, makes the fleet tests under faults run
-// N rounds each instead of one (see RELIABILITY.md).
+// soakEnv, set to a number N, runs the fleet tests under faults, N rounds
+// each (see RELIABILITY.md). They take a minute and a half for one round,
+// mostly waiting on leases and restarts, so the README's test command
+// leaves them out; .ci/run runs them.
 const soakEnv = "IDEM_PG_FLEET_SOAK"
 
-// soakRounds is how many rounds each fleet test under faults runs.
+// soakRounds is how many rounds each fleet test under faults runs; it
+// skips the test when soakEnv is not set.
 func soakRounds(t *testing.T) int {
 	t.Helper()
 	v := os.Getenv(soakEnv)
 	if v == "" {
-		return 1
+		t.Skipf("the fleet under faults runs when %s=N (N rounds, about 80 s each); .ci/run runs it", soakEnv)
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 {

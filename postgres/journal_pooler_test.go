@@ -211,12 +211,15 @@ func TestLivenessTransactionOutlivesIdleInTransactionTimeout(t *testing.T) {
 	schema := pgtest.Schema(t)
 	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
 	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "200ms"
+	// Two seconds, not less: the journal's own short transactions on
+	// these sessions (its migration, a claim) must not be cut on a busy
+	// machine, only sessions left idle in a transaction.
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "2s"
 	poolA, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer poolA.Close()
+	b := openOn(t, pgtest.Pool(t), schema, postgres.LivenessGrace(0)) // migrates the schema
 	a := openOn(t, poolA, schema)
-	b := openOn(t, pgtest.Pool(t), schema, postgres.LivenessGrace(0))
 	keys := createRecords(t, b, 1)
 	unregister, err := a.Register(ctx, "worker-a")
 	require.NoError(t, err)

@@ -67,6 +67,11 @@ type Config struct {
 	// within the call; the next Do of the operation, or a Resume (the
 	// background one included) once it is due, after RetryPolicy.MaxBackoff,
 	// runs Authorize again.
+	//
+	// What is sent is the journaled request with Authorize's headers, URL
+	// and Host. It may read the body, to sign it: it is given the
+	// journaled bytes, and the journaled bytes are sent whatever it leaves
+	// in Body. Its request's context ends at AttemptTimeout.
 	Authorize func(*http.Request) error
 	// HTTPClient supplies the transport (and cookie jar). Its Timeout and
 	// CheckRedirect are not used: each attempt is bounded by AttemptTimeout,
@@ -724,7 +729,7 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rd := d.newRound(ctx)
 	if req, err := rd.request(); err == nil {
 		d.first, d.firstReq = rd, req
-		d.authErr = c.preauthorize(req.Request)
+		d.authErr = d.preauthorize(req.Request)
 	}
 	if d.authErr != nil {
 		rec.State, rec.Attempts, rec.ExpiresAt = StatePending, 0, time.Time{}

@@ -207,7 +207,7 @@ func (d *driver) send(ctx context.Context) error {
 		}
 		// Authorize first: a send it stops is no attempt, and nothing
 		// of it is journaled.
-		d.authErr = d.c.preauthorize(req.Request)
+		d.authErr = d.preauthorize(req.Request)
 	}
 	if d.authErr != nil {
 		return d.unauthorized(ctx)

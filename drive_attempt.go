@@ -1,9 +1,11 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptrace"
@@ -269,7 +271,7 @@ func (rd *round) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Durat
 // stops the loop before anything is sent.
 func (rd *round) prepareRetry(req *http.Request) error {
 	d := rd.d
-	if err := d.c.preauthorize(req); err != nil {
+	if err := d.preauthorize(req); err != nil {
 		rd.unauthorized = err
 		return err
 	}
@@ -330,12 +332,28 @@ type preauthKey struct{}
 // be journaled and sent, and keeps the result for the transport. Run
 // before the journal write, a failing Authorize is no attempt: nothing is
 // journaled, nothing sent.
-func (c *Client) preauthorize(req *http.Request) *authorizeError {
+//
+// The copy has the journaled body of its own, which an Authorize that
+// signs the body may read (the request's own is not ready until it is
+// sent, and reading it would leave nothing to send), and the attempt's
+// bound, AttemptTimeout, which held Authorize when the transport ran it:
+// a token fetch that hangs must not hold the operation, and its lease,
+// for ever.
+func (d *driver) preauthorize(req *http.Request) *authorizeError {
+	c := d.c
 	slot, _ := req.Context().Value(preauthKey{}).(*preauth)
 	if c.cfg.Authorize == nil || slot == nil {
 		return nil
 	}
-	r := req.Clone(req.Context())
+	ctx, cancel := context.WithTimeout(req.Context(), c.cfg.AttemptTimeout)
+	defer cancel()
+	r := req.Clone(ctx)
+	body := d.rec.Body
+	r.ContentLength = int64(len(body))
+	r.Body, r.GetBody = http.NoBody, func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	if len(body) > 0 {
+		r.Body, _ = r.GetBody()
+	}
 	if err := c.cfg.Authorize(r); err != nil {
 		return &authorizeError{err}
 	}

@@ -1,0 +1,128 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+// signBody is an Authorize that signs the body, as request-signing APIs
+// require: it reads the body and puts it back, as net/http code does.
+func signBody(r *http.Request) error {
+	var b []byte
+	if r.Body != nil {
+		var err error
+		if b, err = io.ReadAll(r.Body); err != nil {
+			return err
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+	}
+	m := hmac.New(sha256.New, []byte("signing-secret"))
+	m.Write(b)
+	r.Header.Set("X-Signature", hex.EncodeToString(m.Sum(nil)))
+	return nil
+}
+
+func signatureOf(b []byte) string {
+	m := hmac.New(sha256.New, []byte("signing-secret"))
+	m.Write(b)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// An Authorize that reads the body to sign it (and puts it back) must not
+// take it from the request that is sent: every send, the first, a retry,
+// a status check's replay and a Resume's, carries the journaled body and
+// its signature.
+func TestAuthorizeThatReadsTheBodySendsTheBody(t *testing.T) {
+	t.Parallel()
+	const body = `{"item":"book","quantity":1}`
+	for _, path := range []string{"retry", "replay", "resume"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			var bodies, sigs []string
+			srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				mu.Lock()
+				bodies = append(bodies, string(b))
+				sigs = append(sigs, r.Header.Get("X-Signature"))
+				mu.Unlock()
+				switch {
+				case n == 1 && path == "retry":
+					w.WriteHeader(http.StatusServiceUnavailable)
+				case n == 1:
+					dropConn(w)
+				default:
+					w.WriteHeader(http.StatusCreated)
+				}
+			})
+			policy := fastRetry()
+			if path != "retry" {
+				policy.MaxAttempts = 1
+			}
+			cfg := idem.Config{BaseURL: srv.URL, Retry: policy, Authorize: signBody}
+			c, _ := newClient(t, cfg)
+			ctx := context.Background()
+			if path == "resume" {
+				// A pending operation: Resume's first send, then its replay.
+				_, err := c.Begin(ctx, idem.Op{ID: "order-1", URL: "/orders", Body: []byte(body)})
+				require.NoError(t, err)
+				_, err = c.Resume(ctx)
+				require.NoError(t, err)
+			} else {
+				req, err := http.NewRequestWithContext(idem.WithOperation(ctx, "order-1"), http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
+				require.NoError(t, err)
+				resp, err := c.StandardClient().Do(req)
+				require.NoError(t, err)
+				require.NoError(t, resp.Body.Close())
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			require.GreaterOrEqual(t, len(bodies), 2)
+			for i := range bodies {
+				assert.Equal(t, body, bodies[i], "send %d carries the journaled body", i+1)
+				assert.Equal(t, signatureOf([]byte(body)), sigs[i], "send %d is signed over its body", i+1)
+			}
+		})
+	}
+}
+
+// Authorize runs within the attempt's bound (Config.AttemptTimeout), as it
+// did when the transport ran it: a token fetch that hangs must not hold an
+// operation, and its lease, for ever when the caller gave no deadline (a
+// background Resume gives none).
+func TestAuthorizeIsBoundedByAttemptTimeout(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	var mu sync.Mutex
+	var bounded []bool
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), AttemptTimeout: time.Minute,
+		Authorize: func(r *http.Request) error {
+			d, ok := r.Context().Deadline()
+			mu.Lock()
+			bounded = append(bounded, ok && time.Until(d) <= time.Minute)
+			mu.Unlock()
+			return nil
+		}})
+	_, err := c.Do(context.Background(), idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, bounded)
+	for i, b := range bounded {
+		assert.True(t, b, "Authorize %d runs under AttemptTimeout", i+1)
+	}
+}

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"compress/gzip"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -125,4 +126,36 @@ func TestAuthorizeIsBoundedByAttemptTimeout(t *testing.T) {
 	for i, b := range bounded {
 		assert.True(t, b, "Authorize %d runs under AttemptTimeout", i+1)
 	}
+}
+
+// An Authorize that changes the body (compresses or encrypts it) cannot
+// have its way: what is sent is the journaled body, and sending it with
+// Authorize's headers (Content-Encoding: gzip over a plain body) would be
+// a request nobody made. It is refused as Authorize's failure, nothing
+// sent, rather than sent as such.
+func TestAuthorizeThatChangesTheBodyIsRefused(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), Authorize: func(r *http.Request) error {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			return err
+		}
+		var gz bytes.Buffer
+		zw := gzip.NewWriter(&gz)
+		_, _ = zw.Write(b)
+		_ = zw.Close()
+		r.Body, r.ContentLength = io.NopCloser(&gz), int64(gz.Len())
+		r.Header.Set("Content-Encoding", "gzip")
+		return nil
+	}})
+	ctx := context.Background()
+	_, err := c.Do(ctx, idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{"item":"book"}`)})
+	require.ErrorIs(t, err, idem.ErrAuthorizeFailed)
+	assert.Contains(t, err.Error(), "changed the request's body")
+	assert.Empty(t, srv.received(), "nothing sent")
+	rec, err := j.Lookup(ctx, "default", "order-1")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, rec.State)
+	assert.Zero(t, rec.Attempts)
 }

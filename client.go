@@ -70,8 +70,9 @@ type Config struct {
 	//
 	// What is sent is the journaled request with Authorize's headers, URL
 	// and Host. It may read the body, to sign it: it is given the
-	// journaled bytes, and the journaled bytes are sent whatever it leaves
-	// in Body. Its request's context ends at AttemptTimeout.
+	// journaled bytes, and must leave those bytes in Body: one that changes
+	// the body (compresses, encrypts) fails as if it returned an error.
+	// Its request's context ends at AttemptTimeout.
 	Authorize func(*http.Request) error
 	// HTTPClient supplies the transport (and cookie jar). Its Timeout and
 	// CheckRedirect are not used: each attempt is bounded by AttemptTimeout,

@@ -354,11 +354,26 @@ func (d *driver) preauthorize(req *http.Request) *authorizeError {
 	if len(body) > 0 {
 		r.Body, _ = r.GetBody()
 	}
+	given := r.Body
 	if err := c.cfg.Authorize(r); err != nil {
 		return &authorizeError{err}
 	}
+	if r.Body != given && !sameBody(r.Body, body) {
+		return &authorizeError{errors.New("it changed the request's body, but what is sent is the journaled body with Authorize's headers, URL and Host: Authorize may read the body (to sign it) and put the same bytes back; change the body in the request itself")}
+	}
 	slot.req.Store(r)
 	return nil
+}
+
+// sameBody reports whether an Authorize that replaced the body (it read
+// it and put it back, say) left the journaled bytes there.
+func sameBody(rc io.ReadCloser, body []byte) bool {
+	if rc == nil {
+		return len(body) == 0
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, int64(len(body))+1))
+	return err == nil && bytes.Equal(b, body)
 }
 
 // preauthorized takes the request Authorize prepared for req's attempt, if

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -241,6 +242,24 @@ func (t *roundTripper) withoutCredentialsElsewhere(req *http.Request) *http.Requ
 	return r
 }
 
+// sameOrigin reports whether a and b are one origin (RFC 6454): scheme
+// and host alike whatever their case, a port its scheme's default being
+// no port, as an SDK may spell BaseURL's origin with ":443".
+func sameOrigin(a, b *url.URL) bool {
+	return strings.EqualFold(a.Scheme, b.Scheme) && strings.EqualFold(a.Hostname(), b.Hostname()) &&
+		effectivePort(a) == effectivePort(b)
+}
+
+func effectivePort(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	if strings.EqualFold(u.Scheme, "https") {
+		return "443"
+	}
+	return "80"
+}
+
 // CloseIdleConnections closes the client's idle connections, as
 // http.Client.CloseIdleConnections expects of a transport.
 func (t *roundTripper) CloseIdleConnections() { t.c.http.CloseIdleConnections() }
@@ -267,7 +286,7 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, http.
 		return fail(invalidOp("%s %s: Request.Host %q differs from the URL's host; the journaled request is its URL, so set the host there", req.Method, redact(req), req.Host))
 	}
 	if b := t.c.base; b != nil {
-		if !strings.EqualFold(u.Scheme, b.Scheme) || !strings.EqualFold(u.Host, b.Host) {
+		if !sameOrigin(&u, b) {
 			return fail(invalidOp("%s %s: operation %q goes to another origin than Config.BaseURL (%s://%s); a client's operations, credentials and Resume belong to its BaseURL: use a client for that API",
 				req.Method, redact(req), op.id, b.Scheme, b.Host))
 		}

@@ -323,13 +323,35 @@ func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
 			if creds == nil {
 				creds = http.Header{}
 			}
-			creds[canon] = values
+			creds[canon] = spellings(h, canon, creds[canon] != nil, values)
 		case canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
 		default:
-			journaled[canon] = values
+			journaled[canon] = spellings(h, canon, journaled[canon] != nil, values)
 		}
 	}
 	return journaled, creds
+}
+
+// spellings is the values of the header canon: values, the only
+// spelling's, or when h has several spellings of it (req.Header["x-trace"]
+// beside "X-Trace") all of theirs in the order of the names, as the server
+// reads the lines net/http writes for them.
+func spellings(h http.Header, canon string, several bool, values []string) []string {
+	if !several {
+		return values
+	}
+	var names []string
+	for name := range h {
+		if http.CanonicalHeaderKey(name) == canon {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	var all []string
+	for _, name := range names {
+		all = append(all, h[name]...)
+	}
+	return all
 }
 
 // callerKeyHeaders are the headers in which SDKs put keys of their own.

@@ -2,9 +2,11 @@ package idem_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -40,5 +42,47 @@ func TestStandardClientDefaultPortIsTheSameOrigin(t *testing.T) {
 		rec, err := j.Lookup(context.Background(), "default", id)
 		require.NoError(t, err)
 		assert.Equal(t, tc.journaled, rec.URL)
+	}
+}
+
+// A header set under two spellings of one name (an SDK writing
+// req.Header["x-trace"] beside req.Header.Set("X-Trace", …)) goes on the
+// wire from net/http as two lines, which the server reads as one header
+// with both values, in the order of the names. The journal keeps both, in
+// that order, and so does every send: not one of them, chosen at random
+// by map order. Credentials alike.
+func TestStandardClientKeepsEverySpellingOfAHeader(t *testing.T) {
+	t.Parallel()
+	type got struct{ trace, auth []string }
+	var seen []got
+	var mu sync.Mutex
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, got{r.Header.Values("X-Trace"), r.Header.Values("Authorization")})
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	})
+	c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry()})
+	for i := range 8 { // map order differs from call to call
+		id := fmt.Sprintf("op-%d", i)
+		req, err := http.NewRequestWithContext(idem.WithOperation(context.Background(), id), http.MethodPost, srv.URL+"/orders", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		req.Header["x-trace"] = []string{"b"}
+		req.Header["X-Trace"] = []string{"a"}
+		req.Header["authorization"] = []string{"Bearer 2"}
+		req.Header["Authorization"] = []string{"Bearer 1"}
+		resp, err := c.StandardClient().Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		rec, err := j.Lookup(context.Background(), "default", id)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"a", "b"}, rec.Header.Values("X-Trace"), "journaled, call %d", i)
+		assert.Empty(t, rec.Header.Values("Authorization"))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, g := range seen {
+		assert.Equal(t, []string{"a", "b"}, g.trace, "sent, call %d", i)
+		assert.Equal(t, []string{"Bearer 1", "Bearer 2"}, g.auth, "sent, call %d", i)
 	}
 }

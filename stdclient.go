@@ -76,7 +76,8 @@ func RefuseUnnamedWrites() TransportOption {
 //
 // The request: its body is read to its end and closed before anything is
 // journaled (GetBody is not needed: every attempt sends the journaled
-// bytes). A body longer than the journal's limit (its MaxBodySize method,
+// bytes); the request's context ending closes it, as net/http's transport
+// does, and ends the call. A body longer than the journal's limit (its MaxBodySize method,
 // else DefaultMaxBodySize) is ErrBodyTooLarge, one that cannot be read is
 // ErrInvalidOp; a GET, HEAD, OPTIONS or TRACE, a URL of another origin
 // than Config.BaseURL's (when set), or a Host other than the URL's is
@@ -375,8 +376,19 @@ func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
 	if req.ContentLength > int64(t.maxBody) {
 		return nil, tooLarge(strconv.FormatInt(req.ContentLength, 10))
 	}
+	// A read that blocks (a pipe whose writer waits) ends with the
+	// request's context, as net/http's transport ends it: by closing the
+	// body.
+	ended := func() bool { return false }
+	if req.Context().Done() != nil { // else it never ends: nothing to wait for
+		stop := context.AfterFunc(req.Context(), func() { _ = req.Body.Close() })
+		ended = func() bool { return !stop() }
+	}
 	body, err := readAll(req.Body, req.ContentLength, t.maxBody+1)
+	canceled := ended() // and the AfterFunc unregistered, whatever err is
 	switch {
+	case err != nil && canceled:
+		return nil, fmt.Errorf("%s %s: the request's context ended while its body was read: %w; nothing was journaled or sent", req.Method, redact(req), context.Cause(req.Context()))
 	case err != nil:
 		return nil, fmt.Errorf("%w: %s %s: reading the body: %w; nothing was journaled or sent", ErrInvalidOp, req.Method, redact(req), err)
 	case len(body) > t.maxBody:
@@ -389,13 +401,15 @@ func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
 
 // readAll is io.ReadAll of at most limit bytes, with room for size bytes
 // and one more from the start when the size is known: the body is read
-// into one allocation instead of a doubling series of them.
+// into one allocation instead of a doubling series of them. A reader that
+// returns nothing and no error 100 times in a row (bufio's bound) is
+// io.ErrNoProgress, rather than read for as long as it does.
 func readAll(r io.Reader, size int64, limit int) ([]byte, error) {
 	b := make([]byte, 0, 512)
 	if size > 0 && size < int64(limit) {
 		b = make([]byte, 0, size+1) // +1: the read that sees the end
 	}
-	for {
+	for empty := 0; ; {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
 		}
@@ -406,6 +420,11 @@ func readAll(r io.Reader, size int64, limit int) ([]byte, error) {
 		}
 		if err != nil {
 			return b, err
+		}
+		if empty++; n > 0 {
+			empty = 0
+		} else if empty >= 100 {
+			return b, io.ErrNoProgress
 		}
 	}
 }

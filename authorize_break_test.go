@@ -190,3 +190,36 @@ func TestAuthorizeSeesOnlyTheOperationsKey(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, []string{key}, keys, "one send, one Authorize, with the operation's key")
 }
+
+// An Authorize that sets the key's header (a wrapper that adds an
+// Idempotency-Key of its own, under any spelling) would put a key on the
+// wire that is not the operation's, another on each send: one logical
+// operation, several keys, the server applying it once per key. It is
+// refused as Authorize's failure, nothing sent.
+func TestAuthorizeThatSetsTheKeyIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"Idempotency-Key", "idempotency-key"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := newScripted(t, func(n int, w http.ResponseWriter, _ *http.Request) {
+				if n == 1 {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			})
+			c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), Authorize: func(r *http.Request) error {
+				r.Header[name] = []string{"wrapper-key-" + time.Now().Format(time.RFC3339Nano)}
+				return nil
+			}})
+			ctx := context.Background()
+			_, err := c.Do(ctx, idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
+			require.ErrorIs(t, err, idem.ErrAuthorizeFailed)
+			assert.Contains(t, err.Error(), "Idempotency-Key")
+			assert.Empty(t, srv.received(), "nothing sent")
+			rec, err := j.Lookup(ctx, "default", "order-1")
+			require.NoError(t, err)
+			assert.Equal(t, idem.StatePending, rec.State)
+		})
+	}
+}

@@ -71,7 +71,8 @@ type Config struct {
 	// What is sent is the journaled request with Authorize's headers, URL
 	// and Host. It may read the body, to sign it: it is given the
 	// journaled bytes, and must leave those bytes in Body: one that changes
-	// the body (compresses, encrypts) fails as if it returned an error.
+	// the body (compresses, encrypts), or sets or removes the key's header
+	// (KeyHeader), fails as if it returned an error.
 	// Its request's context ends at AttemptTimeout.
 	Authorize func(*http.Request) error
 	// HTTPClient supplies the transport (and cookie jar). Its Timeout and

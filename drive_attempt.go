@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -358,11 +359,26 @@ func (d *driver) preauthorize(req *http.Request) *authorizeError {
 	if err := c.cfg.Authorize(r); err != nil {
 		return &authorizeError{err}
 	}
+	if k := d.form.header; !sameKey(r.Header, req.Header, k) {
+		return &authorizeError{fmt.Errorf("it set %s, the header of the operation's idempotency key: the journaled key is the one sent on every attempt; leave that header to the client", k)}
+	}
 	if r.Body != given && !sameBody(r.Body, body) {
 		return &authorizeError{errors.New("it changed the request's body, but what is sent is the journaled body with Authorize's headers, URL and Host: Authorize may read the body (to sign it) and put the same bytes back; change the body in the request itself")}
 	}
 	slot.req.Store(r)
 	return nil
+}
+
+// sameKey reports whether got carries the key's header, name, as want
+// does, under no other spelling: Authorize left the key alone.
+func sameKey(got, want http.Header, name string) bool {
+	canon := http.CanonicalHeaderKey(name)
+	for n := range got {
+		if n != name && n != canon && http.CanonicalHeaderKey(n) == canon {
+			return false
+		}
+	}
+	return slices.Equal(got[name], want[name]) && slices.Equal(got[canon], want[canon])
 }
 
 // sameBody reports whether an Authorize that replaced the body (it read

@@ -223,3 +223,62 @@ func TestAuthorizeThatSetsTheKeyIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// An Authorize that fetches its token over HTTP with the request's context
+// (oauth2's TokenSource, a vault) makes requests of its own, which are not
+// the operation's: they must not count as the transport re-sending it
+// (TransportResends, which also marks the operation as maybe applied).
+// Each path is compared with the same Authorize that fetches nothing.
+func TestAuthorizesOwnRequestsAreNotResends(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"replay", "redirect"} {
+		t.Run(path, func(t *testing.T) {
+			t.Parallel()
+			resends := func(fetch bool) int {
+				tokens := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "tok") })
+				srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+					_, _ = io.Copy(io.Discard, r.Body)
+					switch {
+					case n == 1 && path == "replay":
+						dropConn(w) // unknown: the status check replays it
+					case n == 1:
+						w.Header().Set("Location", "/orders/v2") // followed within the attempt, Authorize run again
+						w.WriteHeader(http.StatusTemporaryRedirect)
+					default:
+						w.WriteHeader(http.StatusCreated)
+					}
+				})
+				policy := fastRetry()
+				policy.MaxAttempts = 1
+				c, j := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Authorize: func(r *http.Request) error {
+					if !fetch {
+						r.Header.Set("Authorization", "Bearer tok")
+						return nil
+					}
+					req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, tokens.URL+"/token", nil)
+					if err != nil {
+						return err
+					}
+					resp, err := tokens.Client().Do(req)
+					if err != nil {
+						return err
+					}
+					defer resp.Body.Close()
+					tok, err := io.ReadAll(resp.Body)
+					r.Header.Set("Authorization", "Bearer "+string(tok))
+					return err
+				}})
+				ctx := context.Background()
+				_, err := c.Do(ctx, idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
+				require.NoError(t, err)
+				rec, err := j.Lookup(ctx, "default", "order-1")
+				require.NoError(t, err)
+				if fetch {
+					assert.Len(t, tokens.received(), 2)
+				}
+				return rec.TransportResends
+			}
+			assert.Equal(t, resends(false), resends(true), "Authorize's token requests are not re-sends of the operation")
+		})
+	}
+}

@@ -441,12 +441,14 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		a.propagate(ctx, r.Header)
 	}
 	if a.authorize != nil && p == nil {
-		if err := a.authorize(r); err != nil {
+		ar := r.WithContext(untraced{ctx})
+		if err := a.authorize(ar); err != nil {
 			if req.Body != nil {
 				req.Body.Close()
 			}
 			return nil, &authorizeError{err}
 		}
+		r = ar.WithContext(ctx)
 	}
 	// The credentials the request gave the RoundTripper for this call
 	// override Authorize's: they are in the call's context, never in the

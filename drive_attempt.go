@@ -346,7 +346,7 @@ func (d *driver) preauthorize(req *http.Request) *authorizeError {
 	if c.cfg.Authorize == nil || slot == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(req.Context(), c.cfg.AttemptTimeout)
+	ctx, cancel := context.WithTimeout(untraced{req.Context()}, c.cfg.AttemptTimeout)
 	defer cancel()
 	r := req.Clone(ctx)
 	body := d.rec.Body
@@ -367,6 +367,19 @@ func (d *driver) preauthorize(req *http.Request) *authorizeError {
 	}
 	slot.req.Store(r)
 	return nil
+}
+
+// untraced is a request's context without the attempt's ClientTrace, for
+// Authorize: a token it fetches over HTTP with that context is its own
+// request, not the attempt written again (TransportResends).
+type untraced struct{ context.Context }
+
+func (c untraced) Value(key any) any {
+	v := c.Context.Value(key)
+	if _, ok := v.(*httptrace.ClientTrace); ok {
+		return nil
+	}
+	return v
 }
 
 // sameKey reports whether got carries the key's header, name, as want

@@ -451,9 +451,16 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		r = ar.WithContext(ctx)
 	}
 	// The credentials the request gave the RoundTripper for this call
-	// override Authorize's: they are in the call's context, never in the
-	// journal.
-	maps.Copy(r.Header, creds)
+	// override Authorize's, under whatever spelling it wrote them: they
+	// are in the call's context, never in the journal.
+	if len(creds) > 0 {
+		for name := range r.Header {
+			if _, ok := creds[http.CanonicalHeaderKey(name)]; ok {
+				delete(r.Header, name)
+			}
+		}
+		maps.Copy(r.Header, creds)
+	}
 	return a.base.RoundTrip(r)
 }
 

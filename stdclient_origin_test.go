@@ -86,3 +86,32 @@ func TestStandardClientKeepsEverySpellingOfAHeader(t *testing.T) {
 		assert.Equal(t, []string{"Bearer 1", "Bearer 2"}, g.auth, "sent, call %d", i)
 	}
 }
+
+// A call's own credentials override Authorize's (RoundTripper's doc),
+// whatever spelling Authorize wrote them under: an Authorize that sets
+// r.Header["authorization"] must not put a second Authorization beside
+// the call's on the wire, where which one a server reads is its choice.
+func TestStandardClientCallCredentialsOverrideEverySpelling(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got [][]string
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Values("Authorization"))
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	})
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: fastRetry(), Authorize: func(r *http.Request) error {
+		r.Header["authorization"] = []string{"Bearer from-authorize"}
+		return nil
+	}})
+	req, err := http.NewRequestWithContext(idem.WithOperation(context.Background(), "order-1"), http.MethodPost, srv.URL+"/orders", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer from-the-call")
+	resp, err := c.StandardClient().Do(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, [][]string{{"Bearer from-the-call"}}, got)
+}

@@ -366,6 +366,9 @@ var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "T
 // readBody reads the body to its end, at most maxBody bytes, and closes it.
 func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
 	if req.Body == nil || req.Body == http.NoBody {
+		if req.ContentLength > 0 { // net/http's transport refuses it too
+			return nil, invalidOp("%s %s: ContentLength is %d but the request has no body; nothing was journaled or sent", req.Method, redact(req), req.ContentLength)
+		}
 		return nil, nil
 	}
 	defer req.Body.Close()

@@ -98,3 +98,25 @@ func TestStandardClientBodyThatMakesNoProgress(t *testing.T) {
 	assert.LessOrEqual(t, r.calls.Load(), int64(100))
 	assert.Empty(t, srv.received())
 }
+
+// A request that declares a body it does not have (ContentLength 5, Body
+// nil), which net/http's transport refuses, is refused too, before
+// anything is journaled: not journaled and sent with an empty body.
+func TestStandardClientDeclaredBodyThatIsMissing(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	j := openJournal(t, filepath.Join(t.TempDir(), "ops.db"))
+	c, _ := newClient(t, idem.Config{Journal: j, BaseURL: srv.URL, Retry: fastRetry()})
+	for _, body := range []io.ReadCloser{nil, http.NoBody} {
+		req, err := http.NewRequestWithContext(idem.WithOperation(context.Background(), "order-1"), http.MethodPost, srv.URL+"/orders", nil)
+		require.NoError(t, err)
+		req.Body, req.ContentLength = body, 5
+		_, err = c.StandardClient().Do(req)
+		require.ErrorIs(t, err, idem.ErrInvalidOp)
+		assert.Contains(t, err.Error(), "ContentLength is 5")
+	}
+	assert.Empty(t, srv.received(), "nothing sent")
+	counts, err := j.Count(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, counts, "nothing journaled")
+}

@@ -70,6 +70,13 @@ type Config struct {
 	// within the call; the next Do of the operation, or a Resume (the
 	// background one included) once it is due, after RetryPolicy.MaxBackoff,
 	// runs Authorize again.
+	//
+	// What is sent is the journaled request with Authorize's headers, URL
+	// and Host. It may read the body, to sign it: it is given the
+	// journaled bytes, and must leave those bytes in Body: one that changes
+	// the body (compresses, encrypts), or sets or removes the key's header
+	// (KeyHeader), fails as if it returned an error.
+	// Its request's context ends at AttemptTimeout.
 	Authorize func(*http.Request) error
 	// HTTPClient supplies the transport (and cookie jar). Its Timeout and
 	// CheckRedirect are not used: each attempt is bounded by AttemptTimeout,
@@ -440,17 +447,26 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		a.propagate(ctx, r.Header)
 	}
 	if a.authorize != nil && p == nil {
-		if err := a.authorize(r); err != nil {
+		ar := r.WithContext(untraced{ctx})
+		if err := a.authorize(ar); err != nil {
 			if req.Body != nil {
 				req.Body.Close()
 			}
 			return nil, &authorizeError{err}
 		}
+		r = ar.WithContext(ctx)
 	}
 	// The credentials the request gave the RoundTripper for this call
-	// override Authorize's: they are in the call's context, never in the
-	// journal.
-	maps.Copy(r.Header, creds)
+	// override Authorize's, under whatever spelling it wrote them: they
+	// are in the call's context, never in the journal.
+	if len(creds) > 0 {
+		for name := range r.Header {
+			if _, ok := creds[http.CanonicalHeaderKey(name)]; ok {
+				delete(r.Header, name)
+			}
+		}
+		maps.Copy(r.Header, creds)
+	}
 	return a.base.RoundTrip(r)
 }
 

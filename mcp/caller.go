@@ -123,9 +123,11 @@ func (c *Caller) Call(ctx context.Context, callID, tool string, args any) (*mcp.
 
 // Resume finishes the tool calls that were journaled but not settled (a
 // crash, a lost answer), re-sending each with its key through a session
-// from CallerConfig.Open.
-func (c *Caller) Resume(ctx context.Context) (idem.ResumeReport, error) {
-	return c.c.Resume(ctx)
+// from CallerConfig.Open. opts are idem.Client.Resume's: at start-up,
+// idem.ResumeWait with a deadline finishes also the calls a Guard still
+// runs (CodeInProgress) and those under the lease of a process that died.
+func (c *Caller) Resume(ctx context.Context, opts ...idem.ResumeOption) (idem.ResumeReport, error) {
+	return c.c.Resume(ctx, opts...)
 }
 
 // Result is the journaled result of the tool call callID, or an error: the

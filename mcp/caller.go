@@ -231,16 +231,28 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 			return nil, err
 		}
 	}
-	cs, err := t.session(req.Context())
+	// The idem.Client learns from its trace that a request was written.
+	// The session's own HTTP requests (opening it, the streamable
+	// transport's POSTs) must not tell it so: they are not the call, and
+	// a session on stdio makes none. The call is written when it is
+	// handed to the session, and said so once, below.
+	trace := httptrace.ContextClientTrace(req.Context())
+	ctx := untraced{req.Context()}
+	cs, err := t.session(ctx)
 	if err != nil {
 		return nil, err // nothing was sent
 	}
-	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.WroteRequest != nil {
+	if trace != nil {
 		// From here the call may reach the server: an error is an
 		// unknown outcome, settled by sending it again with its key.
-		trace.WroteRequest(httptrace.WroteRequestInfo{})
+		if trace.WroteHeaders != nil {
+			trace.WroteHeaders()
+		}
+		if trace.WroteRequest != nil {
+			trace.WroteRequest(httptrace.WroteRequestInfo{})
+		}
 	}
-	res, err := cs.CallTool(req.Context(), &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
 	if we := serverError(err); we != nil {
 		return rpcResponse(req, we), nil
 	}
@@ -258,6 +270,18 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		h.Set(wire.ReplayedHeader, "true")
 	}
 	return response(req, http.StatusOK, h, b), nil
+}
+
+// untraced is a context without its httptrace.ClientTrace, for the
+// session's own HTTP requests.
+type untraced struct{ context.Context }
+
+func (c untraced) Value(key any) any {
+	v := c.Context.Value(key)
+	if _, ok := v.(*httptrace.ClientTrace); ok {
+		return nil
+	}
+	return v
 }
 
 // JSON-RPC codes of go-sdk's own (not the server's): the call did not get

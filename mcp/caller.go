@@ -252,7 +252,7 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 			trace.WroteRequest(httptrace.WroteRequestInfo{})
 		}
 	}
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
+	res, err := callTool(ctx, cs, &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
 	if we := serverError(err); we != nil {
 		return rpcResponse(req, we), nil
 	}
@@ -270,6 +270,27 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		h.Set(wire.ReplayedHeader, "true")
 	}
 	return response(req, http.StatusOK, h, b), nil
+}
+
+// callTool calls the tool on cs under a context that ends with ctx while
+// the call waits, and not when it has returned: the client cancels an
+// attempt's context as soon as the attempt returns, and go-sdk may still
+// be reading the rest of the answer's stream under it; canceling that read
+// closes the connection, and every call would dial a new one.
+func callTool(ctx context.Context, cs *mcp.ClientSession, p *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+	callCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	res, err := cs.CallTool(callCtx, p)
+	if !stop() {
+		// ctx ended during the call, and ended it: say why.
+		if err != nil {
+			err = fmt.Errorf("%w: %v", context.Cause(ctx), err)
+		}
+		return res, err
+	}
+	// callCtx is never canceled now: it holds nothing but its values, and
+	// is collected with the stream that reads under it.
+	return res, err
 }
 
 // untraced is a context without its httptrace.ClientTrace, for the

@@ -69,6 +69,7 @@ func benchToolCall(b *testing.B, callers int, via string) {
 	args := emailIn{To: "ann@example.com", Subject: "invoice 7"}
 
 	var call func(i int64) error
+	var sqlite *idem.SQLiteJournal
 	switch via {
 	case "bare", "bare+key":
 		cs, err := open(context.Background())
@@ -95,7 +96,7 @@ func benchToolCall(b *testing.B, callers int, via string) {
 				b.Fatal(err)
 			}
 			defer sj.Close()
-			j = sj
+			j, sqlite = sj, sj
 		}
 		c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Open: open})
 		if err != nil {
@@ -114,7 +115,18 @@ func benchToolCall(b *testing.B, callers int, via string) {
 	if err := call(0); err != nil {
 		b.Fatal(err)
 	}
+	var s0 idem.SQLiteStats
+	if sqlite != nil {
+		s0 = sqlite.Stats()
+	}
 	runCallers(b, callers, call)
+	if sqlite != nil {
+		// The journal's own count: durable commits and flushes of
+		// deferred ones are its fsyncs.
+		s1 := sqlite.Stats()
+		b.ReportMetric(float64(s1.DurableCommits+s1.Flushes-s0.DurableCommits-s0.Flushes)/float64(b.N), "fsyncs/op")
+		b.ReportMetric(float64(s1.Writes-s0.Writes)/float64(b.N), "writes/op")
+	}
 }
 
 // runCallers runs b.N calls (numbered from 1) from callers goroutines and

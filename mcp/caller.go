@@ -257,7 +257,12 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return rpcResponse(req, we), nil
 	}
 	if err != nil {
-		t.broken(cs)
+		if ctx.Err() == nil {
+			// The session failed under the call. A call that ended with
+			// its own context says nothing of the session, which the
+			// runtime's other calls share.
+			t.broken(cs)
+		}
 		return nil, err
 	}
 	rb, err := json.Marshal(res)

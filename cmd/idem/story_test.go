@@ -209,9 +209,34 @@ func killedHoldingTheLease(t *testing.T) (*storyServer, string, idem.Record) {
 // has ended.
 func holdingTheLease(t *testing.T) (*storyServer, string, idem.Record, *exec.Cmd, <-chan struct{}) {
 	t.Helper()
-	srv := newStoryServer(t)
 	path := filepath.Join(t.TempDir(), "ops.db")
-	app, out := startApp(t, "story", "IDEM_TEST_BASE_URL="+srv.URL, "IDEM_TEST_JOURNAL="+path)
+	var j idem.Journal
+	t.Cleanup(func() {
+		if j != nil {
+			_ = j.Close()
+		}
+	})
+	srv, rec, app, exited := storyHolding(t, func() idem.Journal {
+		if j == nil {
+			var err error
+			j, err = idem.OpenSQLite(path, idem.SQLiteMustExist())
+			require.NoError(t, err)
+		}
+		return j
+	}, "IDEM_TEST_JOURNAL="+path)
+	require.NoError(t, j.Close())
+	j = nil
+	return srv, path, rec, app, exited
+}
+
+// storyHolding runs the story application with env (which names its
+// journal) until its second status check, which hangs until srv.letGo,
+// and returns the operation as journal (the test's handle on the same
+// journal, opened once the application has created it) reads it then.
+func storyHolding(t *testing.T, journal func() idem.Journal, env ...string) (*storyServer, idem.Record, *exec.Cmd, <-chan struct{}) {
+	t.Helper()
+	srv := newStoryServer(t)
+	app, out := startApp(t, "story", append([]string{"IDEM_TEST_BASE_URL=" + srv.URL}, env...)...)
 
 	// The application is in its second status check, which hangs: wait
 	// until the first is journaled. exited is closed when it has ended;
@@ -230,10 +255,10 @@ func holdingTheLease(t *testing.T) (*storyServer, string, idem.Record, *exec.Cmd
 	case <-exited:
 		t.Fatalf("the application exited early (%v):\n%s", waitErr, out)
 	}
-	j, err := idem.OpenSQLite(path, idem.SQLiteMustExist())
-	require.NoError(t, err)
+	j := journal()
 	var rec idem.Record
 	for {
+		var err error
 		rec, err = j.Lookup(context.Background(), "default", "checkout/cart-42")
 		require.NoError(t, err)
 		hist, err := j.History(context.Background(), rec.Key)
@@ -243,8 +268,7 @@ func holdingTheLease(t *testing.T) (*storyServer, string, idem.Record, *exec.Cmd
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	require.NoError(t, j.Close())
-	return srv, path, rec, app, exited
+	return srv, rec, app, exited
 }
 
 // A reconcile does not wait for the lease of a process that died holding

@@ -20,7 +20,9 @@ func TestWriteRefusesAnUncommittedTree(t *testing.T) {
 		dirty func(t *testing.T, repo string)
 	}{
 		{"untracked file", func(t *testing.T, repo string) { writeFile(t, filepath.Join(repo, "extra.go"), "package idem\n") }},
-		{"modified file", func(t *testing.T, repo string) { writeFile(t, filepath.Join(repo, "idem.go"), "package idem\n\n// changed\n") }},
+		{"modified file", func(t *testing.T, repo string) {
+			writeFile(t, filepath.Join(repo, "idem.go"), "package idem\n\n// changed\n")
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			repo := t.TempDir()

@@ -72,7 +72,15 @@ func storyApp() error {
 	defer j.Close()
 	// An hour's lease: when the test kills it, only its owner being
 	// gone, never the lease lapsing, lets another take the operation.
-	c, err := idem.New(idem.Config{Journal: j, Owner: "pod-1", BaseURL: base, LeaseDuration: time.Hour,
+	// $IDEM_TEST_LEASE sets another, for a test that stops it until its
+	// lease lapses.
+	lease := time.Hour
+	if v := os.Getenv("IDEM_TEST_LEASE"); v != "" {
+		if lease, err = time.ParseDuration(v); err != nil {
+			return err
+		}
+	}
+	c, err := idem.New(idem.Config{Journal: j, Owner: "pod-1", BaseURL: base, LeaseDuration: lease,
 		Status: idem.StatusEndpoint(base + "/status"),
 		Retry:  idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}})
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os/exec"
 	"regexp"
 	"strings"
 	"syscall"
@@ -122,4 +123,88 @@ func TestPostgresReconcileOfAWorkerWithoutLiveness(t *testing.T) {
 	<-exited
 	requireOneLineError(t, reconcile(), exitError, until)
 	assert.Equal(t, before, pgSnapshot(t, schema), "a refused reconcile wrote")
+}
+
+// A worker that is alive but stopped (SIGSTOP) past the end of its lease
+// no longer holds the operation: the reconcile goes through, as another
+// worker's claim would, and when the worker runs again and learns the
+// outcome its write is fenced off (its lease is gone): the operator's
+// decision stays.
+func TestReconcileAfterAStoppedWorkersLeaseLapsed(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"sqlite", "postgres"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			var (
+				srv    *storyServer
+				rec    idem.Record
+				app    *exec.Cmd
+				exited <-chan struct{}
+				get    func() idem.Record
+				settle func() result
+				snap   func() snapshot
+			)
+			args := []string{"reconcile", "", "--as", "rejected", "--note", "no order 42 in the ERP"}
+			if kind == "sqlite" {
+				var path string
+				srv, path, rec, app, exited = holdingTheLeaseFor(t, "2s")
+				get = func() idem.Record { return getRecord(t, path, rec.Key) }
+				settle = func() result { args[1] = rec.Key; return idemOn(t, path, args...) }
+				snap = func() snapshot { return takeSnapshot(t, path) }
+			} else {
+				schema, j := pgJournal(t)
+				srv, rec, app, exited = storyHolding(t, func() idem.Journal { return j },
+					"IDEM_TEST_SCHEMA="+schema, "IDEM_TEST_LEASE=2s")
+				get = func() idem.Record {
+					got, err := j.Get(context.Background(), rec.Key)
+					require.NoError(t, err)
+					return got
+				}
+				settle = func() result { args[1] = rec.Key; return idemOnPG(t, schema, args...) }
+				snap = func() snapshot { return pgSnapshot(t, schema) }
+			}
+			require.NoError(t, app.Process.Signal(syscall.SIGSTOP))
+			// Its lease lapses: the journal's clock passes its end.
+			for {
+				before := snap()
+				r := settle()
+				if r.code == exitOK {
+					break
+				}
+				requireOneLineError(t, r, exitError, "being driven by "+rec.Lease.Owner)
+				assert.Equal(t, before, snap(), "a refused reconcile wrote")
+				time.Sleep(100 * time.Millisecond)
+			}
+			require.NoError(t, app.Process.Signal(syscall.SIGCONT))
+			srv.letGo()
+			<-exited
+			got := get()
+			assert.Equal(t, idem.StateRejected, got.State, "the worker overwrote the operator's decision")
+			assert.Equal(t, "no order 42 in the ERP", got.Note)
+		})
+	}
+}
+
+// On PostgreSQL, reconciles racing the live worker as it settles the
+// operation: each is refused, as leased, then as settled, and the
+// worker's outcome stays.
+func TestPostgresReconcileAsTheWorkerSettles(t *testing.T) {
+	t.Parallel()
+	schema, j := pgJournal(t)
+	srv, rec, _, exited := storyHolding(t, func() idem.Journal { return j }, "IDEM_TEST_SCHEMA="+schema)
+	srv.letGo()
+	for {
+		r := idemOnPG(t, schema, "reconcile", rec.Key, "--as", "rejected", "--note", "no order 42 in the ERP")
+		require.Equal(t, exitError, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+		if strings.Contains(r.stderr, "being driven by "+rec.Lease.Owner) {
+			continue
+		}
+		requireOneLineError(t, r, exitError, "is succeeded; only unknown or expired operations are reconciled")
+		break
+	}
+	<-exited
+	got, err := j.Get(context.Background(), rec.Key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, got.State)
+	assert.Empty(t, got.Note, "the worker's outcome was overwritten")
 }

@@ -209,6 +209,13 @@ func killedHoldingTheLease(t *testing.T) (*storyServer, string, idem.Record) {
 // has ended.
 func holdingTheLease(t *testing.T) (*storyServer, string, idem.Record, *exec.Cmd, <-chan struct{}) {
 	t.Helper()
+	return holdingTheLeaseFor(t, "1h")
+}
+
+// holdingTheLeaseFor is holdingTheLease with a lease of the duration
+// given (which the application renews while it runs).
+func holdingTheLeaseFor(t *testing.T, lease string) (*storyServer, string, idem.Record, *exec.Cmd, <-chan struct{}) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "ops.db")
 	var j idem.Journal
 	t.Cleanup(func() {
@@ -223,7 +230,7 @@ func holdingTheLease(t *testing.T) (*storyServer, string, idem.Record, *exec.Cmd
 			require.NoError(t, err)
 		}
 		return j
-	}, "IDEM_TEST_JOURNAL="+path)
+	}, "IDEM_TEST_JOURNAL="+path, "IDEM_TEST_LEASE="+lease)
 	require.NoError(t, j.Close())
 	j = nil
 	return srv, path, rec, app, exited

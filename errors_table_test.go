@@ -260,10 +260,10 @@ var errorProducers = map[string]producer{
 		policy := fastRetry()
 		policy.MaxStatusChecks = 1
 		c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.URL + "/status"),
-			Retry: policy, Retention: 50 * time.Millisecond})
+			Retry: policy, Retention: time.Second}) // not less: a loaded machine's first call may outlive it
 		_, err := c.Do(context.Background(), idem.Op{ID: "op", URL: "/orders"})
 		require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-		time.Sleep(100 * time.Millisecond) // past the server's retention
+		time.Sleep(1100 * time.Millisecond) // past the server's retention
 		return c.Do(context.Background(), idem.Op{ID: "op", URL: "/orders"})
 	},
 	"ErrCanceled": func(t *testing.T) (*idem.Result, error) {

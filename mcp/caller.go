@@ -266,12 +266,21 @@ const (
 	codeServerClosing       = -32004
 )
 
-// serverError is err when it is the server's JSON-RPC error response, and
-// nil for a local failure (go-sdk wraps those, some in its own codes).
+// serverError is the server's JSON-RPC error response in err, and nil for
+// a local failure. go-sdk hands the server's error over wrapped ("calling
+// "tools/call": ..."); its own failures are no *jsonrpc.Error, or carry
+// its codes: rejected by the transport (never reached the server, or an
+// HTTP answer that is not the call's, such as an unknown session) and
+// closing.
 func serverError(err error) *jsonrpc.Error {
-	we, ok := err.(*jsonrpc.Error)
-	if !ok || we.Code == codeRejectedByTransport || we.Code == codeClientClosing {
+	var we *jsonrpc.Error
+	if !errors.As(err, &we) {
 		return nil
+	}
+	for _, local := range []int64{codeRejectedByTransport, codeClientClosing, codeServerClosing} {
+		if errors.Is(err, &jsonrpc.Error{Code: local}) {
+			return nil
+		}
 	}
 	return we
 }
@@ -297,7 +306,7 @@ func rpcResponse(req *http.Request, we *jsonrpc.Error) *http.Response {
 	switch we.Code {
 	case CodeInProgress:
 		return problem(http.StatusConflict, wire.ProblemInProgress)
-	case CodeStoreUnavailable, codeServerClosing:
+	case CodeStoreUnavailable:
 		return problem(http.StatusServiceUnavailable, wire.ProblemStoreFailed)
 	case CodeKeyReused:
 		return problem(http.StatusUnprocessableEntity, wire.ProblemKeyReused)

@@ -1,0 +1,119 @@
+package mcp_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	idemmcp "github.com/idemkit/idem/mcp"
+)
+
+// countToolCalls counts the tools/call requests that reach h.
+func countToolCalls(n *atomic.Int64) func(http.Handler) http.Handler {
+	return func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				if body, _ := readAndRestore(r); strings.Contains(body, `"tools/call"`) {
+					n.Add(1)
+				}
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+}
+
+// A JSON-RPC error the server answered (go-sdk hands it to the client
+// wrapped: "calling "tools/call": ...") is the server's answer: the call is
+// settled as rejected, once, and a repeated Call answers it from the
+// journal without sending.
+func TestCallerSettlesAServersJSONRPCErrorOnce(t *testing.T) {
+	j := openSQLite(t)
+	m := &mailServer{}
+	var sent atomic.Int64
+	c := openCaller(t, j, serveMail(t, m, newGuard(t, idemmcp.GuardConfig{}), countToolCalls(&sent)))
+	for i := range 2 {
+		_, err := c.Call(context.Background(), "call_unknown", "no_such_tool", emailIn{To: "ann@example.com"})
+		var we *jsonrpc.Error
+		require.ErrorAs(t, err, &we, "call %d", i+1)
+		assert.EqualValues(t, jsonrpc.CodeInvalidParams, we.Code)
+		assert.Contains(t, we.Message, "no_such_tool")
+	}
+	assert.EqualValues(t, 1, sent.Load(), "the server's answer was final: sent once, then answered from the journal")
+	rec, err := j.Lookup(context.Background(), "mcp", "call_unknown")
+	require.NoError(t, err)
+	assert.True(t, rec.State.Terminal(), "settled, not %s", rec.State)
+	_, err = c.Result(context.Background(), "call_unknown")
+	var we *jsonrpc.Error
+	assert.ErrorAs(t, err, &we)
+}
+
+// A guarded tool whose handler fails with a Go error (a JSON-RPC error,
+// not an isError result) ran: the error is stored, replayed, and the
+// Caller settles the call with it, never running the tool again.
+func TestGuardAndCallerKeepAToolsProtocolError(t *testing.T) {
+	j := openSQLite(t)
+	var runs atomic.Int64
+	s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
+	s.AddTool(&mcp.Tool{Name: "charge", InputSchema: map[string]any{"type": "object"}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		runs.Add(1)
+		return nil, errors.New("the card was charged, then the ledger failed")
+	})
+	s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{Tools: []string{"charge"}}).Middleware)
+	srv := newHTTPServer(t, s)
+	cs := connectURL(t, srv)
+	for range 2 {
+		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"n": 1}, Meta: mcp.Meta{idemmcp.MetaKey: "k1"}})
+		var we *jsonrpc.Error
+		require.ErrorAs(t, err, &we)
+		assert.Contains(t, we.Message, "ledger failed")
+	}
+	assert.EqualValues(t, 1, runs.Load(), "a failed run is stored, not run again")
+
+	c := openCaller(t, j, srv)
+	for range 2 {
+		_, err := c.Call(context.Background(), "call_charge", "charge", map[string]any{"n": 2})
+		var we *jsonrpc.Error
+		require.ErrorAs(t, err, &we)
+		assert.Contains(t, we.Message, "ledger failed")
+	}
+	assert.EqualValues(t, 2, runs.Load(), "the Caller's call ran once")
+	rec, err := j.Lookup(context.Background(), "mcp", "call_charge")
+	require.NoError(t, err)
+	assert.True(t, rec.State.Terminal(), "settled by the stored error, not %s", rec.State)
+	assert.Equal(t, 1, rec.Attempts, "the answer was the server's: not sent again")
+}
+
+func newHTTPServer(t *testing.T, s *mcp.Server) string {
+	t.Helper()
+	srv := httptestServer(t, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	return srv
+}
+
+func connectURL(t *testing.T, url string) *mcp.ClientSession {
+	t.Helper()
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil)
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
+var _ = idem.ErrNotFound
+var _ = json.Marshal
+
+func httptestServer(t *testing.T, h http.Handler) string {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}

@@ -128,6 +128,7 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 		// Every guarded call is a POST to /tools/{name}: the name and the
 		// canonical arguments are its fingerprint.
 		Methods:      []string{http.MethodPost},
+		MaxKeyLength: wire.MaxKeyLength + len(roundSuffix) + 64,
 		LockTimeout:  cfg.LockTimeout,
 		Retention:    cfg.Retention,
 		MaxBodyBytes: cfg.MaxArgumentBytes + 64 + int64(len(longestName(cfg.Tools))),
@@ -172,7 +173,11 @@ func (g *Guard) Middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if err != nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: %v", call.Params.Name, err)}
 		}
-		return g.serve(ctx, &pending{next: next, method: method, req: call}, scope, key, args)
+		round, err := roundKey(key, call.Params)
+		if err != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: %v", call.Params.Name, err)}
+		}
+		return g.serve(ctx, &pending{next: next, method: method, req: call}, scope, key, round, args)
 	}
 }
 
@@ -223,6 +228,33 @@ func keyOf(call *mcp.CallToolRequest) (string, error) {
 	return key, nil
 }
 
+// roundSuffix starts what roundKey appends to a key.
+const roundSuffix = "#round-"
+
+// roundKey is the key a round of a multi-round-trip call (SEP-2322) is
+// kept under. A tool that answers "input required" has not done its work
+// yet: the client fulfils the input and calls again with the same key and
+// arguments, plus the responses and the request state, and that round
+// must run the tool, not replay the first answer. So each round is kept,
+// and replayed after a lost answer, on its own: the first under the key,
+// a later one under the key and a digest of what it brings.
+func roundKey(key string, p *mcp.CallToolParamsRaw) (string, error) {
+	if len(p.InputResponses) == 0 && p.RequestState == "" {
+		return key, nil
+	}
+	in, err := json.Marshal(p.InputResponses)
+	if err != nil {
+		return "", fmt.Errorf("the input responses do not marshal: %v", err)
+	}
+	if in, err = Canonical(in); err != nil {
+		return "", fmt.Errorf("the input responses: %v", err)
+	}
+	f := wire.NewFingerprint()
+	f.String(p.RequestState)
+	f.Bytes(in)
+	return key + roundSuffix + f.Sum(), nil
+}
+
 type scopeKey struct{}
 
 type pendingKey struct{}
@@ -269,7 +301,9 @@ func runTool(w http.ResponseWriter, r *http.Request) {
 
 // serve runs the call through the server middleware, waiting up to
 // GuardConfig.Wait while a concurrent call with the key runs.
-func (g *Guard) serve(ctx context.Context, p *pending, scope, key string, args []byte) (mcp.Result, error) {
+// The call's key is key; the server middleware keeps it under round
+// (roundKey).
+func (g *Guard) serve(ctx context.Context, p *pending, scope, key, round string, args []byte) (mcp.Result, error) {
 	name := p.req.Params.Name
 	body, _ := json.Marshal(struct {
 		Tool      string          `json:"tool"`
@@ -282,7 +316,7 @@ func (g *Guard) serve(ctx context.Context, p *pending, scope, key string, args [
 		if err != nil {
 			return nil, err
 		}
-		r.Header.Set(wire.KeyHeader, wire.FormatKey(key, true))
+		r.Header.Set(wire.KeyHeader, wire.FormatKey(round, true))
 		r.Header.Set("Content-Type", "application/json")
 		rec := newRecorder()
 		g.h.ServeHTTP(rec, r)

@@ -117,3 +117,51 @@ func httptestServer(t *testing.T, h http.Handler) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
+
+// A guarded tool that asks the client for input first (a multi-round-trip
+// result, SEP-2322) is not done by its first answer. On a stateful server
+// go-sdk fulfils the input inside the call, under the Guard; on a
+// stateless one (protocol 2026-07-28) the client does, and calls again
+// with the same params, key included, plus the responses: that round runs
+// the tool, once, and each round is replayed on its own.
+func TestGuardLetsAToolAskForInputFirst(t *testing.T) {
+	for _, stateless := range []bool{false, true} {
+		var asked, ran atomic.Int64
+		s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
+		s.AddTool(&mcp.Tool{Name: "send_email", InputSchema: map[string]any{"type": "object"}}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			if len(req.Params.InputResponses) == 0 {
+				asked.Add(1)
+				return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{"confirm": &mcp.ElicitParams{Message: "send it?",
+					RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}}}}}, nil
+			}
+			ran.Add(1)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sent"}}}, nil
+		})
+		s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{}).Middleware)
+		url := httptestServer(t, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: stateless}))
+		c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, &mcp.ClientOptions{
+			ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{}}, nil
+			}})
+		cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = cs.Close() })
+		call := func() (*mcp.CallToolResult, error) {
+			return cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "send_email", Arguments: emailIn{To: "ann@example.com"},
+				Meta: mcp.Meta{idemmcp.MetaKey: "call_confirm"}})
+		}
+		res, err := call()
+		require.NoError(t, err, "stateless %v: the round with the input ran the tool", stateless)
+		require.False(t, res.NeedsInput())
+		assert.Equal(t, "sent", res.Content[0].(*mcp.TextContent).Text)
+		assert.EqualValues(t, 1, ran.Load())
+
+		// The whole exchange again, as after a lost answer: replayed.
+		res, err = call()
+		require.NoError(t, err)
+		assert.Equal(t, "sent", res.Content[0].(*mcp.TextContent).Text)
+		assert.Equal(t, true, res.Meta[idemmcp.MetaReplayed], "stateless %v", stateless)
+		assert.EqualValues(t, 1, ran.Load(), "stateless %v: the tool ran once for the key", stateless)
+		assert.EqualValues(t, 1, asked.Load(), "stateless %v: the first round was replayed too", stateless)
+	}
+}

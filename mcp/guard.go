@@ -365,6 +365,11 @@ func decode(rec *recorder, name, key string) (mcp.Result, error) {
 	if err := json.Unmarshal(env.Result, res); err != nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("tool %q: the stored result does not parse: %v", name, err)}
 	}
+	// The mark is the Guard's to set: a tool's own says nothing.
+	delete(res.Meta, MetaReplayed)
+	if len(res.Meta) == 0 {
+		res.Meta = nil
+	}
 	if wire.Replayed(rec.header) {
 		if res.Meta == nil {
 			res.Meta = mcp.Meta{}

@@ -165,3 +165,40 @@ func TestGuardLetsAToolAskForInputFirst(t *testing.T) {
 		assert.EqualValues(t, 1, asked.Load(), "stateless %v: the first round was replayed too", stateless)
 	}
 }
+
+// liar is a tool that marks its own result as a replay.
+func liar(runs *atomic.Int64) mcp.ToolHandler {
+	return func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		runs.Add(1)
+		return &mcp.CallToolResult{Meta: mcp.Meta{idemmcp.MetaReplayed: true}, Content: []mcp.Content{&mcp.TextContent{Text: "ran"}}}, nil
+	}
+}
+
+// The replay mark is the Guard's: a tool that sets it on a result it just
+// produced does not get it to the client, and a replay carries it.
+func TestGuardOwnsTheReplayMark(t *testing.T) {
+	var runs atomic.Int64
+	s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
+	s.AddTool(&mcp.Tool{Name: "send_email", InputSchema: map[string]any{"type": "object"}}, liar(&runs))
+	s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{}).Middleware)
+	cs := connectURL(t, newHTTPServer(t, s))
+	first, err := call(cs, "k1", map[string]any{})
+	require.NoError(t, err)
+	assert.Nil(t, first.Meta[idemmcp.MetaReplayed], "a first run is not a replay, whatever the tool says")
+	again, err := call(cs, "k1", map[string]any{})
+	require.NoError(t, err)
+	assert.Equal(t, true, again.Meta[idemmcp.MetaReplayed])
+	assert.EqualValues(t, 1, runs.Load())
+}
+
+// Verify is not fooled by a server without keys whose tool marks every
+// result a replay: the first answer to a new key cannot be one.
+func TestVerifyIsNotFooledByAToolThatMarksItsResultsReplayed(t *testing.T) {
+	var runs atomic.Int64
+	s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
+	s.AddTool(&mcp.Tool{Name: "send_email", InputSchema: map[string]any{"type": "object"}}, liar(&runs))
+	c := openCaller(t, openSQLite(t), newHTTPServer(t, s))
+	err := c.Verify(context.Background(), "send_email", map[string]any{})
+	assert.ErrorIs(t, err, idemmcp.ErrKeysNotHonoured)
+	assert.EqualValues(t, 2, runs.Load(), "it ran twice: keys are not honoured")
+}

@@ -16,7 +16,8 @@ var ErrKeysNotHonoured = errors.New("idem/mcp: the server does not honour idempo
 
 // Verify asks whether the server honours keys for tool: it calls the tool
 // twice with one new key and args, outside the journal, and expects the
-// second answer to be the first one replayed (MetaReplayed). The tool
+// second answer to be the first one replayed (MetaReplayed), and the
+// first not to claim to be one. The tool
 // runs once, or twice on a server that does not honour keys: give it a
 // tool the operator marked as safe to call for a test. It returns nil,
 // ErrKeysNotHonoured (wrapped, saying what was seen), or the error that
@@ -37,6 +38,10 @@ func (c *Caller) Verify(ctx context.Context, tool string, args any) error {
 			return fmt.Errorf("idem/mcp: verifying tool %q, call %d of 2: %w", tool, i+1, err)
 		}
 		answers[i] = res
+	}
+	if replayed, _ := answers[0].Meta[MetaReplayed].(bool); replayed {
+		return fmt.Errorf("%w: tool %q answered the first call with the new key %s as a replay (_meta[%q]): its replay mark does not come from key handling, so a replay cannot be told from a second run",
+			ErrKeysNotHonoured, tool, key, MetaReplayed)
 	}
 	if replayed, _ := answers[1].Meta[MetaReplayed].(bool); !replayed {
 		return fmt.Errorf("%w: tool %q answered a second call with the key %s without _meta[%q]: it ran again, so a call whose answer is lost would run twice; put the server's tools behind a Guard (or its own key handling that marks replays)",

@@ -3,19 +3,29 @@ package mcp
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"unicode/utf8"
 )
 
 // Canonical returns the canonical form of a tool call's arguments, by
 // which two calls with one key are compared: the JSON value as
-// encoding/json reads it (numbers kept as written, a repeated object
-// member's last value), written back with no insignificant white space and
-// every object's members sorted by name. So {"b": 1, "a": [true]} and
-// {"a":[true],"b":1} are the same arguments, and 1 and 1.0 are not. Absent
-// arguments are null.
+// encoding/json reads it (numbers kept as written), written back with no
+// insignificant white space and every object's members sorted by name.
+// So {"b": 1, "a": [true]} and {"a":[true],"b":1} are the same arguments,
+// and 1 and 1.0 are not. Absent arguments are null.
+//
+// Arguments that encoding/json reads as one value but a tool reading its
+// raw arguments may read as another are refused: an object with a member
+// named twice, bytes that are not UTF-8, a \u escape of half a surrogate
+// pair. Each of them would compare equal to arguments that differ.
 func Canonical(args json.RawMessage) ([]byte, error) {
 	if len(bytes.TrimSpace(args)) == 0 {
 		return []byte("null"), nil
+	}
+	if err := unambiguous(args); err != nil {
+		return nil, fmt.Errorf("the arguments are ambiguous: %w; send each member once, as UTF-8", err)
 	}
 	d := json.NewDecoder(bytes.NewReader(args))
 	d.UseNumber()
@@ -35,4 +45,111 @@ func Canonical(args json.RawMessage) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// unambiguous reports the first thing in args that encoding/json reads
+// lossily: invalid UTF-8, a lone surrogate escape, a repeated member.
+// Syntax errors are left to the decoder.
+func unambiguous(args []byte) error {
+	if !utf8.Valid(args) {
+		return errors.New("they hold bytes that are not UTF-8")
+	}
+	if err := surrogates(args); err != nil {
+		return err
+	}
+	// Each open object's member names; nil for an array.
+	var open []map[string]bool
+	expectKey := false
+	d := json.NewDecoder(bytes.NewReader(args))
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return nil // not JSON: the decoder says so
+		}
+		switch tok {
+		case json.Delim('{'):
+			open = append(open, map[string]bool{})
+			expectKey = true
+			continue
+		case json.Delim('['):
+			open = append(open, nil)
+		case json.Delim('}'), json.Delim(']'):
+			open = open[:len(open)-1]
+		default:
+			if name, ok := tok.(string); ok && expectKey {
+				if open[len(open)-1][name] {
+					return fmt.Errorf("the member %q is named twice in one object", name)
+				}
+				open[len(open)-1][name] = true
+				expectKey = false
+				continue
+			}
+		}
+		// After a value (or a closed container), an object's next token is
+		// a name.
+		expectKey = len(open) > 0 && open[len(open)-1] != nil
+	}
+}
+
+// surrogates reports a \u escape of half a surrogate pair, which
+// encoding/json reads as U+FFFD whatever half it was.
+func surrogates(args []byte) error {
+	inString := false
+	for i := 0; i < len(args); i++ {
+		c := args[i]
+		if !inString {
+			inString = c == '"'
+			continue
+		}
+		switch c {
+		case '"':
+			inString = false
+		case '\\':
+			if i+1 < len(args) && args[i+1] == 'u' {
+				r, ok := hex4(args[i+2:])
+				switch {
+				case !ok:
+				case 0xDC00 <= r && r <= 0xDFFF:
+					return fmt.Errorf("a string holds \\u%04x, half a surrogate pair", r)
+				case 0xD800 <= r && r <= 0xDBFF:
+					lo, ok := uint16(0), false
+					if i+7 < len(args) && args[i+6] == '\\' && args[i+7] == 'u' {
+						lo, ok = hex4(args[i+8:])
+					}
+					if !ok || lo < 0xDC00 || lo > 0xDFFF {
+						return fmt.Errorf("a string holds \\u%04x, half a surrogate pair", r)
+					}
+					i += 6 // the low half, checked
+				}
+				i += 5
+				continue
+			}
+			i++ // the escaped byte
+		}
+	}
+	return nil
+}
+
+func hex4(b []byte) (uint16, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r uint16
+	for _, c := range b[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | uint16(c)
+	}
+	return r, true
 }

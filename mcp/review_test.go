@@ -202,3 +202,56 @@ func TestVerifyIsNotFooledByAToolThatMarksItsResultsReplayed(t *testing.T) {
 	assert.ErrorIs(t, err, idemmcp.ErrKeysNotHonoured)
 	assert.EqualValues(t, 2, runs.Load(), "it ran twice: keys are not honoured")
 }
+
+// Arguments that read as one value to encoding/json but as two to a tool
+// that reads its raw arguments (go-sdk hands them over as sent): a
+// repeated member, a lone surrogate, bytes that are not UTF-8. With one
+// key, the second must not get the first's result as if it were its own.
+func TestGuardDoesNotReplayArgumentsThatOnlyReadTheSame(t *testing.T) {
+	for name, pair := range map[string][2]string{
+		"repeated member":   {`{"to":"ann","to":"bob"}`, `{"to":"bob"}`},
+		"lone surrogates":   {`{"to":"\ud800"}`, `{"to":"\udc00"}`},
+		"surrogate or FFFD": {`{"to":"\ud800"}`, `{"to":"\ufffd"}`},
+		"not UTF-8":         {"{\"to\":\"\xff\"}", "{\"to\":\"\xfe\"}"},
+	} {
+		var runs atomic.Int64
+		s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
+		s.AddTool(&mcp.Tool{Name: "send_email", InputSchema: map[string]any{"type": "object"}}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			runs.Add(1)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(req.Params.Arguments)}}}, nil
+		})
+		s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{}).Middleware)
+		cs := connectURL(t, newHTTPServer(t, s))
+		var answers []string
+		for _, args := range pair {
+			res, err := call(cs, "k1", json.RawMessage(args))
+			if err != nil {
+				var we *jsonrpc.Error
+				require.ErrorAs(t, err, &we, name)
+				answers = append(answers, "refused")
+				continue
+			}
+			answers = append(answers, res.Content[0].(*mcp.TextContent).Text)
+			assert.Nil(t, res.Meta[idemmcp.MetaReplayed], "%s: %s got another call's result as its own", name, args)
+		}
+		assert.NotEqual(t, pair[0], answers[1], name)
+	}
+}
+
+func TestCanonicalRefusesWhatReadsLossily(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"s":"\ud83d\ude00"}`:            `{"s":"😀"}`,
+		`{"s":"\\ud800"}`:                 `{"s":"\\ud800"}`,
+		`[{"a":1},{"a":2}]`:               `[{"a":1},{"a":2}]`,
+		`{"a":{"a":1},"b":[{"a":1}]}`:     `{"a":{"a":1},"b":[{"a":1}]}`,
+		`{"a":"x","b":["a","a"],"c":"a"}`: `{"a":"x","b":["a","a"],"c":"a"}`,
+	} {
+		got, err := idemmcp.Canonical(json.RawMessage(in))
+		require.NoError(t, err, in)
+		assert.Equal(t, want, string(got), in)
+	}
+	for _, bad := range []string{`{"a":1,"a":1}`, `[{"x":{"a":1,"b":2,"a":3}}]`, `"\udc00"`, `"\ud800x"`, `"\ud800\u0041"`, "\"\xc3\"", `{"\ud800":1}`} {
+		_, err := idemmcp.Canonical(json.RawMessage(bad))
+		assert.ErrorContains(t, err, "ambiguous", bad)
+	}
+}

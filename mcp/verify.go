@@ -17,9 +17,9 @@ var ErrKeysNotHonoured = errors.New("idem/mcp: the server does not honour idempo
 // Verify asks whether the server honours keys for tool: it calls the tool
 // twice with one new key and args, outside the journal, and expects the
 // second answer to be the first one replayed (MetaReplayed), and the
-// first not to claim to be one. The tool
-// runs once, or twice on a server that does not honour keys: give it a
-// tool the operator marked as safe to call for a test. It returns nil,
+// first not to claim to be one. The tool runs once, or twice on a server
+// that does not honour keys: give it a tool the operator marked as safe
+// to call for a test. It returns nil,
 // ErrKeysNotHonoured (wrapped, saying what was seen), or the error that
 // kept it from telling.
 func (c *Caller) Verify(ctx context.Context, tool string, args any) error {

@@ -128,15 +128,20 @@ func (c *Caller) Resume(ctx context.Context) (idem.ResumeReport, error) {
 	return c.c.Resume(ctx)
 }
 
+// ErrNotSettled: the tool call is journaled, but its outcome is not known
+// yet; Call it again, or Resume, to settle it.
+var ErrNotSettled = errors.New("idem/mcp: tool call not settled")
+
 // Result is the journaled result of the tool call callID, or an error: the
-// call is not journaled (idem.ErrNotFound), or not settled yet.
+// call is not journaled (idem.ErrNotFound), or not settled yet
+// (ErrNotSettled).
 func (c *Caller) Result(ctx context.Context, callID string) (*mcp.CallToolResult, error) {
 	rec, err := c.c.Lookup(ctx, "", callID)
 	if err != nil {
 		return nil, err
 	}
 	if !rec.State.Terminal() || rec.Response == nil {
-		return nil, fmt.Errorf("idem/mcp: tool call %q is %s: not settled", callID, rec.State)
+		return nil, fmt.Errorf("%w: tool call %q is %s; Call it again or Resume", ErrNotSettled, callID, rec.State)
 	}
 	return decodeResult(&idem.Result{StatusCode: rec.Response.StatusCode, Body: rec.Response.Body}, nil)
 }
@@ -243,7 +248,11 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return rpcResponse(req, we), nil
 	}
 	if err != nil {
-		t.broken(cs)
+		if req.Context().Err() == nil {
+			// A call given up is no sign of a broken session, which other
+			// calls may be waiting on.
+			t.broken(cs)
+		}
 		return nil, err
 	}
 	rb, err := json.Marshal(res)

@@ -1,0 +1,88 @@
+package mcp_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	idemmcp "github.com/idemkit/idem/mcp"
+)
+
+// One call given up (its context canceled) does not break the session
+// another call of the same Caller is waiting on: that one is answered on
+// its first send.
+func TestCallerCanceledCallLeavesOthersAlone(t *testing.T) {
+	j := openSQLite(t)
+	m := &mailServer{release: make(chan struct{}), started: make(chan struct{}, 2)}
+	c := openCaller(t, j, serveMail(t, m, newGuard(t, idemmcp.GuardConfig{}), nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	errA := make(chan error, 1)
+	go func() {
+		_, err := c.Call(ctx, "call_a", "send_email", emailIn{To: "a"})
+		errA <- err
+	}()
+	<-m.started
+	errB := make(chan error, 1)
+	go func() {
+		_, err := c.Call(context.Background(), "call_b", "send_email", emailIn{To: "b"})
+		errB <- err
+	}()
+	<-m.started
+	cancel()
+	require.Error(t, <-errA)
+	close(m.release)
+	require.NoError(t, <-errB)
+	rec, err := j.Lookup(context.Background(), "mcp", "call_b")
+	require.NoError(t, err)
+	assert.Equal(t, 1, rec.Attempts, "call_b's session was not closed under it")
+	assert.EqualValues(t, 2, m.runs.Load())
+}
+
+// Result of a call that is journaled but not settled says so in a way a
+// runtime can test.
+func TestCallerResultOfAnUnsettledCall(t *testing.T) {
+	j := openSQLite(t)
+	var opens atomic.Int64
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+		Open: func(context.Context) (*mcp.ClientSession, error) {
+			opens.Add(1)
+			return nil, assert.AnError
+		},
+		Client: idem.Config{Retry: idem.RetryPolicy{MinBackoff: 1, MaxBackoff: 1, MaxAttempts: 1}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	_, err = c.Call(context.Background(), "call_1", "send_email", emailIn{To: "x"})
+	require.Error(t, err)
+	_, err = c.Result(context.Background(), "call_1")
+	assert.ErrorIs(t, err, idemmcp.ErrNotSettled)
+	_, err = c.Result(context.Background(), "call_never")
+	assert.ErrorIs(t, err, idem.ErrNotFound)
+}
+
+// Tool names with bytes that mean something in a URL reach the server as
+// they were named.
+func TestCallerOddToolNames(t *testing.T) {
+	j := openSQLite(t)
+	names := []string{"ns/send_email", "send email", "a?b#c", "100%", "ünï"}
+	var seen []string
+	s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
+	for _, n := range names {
+		s.AddTool(&mcp.Tool{Name: n, InputSchema: map[string]any{"type": "object"}}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			seen = append(seen, req.Params.Name)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: req.Params.Name}}}, nil
+		})
+	}
+	s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{Tools: names}).Middleware)
+	c := openCaller(t, j, newHTTPServer(t, s))
+	for i, n := range names {
+		res, err := c.Call(context.Background(), "call_"+string(rune('a'+i)), n, map[string]any{})
+		require.NoError(t, err, n)
+		assert.Equal(t, n, res.Content[0].(*mcp.TextContent).Text)
+	}
+	assert.Equal(t, names, seen)
+}

@@ -293,9 +293,21 @@ func runTool(w http.ResponseWriter, r *http.Request) {
 		}
 		env.Result = b
 	}
+	status := http.StatusOK
+	failed := env.Error != nil
+	if tr, ok := res.(*mcp.CallToolResult); ok && tr != nil && tr.IsError {
+		failed = true
+	}
+	if failed && errors.Is(context.Cause(r.Context()), server.ErrLockNotRenewed) {
+		// The tool failed after the middleware told it to stop, its lock
+		// not kept: the failure is the interruption's. As for an HTTP
+		// handler's 5xx then, it is not stored, and the key, once stale,
+		// runs the call again.
+		status = http.StatusInternalServerError
+	}
 	b, _ := json.Marshal(env)
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 	_, _ = w.Write(b)
 }
 

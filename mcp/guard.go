@@ -131,7 +131,10 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 		MaxKeyLength: wire.MaxKeyLength + len(roundSuffix) + 64,
 		LockTimeout:  cfg.LockTimeout,
 		Retention:    cfg.Retention,
-		MaxBodyBytes: cfg.MaxArgumentBytes + 64 + int64(len(longestName(cfg.Tools))),
+		// The arguments' own limit is checked before: this one only has
+		// to leave room for the tool's name, each byte of it escaped in
+		// JSON (\u003c) at worst.
+		MaxBodyBytes: cfg.MaxArgumentBytes + 64 + 6*int64(len(longestName(cfg.Tools))),
 		Logger:       cfg.Logger,
 	})
 	if err != nil {
@@ -173,6 +176,9 @@ func (g *Guard) Middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if err != nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: %v", call.Params.Name, err)}
 		}
+		if int64(len(args)) > g.cfg.MaxArgumentBytes {
+			return nil, tooLarge(call.Params.Name, g.cfg.MaxArgumentBytes)
+		}
 		round, err := roundKey(key, call.Params)
 		if err != nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: %v", call.Params.Name, err)}
@@ -206,6 +212,9 @@ func keyOf(call *mcp.CallToolRequest) (string, error) {
 		}
 	}
 	if e := call.Extra; e != nil && e.Header != nil {
+		if n := len(e.Header.Values(wire.KeyHeader)); n > 1 {
+			return "", fmt.Errorf("the request carries %d %s headers; send exactly one", n, wire.KeyHeader)
+		}
 		if h := e.Header.Get(wire.KeyHeader); h != "" {
 			hk, err := wire.ParseKey(h)
 			if err != nil {
@@ -355,7 +364,7 @@ func (g *Guard) serve(ctx context.Context, p *pending, scope, key, round string,
 		case prob.Type == wire.ProblemStoreFailed:
 			return nil, rpcError(CodeStoreUnavailable, key, retry, "tool %q: the key store is unavailable, and the tool did not run; retry with the same key after %v", name, retry)
 		case prob.Type == wire.ProblemBodyTooLarge:
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: the arguments are larger than the server accepts (%d bytes)", name, g.cfg.MaxArgumentBytes)}
+			return nil, tooLarge(name, g.cfg.MaxArgumentBytes)
 		case prob.Type == wire.ProblemKeyInvalid, prob.Type == wire.ProblemUnstorable:
 			return nil, rpcError(CodeKeyInvalid, key, 0, "tool %q: %s", name, prob.Detail)
 		default:
@@ -389,6 +398,10 @@ func decode(rec *recorder, name, key string) (mcp.Result, error) {
 		res.Meta[MetaReplayed] = true
 	}
 	return res, nil
+}
+
+func tooLarge(tool string, limit int64) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: the arguments are larger than the server accepts (%d bytes)", tool, limit)}
 }
 
 func retryAfter(h http.Header) time.Duration {

@@ -54,9 +54,10 @@ const (
 
 // GuardConfig configures a Guard. Store is required.
 type GuardConfig struct {
-	// Store keeps the keys and the results: server.NewMemoryStore,
-	// server.OpenSQLiteStore, postgres.OpenStore, redis.Open. The Guard
-	// never closes it.
+	// Store keeps the keys and the results: server.NewMemoryStore (which
+	// forgets every key when the process restarts: a call sent again then
+	// runs again), server.OpenSQLiteStore, postgres.OpenStore, redis.Open.
+	// The Guard never closes it.
 	Store server.Store
 	// Tools are the names of the tools that run at most once per key.
 	// A call to another tool passes through untouched, key or not.

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	idemmcp "github.com/idemkit/idem/mcp"
 )
 
@@ -51,4 +52,21 @@ func TestGuardArgumentLimit(t *testing.T) {
 		assert.Contains(t, we.Message, "1000 bytes", name)
 		assert.EqualValues(t, 1, runs.Load(), name)
 	}
+}
+
+// The Caller against a stateless streamable server (each request its own
+// session): a lost answer is settled with one run, and the call ID stays
+// the call's, another tool under it refused.
+func TestCallerStatelessServer(t *testing.T) {
+	j := openSQLite(t)
+	m := &mailServer{}
+	s := m.server(t, newGuard(t, idemmcp.GuardConfig{}))
+	url := httptestServer(t, dropFirstAnswers(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}), 1))
+	c := openCaller(t, j, url)
+	res, err := c.Call(context.Background(), "call_1", "send_email", emailIn{To: "ann@example.com"})
+	require.NoError(t, err)
+	assert.Equal(t, "msg-1", structured(t, res).MessageID)
+	assert.EqualValues(t, 1, m.runs.Load())
+	_, err = c.Call(context.Background(), "call_1", "ping", emailIn{To: "ann@example.com"})
+	assert.ErrorIs(t, err, idem.ErrFingerprintMismatch)
 }

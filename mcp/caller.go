@@ -248,9 +248,9 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return rpcResponse(req, we), nil
 	}
 	if err != nil {
-		if req.Context().Err() == nil {
+		if !errors.Is(req.Context().Err(), context.Canceled) {
 			// A call given up is no sign of a broken session, which other
-			// calls may be waiting on.
+			// calls may be waiting on; an attempt that timed out may be.
 			t.broken(cs)
 		}
 		return nil, err

@@ -2,8 +2,12 @@ package mcp_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
@@ -85,4 +89,59 @@ func TestCallerOddToolNames(t *testing.T) {
 		assert.Equal(t, n, res.Content[0].(*mcp.TextContent).Text)
 	}
 	assert.Equal(t, names, seen)
+}
+
+// hangSession lets the first session's first tool call run, then never
+// answers it nor anything else on that session: a connection gone silent.
+// stop, closed, ends the hangs.
+func hangSession(stop <-chan struct{}) func(http.Handler) http.Handler {
+	return func(h http.Handler) http.Handler { return hang(h, stop) }
+}
+
+func hang(h http.Handler, stop <-chan struct{}) http.Handler {
+	var dead atomic.Value
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("Mcp-Session-Id")
+		if d, _ := dead.Load().(string); d != "" && id == d {
+			wait(r, stop)
+			return
+		}
+		if r.Method == http.MethodPost && id != "" {
+			if body, _ := readAndRestore(r); strings.Contains(body, `"tools/call"`) && dead.CompareAndSwap(nil, id) {
+				h.ServeHTTP(httptest.NewRecorder(), r)
+				wait(r, stop)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func wait(r *http.Request, stop <-chan struct{}) {
+	select {
+	case <-r.Context().Done():
+	case <-stop:
+	}
+}
+
+// An attempt that times out on a session gone silent leaves that session:
+// the next attempt opens a new one, and the call is settled (one run).
+func TestCallerLeavesASessionAnAttemptTimedOutOn(t *testing.T) {
+	j := openSQLite(t)
+	m := &mailServer{}
+	stop := make(chan struct{})
+	url := serveMail(t, m, newGuard(t, idemmcp.GuardConfig{}), hangSession(stop))
+	t.Cleanup(func() { close(stop) })
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+		Open: func(ctx context.Context) (*mcp.ClientSession, error) {
+			return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).
+				Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+		},
+		Client: idem.Config{AttemptTimeout: 500 * time.Millisecond, Retry: idem.RetryPolicy{MinBackoff: 1, MaxBackoff: 20_000_000, MaxAttempts: 4}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	res, err := c.Call(context.Background(), "call_1", "send_email", emailIn{To: "x"})
+	require.NoError(t, err)
+	assert.Equal(t, "msg-1", structured(t, res).MessageID)
+	assert.EqualValues(t, 1, m.runs.Load())
 }

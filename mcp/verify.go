@@ -32,7 +32,7 @@ func (c *Caller) Verify(ctx context.Context, tool string, args any) error {
 	for i := range answers {
 		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
 		if err != nil {
-			if serverError(err) == nil && ctx.Err() == nil {
+			if serverError(err) == nil && !errors.Is(ctx.Err(), context.Canceled) {
 				c.tr.broken(cs)
 			}
 			return fmt.Errorf("idem/mcp: verifying tool %q, call %d of 2: %w", tool, i+1, err)

@@ -99,8 +99,12 @@ type GuardConfig struct {
 // request: the same stores, locks, heartbeats, fencing and take-over of a
 // dead process's key as for HTTP.
 type Guard struct {
-	mw    *server.Middleware
-	h     http.Handler
+	mw *server.Middleware
+	h  http.Handler
+	// cont and hc serve the later rounds of a call that asked for input
+	// (see continued).
+	cont  *server.Middleware
+	hc    http.Handler
 	tools map[string]bool
 	cfg   GuardConfig
 }
@@ -123,13 +127,13 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 	for _, t := range cfg.Tools {
 		g.tools[t] = true
 	}
-	mw, err := server.New(server.Config{
+	scfg := server.Config{
 		Store: cfg.Store,
 		Scope: func(r *http.Request) string { return r.Context().Value(scopeKey{}).(string) },
 		// Every guarded call is a POST to /tools/{name}: the name and the
 		// canonical arguments are its fingerprint.
 		Methods:      []string{http.MethodPost},
-		MaxKeyLength: wire.MaxKeyLength + len(roundSuffix) + 64,
+		MaxKeyLength: wire.MaxKeyLength + len(continuedSuffix),
 		LockTimeout:  cfg.LockTimeout,
 		Retention:    cfg.Retention,
 		// The arguments' own limit is checked before: this one only has
@@ -137,18 +141,28 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 		// JSON (\u003c) at worst.
 		MaxBodyBytes: cfg.MaxArgumentBytes + 64 + 6*int64(len(longestName(cfg.Tools))),
 		Logger:       cfg.Logger,
-	})
+	}
+	mw, err := server.New(scfg)
 	if err != nil {
 		return nil, fmt.Errorf("idem/mcp: %w", err)
 	}
-	g.mw = mw
+	// A later round that asks for input again answers 503 (runTool):
+	// released, not stored, so that the round after it runs.
+	scfg.StorePolicy = server.SkipServerErrors
+	cont, err := server.New(scfg)
+	if err != nil {
+		_ = mw.Close()
+		return nil, fmt.Errorf("idem/mcp: %w", err)
+	}
+	g.mw, g.cont = mw, cont
 	g.h = mw.Handler(http.HandlerFunc(runTool))
+	g.hc = cont.Handler(http.HandlerFunc(runTool))
 	return g, nil
 }
 
 // Close stops the Guard's background work (the store's sweeps). It does
 // not close the store.
-func (g *Guard) Close() error { return g.mw.Close() }
+func (g *Guard) Close() error { return errors.Join(g.mw.Close(), g.cont.Close()) }
 
 // Middleware is the Guard as go-sdk receiving middleware:
 //
@@ -180,11 +194,7 @@ func (g *Guard) Middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if int64(len(args)) > g.cfg.MaxArgumentBytes {
 			return nil, tooLarge(call.Params.Name, g.cfg.MaxArgumentBytes)
 		}
-		round, err := roundKey(key, call.Params)
-		if err != nil {
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: %v", call.Params.Name, err)}
-		}
-		return g.serve(ctx, &pending{next: next, method: method, req: call}, scope, key, round, args)
+		return g.serve(ctx, &pending{next: next, method: method, req: call, continued: continued(call.Params)}, scope, key, args)
 	}
 }
 
@@ -238,31 +248,22 @@ func keyOf(call *mcp.CallToolRequest) (string, error) {
 	return key, nil
 }
 
-// roundSuffix starts what roundKey appends to a key.
-const roundSuffix = "#round-"
+// continuedSuffix is appended to the key of a call's later rounds.
+const continuedSuffix = "#continued"
 
-// roundKey is the key a round of a multi-round-trip call (SEP-2322) is
-// kept under. A tool that answers "input required" has not done its work
-// yet: the client fulfils the input and calls again with the same key and
-// arguments, plus the responses and the request state, and that round
-// must run the tool, not replay the first answer. So each round is kept,
-// and replayed after a lost answer, on its own: the first under the key,
-// a later one under the key and a digest of what it brings.
-func roundKey(key string, p *mcp.CallToolParamsRaw) (string, error) {
-	if len(p.InputResponses) == 0 && p.RequestState == "" {
-		return key, nil
-	}
-	in, err := json.Marshal(p.InputResponses)
-	if err != nil {
-		return "", fmt.Errorf("the input responses do not marshal: %v", err)
-	}
-	if in, err = Canonical(in); err != nil {
-		return "", fmt.Errorf("the input responses: %v", err)
-	}
-	f := wire.NewFingerprint()
-	f.String(p.RequestState)
-	f.Bytes(in)
-	return key + roundSuffix + f.Sum(), nil
+// continued reports whether p is a later round of a multi-round-trip call
+// (SEP-2322): a tool answered "input required", and the client calls
+// again with the same key and arguments, plus the input responses and the
+// request state. Such a round must run the tool, not replay the first
+// answer; but it must do the tool's work at most once, however the input
+// is answered when the whole exchange is sent again after a lost answer
+// (a person asked twice may answer otherwise). So the first round is kept
+// under the key, and every later round under the key and continuedSuffix:
+// the first of them that ends the call (any answer but "input required",
+// which is released for the next round) is kept and replayed to the
+// others.
+func continued(p *mcp.CallToolParamsRaw) bool {
+	return len(p.InputResponses) > 0 || p.RequestState != ""
 }
 
 type scopeKey struct{}
@@ -271,10 +272,15 @@ type pendingKey struct{}
 
 // pending is the tool call the in-process request stands for.
 type pending struct {
-	next   mcp.MethodHandler
-	method string
-	req    *mcp.CallToolRequest
+	next      mcp.MethodHandler
+	method    string
+	req       *mcp.CallToolRequest
+	continued bool
 }
+
+// inputHeader marks the unstored answer of a later round that asks for
+// input again.
+const inputHeader = "Idem-Mcp-Input-Required"
 
 // envelope is what is stored for a guarded call: the tool's result, or
 // the JSON-RPC error its handler returned.
@@ -304,10 +310,13 @@ func runTool(w http.ResponseWriter, r *http.Request) {
 		env.Result = b
 	}
 	status := http.StatusOK
-	failed := env.Error != nil
-	if tr, ok := res.(*mcp.CallToolResult); ok && tr != nil && tr.IsError {
-		failed = true
+	tr, _ := res.(*mcp.CallToolResult)
+	if tr != nil && p.continued && (tr.NeedsInput() || tr.InputRequests != nil) {
+		// Not the end of the call: released for the next round.
+		status = http.StatusServiceUnavailable
+		w.Header().Set(inputHeader, "true")
 	}
+	failed := env.Error != nil || (tr != nil && tr.IsError)
 	if failed && errors.Is(context.Cause(r.Context()), server.ErrLockNotRenewed) {
 		// The tool failed after the middleware told it to stop, its lock
 		// not kept: the failure is the interruption's. As for an HTTP
@@ -323,9 +332,7 @@ func runTool(w http.ResponseWriter, r *http.Request) {
 
 // serve runs the call through the server middleware, waiting up to
 // GuardConfig.Wait while a concurrent call with the key runs.
-// The call's key is key; the server middleware keeps it under round
-// (roundKey).
-func (g *Guard) serve(ctx context.Context, p *pending, scope, key, round string, args []byte) (mcp.Result, error) {
+func (g *Guard) serve(ctx context.Context, p *pending, scope, key string, args []byte) (mcp.Result, error) {
 	name := p.req.Params.Name
 	body, _ := json.Marshal(struct {
 		Tool      string          `json:"tool"`
@@ -338,11 +345,15 @@ func (g *Guard) serve(ctx context.Context, p *pending, scope, key, round string,
 		if err != nil {
 			return nil, err
 		}
-		r.Header.Set(wire.KeyHeader, wire.FormatKey(round, true))
+		h, stored := g.h, key
+		if p.continued {
+			h, stored = g.hc, key+continuedSuffix
+		}
+		r.Header.Set(wire.KeyHeader, wire.FormatKey(stored, true))
 		r.Header.Set("Content-Type", "application/json")
 		rec := newRecorder()
-		g.h.ServeHTTP(rec, r)
-		if rec.status == http.StatusOK {
+		h.ServeHTTP(rec, r)
+		if rec.status == http.StatusOK || rec.header.Get(inputHeader) != "" {
 			return decode(rec, name, key)
 		}
 		prob, _ := wire.ParseProblem(rec.header.Get("Content-Type"), rec.body.Bytes())

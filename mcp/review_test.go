@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -254,4 +255,77 @@ func TestCanonicalRefusesWhatReadsLossily(t *testing.T) {
 		_, err := idemmcp.Canonical(json.RawMessage(bad))
 		assert.ErrorContains(t, err, "ambiguous", bad)
 	}
+}
+
+// The whole exchange of a tool that asks for input, sent again after its
+// answer was lost, with the input answered differently the second time
+// (a person asked twice): the tool's work was done by the first exchange,
+// and is not done again.
+func TestGuardRunsAToolThatAskedForInputOnceWhateverTheAnswers(t *testing.T) {
+	var ran atomic.Int64
+	s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
+	s.AddTool(&mcp.Tool{Name: "send_email", InputSchema: map[string]any{"type": "object"}}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if len(req.Params.InputResponses) == 0 {
+			return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{"confirm": &mcp.ElicitParams{Message: "cc whom?",
+				RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"cc": map[string]any{"type": "string"}}}}}}, nil
+		}
+		ran.Add(1)
+		cc := req.Params.InputResponses["confirm"].(*mcp.ElicitResult).Content["cc"]
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprint("sent, cc ", cc)}}}, nil
+	})
+	s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{}).Middleware)
+	url := httptestServer(t, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
+	var asked atomic.Int64
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"cc": fmt.Sprint("person-", asked.Add(1))}}, nil
+		}})
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cs.Close() })
+	var answers []string
+	for range 2 {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "send_email", Arguments: emailIn{To: "ann@example.com"},
+			Meta: mcp.Meta{idemmcp.MetaKey: "call_cc"}})
+		require.NoError(t, err)
+		answers = append(answers, res.Content[0].(*mcp.TextContent).Text)
+	}
+	assert.EqualValues(t, 2, asked.Load(), "asked again, answered otherwise")
+	assert.EqualValues(t, 1, ran.Load(), "the e-mail was sent once for the key")
+	assert.Equal(t, []string{"sent, cc person-1", "sent, cc person-1"}, answers)
+}
+
+// A tool that asks twice (three rounds) gets through the Guard, once.
+func TestGuardToolThatAsksTwice(t *testing.T) {
+	var ran atomic.Int64
+	s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
+	ask := func(id string) *mcp.CallToolResult {
+		return &mcp.CallToolResult{InputRequests: mcp.InputRequestMap{id: &mcp.ElicitParams{Message: id + "?",
+			RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}}}}, RequestState: id}
+	}
+	s.AddTool(&mcp.Tool{Name: "send_email", InputSchema: map[string]any{"type": "object"}}, func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		switch req.Params.RequestState {
+		case "":
+			return ask("confirm"), nil
+		case "confirm":
+			return ask("cc"), nil
+		}
+		ran.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sent"}}}, nil
+	})
+	s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{}).Middleware)
+	url := httptestServer(t, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{}}, nil
+		}})
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cs.Close() })
+	for range 2 {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "send_email", Arguments: map[string]any{}, Meta: mcp.Meta{idemmcp.MetaKey: "k"}})
+		require.NoError(t, err)
+		assert.Equal(t, "sent", res.Content[0].(*mcp.TextContent).Text)
+	}
+	assert.EqualValues(t, 1, ran.Load())
 }

@@ -261,7 +261,9 @@ const continuedSuffix = "#continued"
 // under the key, and every later round under the key and continuedSuffix:
 // the first of them that ends the call (any answer but "input required",
 // which is released for the next round) is kept and replayed to the
-// others.
+// others. One difference follows: a tool that panics in a later round has
+// its key released, not a failure stored, and a retry runs that round
+// again.
 func continued(p *mcp.CallToolParamsRaw) bool {
 	return len(p.InputResponses) > 0 || p.RequestState != ""
 }

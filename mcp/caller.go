@@ -158,6 +158,14 @@ func decodeResult(res *idem.Result, err error) (*mcp.CallToolResult, error) {
 	if env.Error != nil {
 		return nil, env.Error
 	}
+	if err != nil || env.Result == nil {
+		// Not a tool's answer: a problem the client classified (a key
+		// conflict, a call still in progress).
+		if err == nil {
+			err = fmt.Errorf("idem/mcp: the server's answer (HTTP %d) holds no tool result", res.StatusCode)
+		}
+		return nil, err
+	}
 	out := new(mcp.CallToolResult)
 	if jerr := json.Unmarshal(env.Result, out); jerr != nil {
 		return nil, fmt.Errorf("idem/mcp: the tool's result does not parse: %v", jerr)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -144,4 +145,24 @@ func TestCallerLeavesASessionAnAttemptTimedOutOn(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "msg-1", structured(t, res).MessageID)
 	assert.EqualValues(t, 1, m.runs.Load())
+}
+
+// A server that answers CodeKeyReused (the key was used for another call)
+// is a key conflict, as the idem client tells it, not an answer that
+// "does not parse".
+func TestCallerKeyReusedAnswerIsAConflict(t *testing.T) {
+	j := openSQLite(t)
+	s := mcp.NewServer(&mcp.Implementation{Name: "mail", Version: "1"}, nil)
+	s.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method == "tools/call" {
+				return nil, &jsonrpc.Error{Code: idemmcp.CodeKeyReused, Message: "this idempotency key was used before with other arguments"}
+			}
+			return next(ctx, method, req)
+		}
+	})
+	c := openCaller(t, j, newHTTPServer(t, s))
+	_, err := c.Call(context.Background(), "call_1", "send_email", emailIn{To: "x"})
+	assert.ErrorIs(t, err, idem.ErrKeyConflict)
+	assert.NotContains(t, err.Error(), "does not parse")
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"unicode/utf8"
 )
 
@@ -24,8 +23,12 @@ func Canonical(args json.RawMessage) ([]byte, error) {
 	if len(bytes.TrimSpace(args)) == 0 {
 		return []byte("null"), nil
 	}
-	if err := unambiguous(args); err != nil {
-		return nil, fmt.Errorf("the arguments are ambiguous: %w; send each member once, as UTF-8", err)
+	if !utf8.Valid(args) {
+		return nil, ambiguous(errors.New("they hold bytes that are not UTF-8"))
+	}
+	members, err := scan(args)
+	if err != nil {
+		return nil, ambiguous(err)
 	}
 	d := json.NewDecoder(bytes.NewReader(args))
 	d.UseNumber()
@@ -35,6 +38,10 @@ func Canonical(args json.RawMessage) ([]byte, error) {
 	}
 	if d.More() {
 		return nil, fmt.Errorf("the arguments hold more than one JSON value")
+	}
+	// A member named twice is one map entry: fewer entries than names.
+	if count(v) != members {
+		return nil, ambiguous(errors.New("an object names a member twice"))
 	}
 	// encoding/json writes a map's members sorted by name, and a
 	// json.Number as its text.
@@ -47,61 +54,42 @@ func Canonical(args json.RawMessage) ([]byte, error) {
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
-// unambiguous reports the first thing in args that encoding/json reads
-// lossily: invalid UTF-8, a lone surrogate escape, a repeated member.
-// Syntax errors are left to the decoder.
-func unambiguous(args []byte) error {
-	if !utf8.Valid(args) {
-		return errors.New("they hold bytes that are not UTF-8")
-	}
-	if err := surrogates(args); err != nil {
-		return err
-	}
-	// Each open object's member names; nil for an array.
-	var open []map[string]bool
-	expectKey := false
-	d := json.NewDecoder(bytes.NewReader(args))
-	for {
-		tok, err := d.Token()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return nil // not JSON: the decoder says so
-		}
-		switch tok {
-		case json.Delim('{'):
-			open = append(open, map[string]bool{})
-			expectKey = true
-			continue
-		case json.Delim('['):
-			open = append(open, nil)
-		case json.Delim('}'), json.Delim(']'):
-			open = open[:len(open)-1]
-		default:
-			if name, ok := tok.(string); ok && expectKey {
-				if open[len(open)-1][name] {
-					return fmt.Errorf("the member %q is named twice in one object", name)
-				}
-				open[len(open)-1][name] = true
-				expectKey = false
-				continue
-			}
-		}
-		// After a value (or a closed container), an object's next token is
-		// a name.
-		expectKey = len(open) > 0 && open[len(open)-1] != nil
-	}
+func ambiguous(err error) error {
+	return fmt.Errorf("the arguments are ambiguous: %w; send each member once, as UTF-8", err)
 }
 
-// surrogates reports a \u escape of half a surrogate pair, which
-// encoding/json reads as U+FFFD whatever half it was.
-func surrogates(args []byte) error {
+// count is the number of object members in v, at every depth.
+func count(v any) int {
+	n := 0
+	switch v := v.(type) {
+	case map[string]any:
+		n += len(v)
+		for _, e := range v {
+			n += count(e)
+		}
+	case []any:
+		for _, e := range v {
+			n += count(e)
+		}
+	}
+	return n
+}
+
+// scan counts the object members in args (the colons outside strings),
+// and reports a \u escape of half a surrogate pair, which encoding/json
+// reads as U+FFFD whatever half it was. Syntax errors are left to the
+// decoder.
+func scan(args []byte) (members int, err error) {
 	inString := false
 	for i := 0; i < len(args); i++ {
 		c := args[i]
 		if !inString {
-			inString = c == '"'
+			switch c {
+			case '"':
+				inString = true
+			case ':':
+				members++
+			}
 			continue
 		}
 		switch c {
@@ -113,14 +101,14 @@ func surrogates(args []byte) error {
 				switch {
 				case !ok:
 				case 0xDC00 <= r && r <= 0xDFFF:
-					return fmt.Errorf("a string holds \\u%04x, half a surrogate pair", r)
+					return 0, fmt.Errorf("a string holds \\u%04x, half a surrogate pair", r)
 				case 0xD800 <= r && r <= 0xDBFF:
 					lo, ok := uint16(0), false
 					if i+7 < len(args) && args[i+6] == '\\' && args[i+7] == 'u' {
 						lo, ok = hex4(args[i+8:])
 					}
 					if !ok || lo < 0xDC00 || lo > 0xDFFF {
-						return fmt.Errorf("a string holds \\u%04x, half a surrogate pair", r)
+						return 0, fmt.Errorf("a string holds \\u%04x, half a surrogate pair", r)
 					}
 					i += 6 // the low half, checked
 				}
@@ -130,7 +118,7 @@ func surrogates(args []byte) error {
 			i++ // the escaped byte
 		}
 	}
-	return nil
+	return members, nil
 }
 
 func hex4(b []byte) (uint16, bool) {

@@ -70,6 +70,13 @@ type Config struct {
 	// within the call; the next Do of the operation, or a Resume (the
 	// background one included) once it is due, after RetryPolicy.MaxBackoff,
 	// runs Authorize again.
+	//
+	// What is sent is the journaled request with Authorize's headers, URL
+	// and Host. It may read the body, to sign it: it is given the
+	// journaled bytes, and must leave those bytes in Body: one that changes
+	// the body (compresses, encrypts), or sets or removes the key's header
+	// (KeyHeader), fails as if it returned an error.
+	// Its request's context ends at AttemptTimeout.
 	Authorize func(*http.Request) error
 	// HTTPClient supplies the transport (and cookie jar). Its Timeout and
 	// CheckRedirect are not used: each attempt is bounded by AttemptTimeout,
@@ -125,7 +132,10 @@ type Config struct {
 	SecretHeaders []string
 
 	// LeaseDuration is how long a worker's claim on an operation lasts
-	// without renewal. The client renews its leases every third of it.
+	// without renewal. The client renews its leases every third of it,
+	// and tries a failed renewal again within a thirtieth of it (a second
+	// at most), so that a journal that fails now and then does not cost a
+	// live worker its operations.
 	// When its process dies, a journal that can see it (SQLite: every
 	// process sharing the file is on one machine) lets another take its
 	// operations at once; one that cannot (a journal shared by machines)
@@ -437,17 +447,26 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		a.propagate(ctx, r.Header)
 	}
 	if a.authorize != nil && p == nil {
-		if err := a.authorize(r); err != nil {
+		ar := r.WithContext(untraced{ctx})
+		if err := a.authorize(ar); err != nil {
 			if req.Body != nil {
 				req.Body.Close()
 			}
 			return nil, &authorizeError{err}
 		}
+		r = ar.WithContext(ctx)
 	}
 	// The credentials the request gave the RoundTripper for this call
-	// override Authorize's: they are in the call's context, never in the
-	// journal.
-	maps.Copy(r.Header, creds)
+	// override Authorize's, under whatever spelling it wrote them: they
+	// are in the call's context, never in the journal.
+	if len(creds) > 0 {
+		for name := range r.Header {
+			if _, ok := creds[http.CanonicalHeaderKey(name)]; ok {
+				delete(r.Header, name)
+			}
+		}
+		maps.Copy(r.Header, creds)
+	}
 	return a.base.RoundTrip(r)
 }
 
@@ -658,6 +677,14 @@ func (c *Client) forget(key string) {
 	c.mu.Lock()
 	delete(c.left, key)
 	c.mu.Unlock()
+}
+
+// holds reports whether a call of this client holds the operation key.
+func (c *Client) holds(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, held := c.held[key]
+	return held
 }
 
 func (c *Client) unhold(key string) {
@@ -1011,10 +1038,16 @@ func (c *Client) continueExisting(ctx context.Context, rec Record) (*Result, err
 
 // renewLeases keeps the leases of the operations this client drives alive,
 // so a lease only lapses when its process is gone. It renews each by key
-// and epoch, never by owner name.
+// and epoch, never by owner name, every LeaseDuration/3. A renewal that
+// fails, or does not answer within that interval, is tried again soon
+// rather than at the next interval: a lease has three intervals in all,
+// and a journal that fails now and then (its database restarting, its
+// connections cut) must not cost a live worker its operations.
 func (c *Client) renewLeases() {
 	defer c.bg.Done()
-	t := time.NewTicker(c.cfg.LeaseDuration / 3)
+	every := c.cfg.LeaseDuration / 3
+	retry := min(every/10, time.Second)
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
@@ -1026,11 +1059,18 @@ func (c *Client) renewLeases() {
 		held := maps.Clone(c.held)
 		c.mu.Unlock()
 		if len(held) == 0 {
+			t.Reset(every)
 			continue
 		}
-		if _, err := c.journal.Renew(c.bgCtx, held, c.cfg.LeaseDuration); err != nil && c.bgCtx.Err() == nil {
-			c.log.Warn("idem: renewing leases failed", "owner", c.owner, "leases", len(held), "error", err)
+		ctx, cancel := context.WithTimeout(c.bgCtx, every)
+		_, err := c.journal.Renew(ctx, held, c.cfg.LeaseDuration)
+		cancel()
+		if err != nil && c.bgCtx.Err() == nil {
+			c.log.Warn("idem: renewing leases failed; trying again", "owner", c.owner, "leases", len(held), "error", err)
+			t.Reset(retry)
+			continue
 		}
+		t.Reset(every)
 	}
 }
 

@@ -865,6 +865,9 @@ func TestCrashLoop(t *testing.T) {
 	if testing.Short() {
 		t.Skip("SIGKILLs client and server processes hundreds of times")
 	}
+	// Its processes and files are its own: it runs beside the other
+	// parallel tests instead of before them.
+	t.Parallel()
 	// One tenant, the key in Idempotency-Key, no credentials.
 	t.Run("default", func(t *testing.T) { runCrashLoop(t, false, 200) })
 	// Issue 10's configuration: two tenants with their own tokens, the key

@@ -199,7 +199,7 @@ func (d *driver) send(ctx context.Context) error {
 	// Authorize first: a send it stops is no attempt, and nothing of it
 	// is journaled (Do's first send was journaled by its create: that
 	// intent stays unsent, and the next send reuses it).
-	if d.authErr = d.c.preauthorize(req.Request); d.authErr != nil {
+	if d.authErr = d.preauthorize(req.Request); d.authErr != nil {
 		return d.unauthorized(ctx)
 	}
 	if !d.journaled {

@@ -1,12 +1,15 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -269,7 +272,7 @@ func (rd *round) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Durat
 // stops the loop before anything is sent.
 func (rd *round) prepareRetry(req *http.Request) error {
 	d := rd.d
-	if err := d.c.preauthorize(req); err != nil {
+	if err := d.preauthorize(req); err != nil {
 		rd.unauthorized = err
 		return err
 	}
@@ -330,17 +333,76 @@ type preauthKey struct{}
 // be journaled and sent, and keeps the result for the transport. Run
 // before the journal write, a failing Authorize is no attempt: nothing is
 // journaled, nothing sent.
-func (c *Client) preauthorize(req *http.Request) *authorizeError {
+//
+// The copy has the journaled body of its own, which an Authorize that
+// signs the body may read (the request's own is not ready until it is
+// sent, and reading it would leave nothing to send), and the attempt's
+// bound, AttemptTimeout, which held Authorize when the transport ran it:
+// a token fetch that hangs must not hold the operation, and its lease,
+// for ever.
+func (d *driver) preauthorize(req *http.Request) *authorizeError {
+	c := d.c
 	slot, _ := req.Context().Value(preauthKey{}).(*preauth)
 	if c.cfg.Authorize == nil || slot == nil {
 		return nil
 	}
-	r := req.Clone(req.Context())
+	ctx, cancel := context.WithTimeout(untraced{req.Context()}, c.cfg.AttemptTimeout)
+	defer cancel()
+	r := req.Clone(ctx)
+	body := d.rec.Body
+	r.ContentLength = int64(len(body))
+	r.Body, r.GetBody = http.NoBody, func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	if len(body) > 0 {
+		r.Body, _ = r.GetBody()
+	}
+	given := r.Body
 	if err := c.cfg.Authorize(r); err != nil {
 		return &authorizeError{err}
 	}
+	if k := d.form.header; !sameKey(r.Header, req.Header, k) {
+		return &authorizeError{fmt.Errorf("it set %s, the header of the operation's idempotency key: the journaled key is the one sent on every attempt; leave that header to the client", k)}
+	}
+	if r.Body != given && !sameBody(r.Body, body) {
+		return &authorizeError{errors.New("it changed the request's body, but what is sent is the journaled body with Authorize's headers, URL and Host: Authorize may read the body (to sign it) and put the same bytes back; change the body in the request itself")}
+	}
 	slot.req.Store(r)
 	return nil
+}
+
+// untraced is a request's context without the attempt's ClientTrace, for
+// Authorize: a token it fetches over HTTP with that context is its own
+// request, not the attempt written again (TransportResends).
+type untraced struct{ context.Context }
+
+func (c untraced) Value(key any) any {
+	v := c.Context.Value(key)
+	if _, ok := v.(*httptrace.ClientTrace); ok {
+		return nil
+	}
+	return v
+}
+
+// sameKey reports whether got carries the key's header, name, as want
+// does, under no other spelling: Authorize left the key alone.
+func sameKey(got, want http.Header, name string) bool {
+	canon := http.CanonicalHeaderKey(name)
+	for n := range got {
+		if n != name && n != canon && http.CanonicalHeaderKey(n) == canon {
+			return false
+		}
+	}
+	return slices.Equal(got[name], want[name]) && slices.Equal(got[canon], want[canon])
+}
+
+// sameBody reports whether an Authorize that replaced the body (it read
+// it and put it back, say) left the journaled bytes there.
+func sameBody(rc io.ReadCloser, body []byte) bool {
+	if rc == nil {
+		return len(body) == 0
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, int64(len(body))+1))
+	return err == nil && bytes.Equal(b, body)
 }
 
 // preauthorized takes the request Authorize prepared for req's attempt, if

@@ -187,7 +187,7 @@ func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 	d.form.set(req.Header, d.rec.Key)
 	if replay {
 		// Authorize first: a replay it stops is no attempt.
-		if err := d.c.preauthorize(req); err != nil {
+		if err := d.preauthorize(req); err != nil {
 			return nil, err
 		}
 		d.replayed = true

@@ -107,9 +107,8 @@ type OperationError struct {
 	ID    string
 	// State is the operation's journaled state when the call returned.
 	State State
-	// Attempts is the number of attempts journaled so far. A send that
-	// Config.Authorize stopped (ErrAuthorizeFailed) is none: Authorize
-	// runs before an attempt is journaled.
+	// Attempts is the number of attempts sent so far. A send that
+	// Config.Authorize stopped (ErrAuthorizeFailed) is none.
 	Attempts int
 	// StatusCode is the last HTTP status received, or zero; Body is the
 	// server's answer when the operation was rejected.

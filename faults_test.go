@@ -245,6 +245,9 @@ func faultsQuantity(i int) int { return i%1000 + 1 }
 // (about 100 s on two cores). The flags only exist in this package's test
 // binary: go test -run TestThousands . -faults.ops 50000.
 func TestThousandsOfOperationsThroughFaults(t *testing.T) {
+	// Mostly waiting (on the proxy's held answers, timeouts and back-offs):
+	// it runs beside the other parallel tests instead of before them.
+	t.Parallel()
 	cfg := newFaultsConfig(t)
 	race := raceEnabled()
 	t.Logf("%d operations from %d goroutines, seed %d, race detector %v", cfg.ops, cfg.workers, cfg.seed, race)

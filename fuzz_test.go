@@ -373,7 +373,7 @@ func fzBuildBases() error {
 	if err != nil {
 		return err
 	}
-	_, err = db.Exec(`PRAGMA application_id = 0x12345678; PRAGMA user_version = 3;
+	_, err = db.Exec(`PRAGMA application_id = 0x12345678; PRAGMA user_version = 4;
 		CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT); INSERT INTO notes (text) VALUES ('hello'), ('world')`)
 	if err := errors.Join(err, db.Close()); err != nil {
 		return err

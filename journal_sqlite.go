@@ -250,7 +250,7 @@ func (j *SQLiteJournal) MaxBodySize() int { return j.maxBody }
 func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
 	// The record is built (and copied from rec) before the write joins the
 	// committer, which every write waits for, one batch at a time.
-	nr, ev, err := journal.NewRecord(rec, j.now(), j.maxBody)
+	nr, _, err := journal.NewRecord(rec, j.now(), j.maxBody)
 	if err != nil {
 		return Record{}, false, err
 	}
@@ -275,9 +275,10 @@ func (j *SQLiteJournal) Create(ctx context.Context, rec Record) (Record, bool, e
 			}
 			return nil
 		}
-		if err := j.dict.insertEvent(tx, id, ev); err != nil {
-			return err
-		}
+		// The creation event is not written: it is derived from the row for
+		// as long as the row is at its first version (History), and written
+		// by the write that moves the row past it (storeRecordIf), in that
+		// write's transaction. One b-tree leaf fewer per intent's commit.
 		created = true
 		j.copies.put(id, nr)
 		return nil
@@ -791,6 +792,17 @@ func (j *SQLiteJournal) History(ctx context.Context, key string) ([]Event, error
 	if !found {
 		return nil, journal.NotFound("key " + key)
 	}
+	if len(out) == 0 {
+		// A record at its first version: its creation event is not
+		// written (Create), but derived from the record.
+		_, rec, err := scanRecord(j.db.Reader.QueryRowContext(ctx, selectRecord+` WHERE o.key = ?`, keyValue(key)))
+		if err != nil {
+			return nil, j.db.Classify(err)
+		}
+		if rec.Version == 1 {
+			out = append(out, journal.CreationEvent(rec))
+		}
+	}
 	return out, nil
 }
 
@@ -830,9 +842,6 @@ func (j *SQLiteJournal) Prune(ctx context.Context, before time.Time) (int, error
 			if _, err := tx.Exec(`DELETE FROM events WHERE op IN (`+marks+`)`, ids...); err != nil {
 				return err
 			}
-			if _, err := tx.Exec(`DELETE FROM responses WHERE op IN (`+marks+`)`, ids...); err != nil {
-				return err
-			}
 			if _, err := tx.Exec(`DELETE FROM operations WHERE id IN (`+marks+`)`, ids...); err != nil {
 				return err
 			}
@@ -866,13 +875,15 @@ func (j *SQLiteJournal) importRecords(ctx context.Context, n int, gen func(i int
 			if err != nil {
 				return err
 			}
-			if err := j.dict.storeRecord(tx, id, created, rec); err != nil {
-				return err
-			}
+			// The history first: storeRecord adds a derived creation event
+			// only when none is there.
 			for _, ev := range history {
 				if err := j.dict.insertEvent(tx, id, ev); err != nil {
 					return err
 				}
+			}
+			if err := j.dict.storeRecord(tx, id, created, rec); err != nil {
+				return err
 			}
 		}
 		return nil

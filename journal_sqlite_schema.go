@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem/internal/sqlitefile"
 	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/journal"
 )
 
 // journalAppID marks a file as an idem journal ("idmj").
@@ -24,9 +25,9 @@ const journalAppID = 0x69646d6a
 //   - keys that are canonical UUIDs are stored as their 16 bytes and hex
 //     SHA-256 fingerprints as their 32 (columns declared BLOB keep whatever
 //     type they are given, so other keys stay text);
-//   - the server's response lives in its own table, written once when the
-//     operation settles, so that the operation's row never grows and its
-//     pages stay full;
+//   - the server's response is in the operation's row (schema 4; it had a
+//     table of its own before, so that the row never grew, at the cost of
+//     one more b-tree page written by every settle);
 //   - values that repeat from one record to the next (lease owners, in the
 //     row and in every event, and request header sets, the same for most
 //     operations of a client) are stored once in dict and referred to by
@@ -99,17 +100,35 @@ var journalSchema = []string{
 	// 3: the link to the trace that created the operation (Record.Link),
 	// NULL when the client has no Hooks.Link.
 	`ALTER TABLE operations ADD COLUMN link TEXT;`,
+
+	// 4: the response in the operation's row, written by the UPDATE that
+	// settles it, instead of a table of its own: one statement and one WAL
+	// frame fewer per operation (the responses table's leaf, written by
+	// every settle), measured in BENCHMARKS.md ("Fourth speed session").
+	// The row now grows when it settles; with one caller the row settled
+	// is on the table's last page, which is still being filled. From this
+	// version on, a record's creation event is also not written by Create
+	// but derived from the record while it is at its first version, and
+	// written by the write that moves it past (storeRecordIf): one leaf
+	// fewer in the intent's commit. A build of an earlier schema, which
+	// would read such a record without its creation event, refuses the file.
+	`ALTER TABLE operations ADD COLUMN resp_status INTEGER;
+	ALTER TABLE operations ADD COLUMN resp_header BLOB;
+	ALTER TABLE operations ADD COLUMN resp_body BLOB;
+	ALTER TABLE operations ADD COLUMN resp_replayed INTEGER;
+	UPDATE operations SET (resp_status, resp_header, resp_body, resp_replayed) =
+		(SELECT status, header, body, replayed FROM responses WHERE op = operations.id)
+		WHERE id IN (SELECT op FROM responses);
+	DROP TABLE responses;`,
 }
 
 // selectRecord reads a whole record; scanRecord reads its columns. The
-// response and the dict values are read with scalar subqueries, each a
-// rowid lookup: written as LEFT JOINs the same query measured three times
-// slower.
+// dict values are read with scalar subqueries, each a rowid lookup:
+// written as LEFT JOINs the same query measured three times slower.
 const selectRecord = `SELECT o.id, o.key, o.scope, o.op_id, o.method, o.url,
 	(SELECT value FROM dict WHERE id = o.header), o.body, o.fingerprint, o.state, o.attempts,
 	o.next_attempt_at, (SELECT value FROM dict WHERE id = o.lease_owner), o.lease_epoch, o.lease_expires_at,
-	(SELECT status FROM responses WHERE op = o.id), (SELECT header FROM responses WHERE op = o.id),
-	(SELECT body FROM responses WHERE op = o.id), (SELECT replayed FROM responses WHERE op = o.id),
+	o.resp_status, o.resp_header, o.resp_body, o.resp_replayed,
 	o.last_error, o.note, o.created_at, o.updated_at, o.expires_at, o.version,
 	o.form, (SELECT value FROM dict WHERE id = (o.form >> 2) & 4294967295), o.link
 	FROM operations o`
@@ -241,12 +260,31 @@ func (d *dict) storeRecordIf(tx *sqlitefile.Tx, id int64, old, next Record, cond
 	if err != nil {
 		return false, err
 	}
-	res, err := tx.Exec(`UPDATE operations SET state = ?, attempts = ?, next_attempt_at = ?, lease_owner = ?,
+	set := `UPDATE operations SET state = ?, attempts = ?, next_attempt_at = ?, lease_owner = ?,
 		lease_epoch = ?, lease_expires_at = ?, last_error = ?, note = ?, updated_at = ?, expires_at = ?,
-		version = ? WHERE id = ?`+cond,
-		append([]any{next.State, next.Attempts, wire.Millis(next.NextAttemptAt), owner, next.Lease.Epoch,
-			wire.NullMillis(next.Lease.ExpiresAt), nullString(next.LastError), nullString(next.Note),
-			wire.Millis(next.UpdatedAt), wire.NullMillis(next.ExpiresAt), next.Version, id}, args...)...)
+		version = ?`
+	vals := []any{next.State, next.Attempts, wire.Millis(next.NextAttemptAt), owner, next.Lease.Epoch,
+		wire.NullMillis(next.Lease.ExpiresAt), nullString(next.LastError), nullString(next.Note),
+		wire.Millis(next.UpdatedAt), wire.NullMillis(next.ExpiresAt), next.Version}
+	if next.TransportResends != old.TransportResends {
+		form, err := d.packForm(tx, next)
+		if err != nil {
+			return false, err
+		}
+		set += `, form = ?`
+		vals = append(vals, form)
+	}
+	// The response is written only when it changed: most writes leave it
+	// as it is, and need not bind a body again.
+	if !sameResponse(old.Response, next.Response) {
+		set += `, resp_status = ?, resp_header = ?, resp_body = ?, resp_replayed = ?`
+		if resp := next.Response; resp != nil {
+			vals = append(vals, resp.StatusCode, wire.EncodeHeader(resp.Header), wire.NonNil(resp.Body), resp.Replayed)
+		} else {
+			vals = append(vals, nil, nil, nil, nil)
+		}
+	}
+	res, err := tx.Exec(set+` WHERE id = ?`+cond, append(append(vals, id), args...)...)
 	if err != nil {
 		return false, err
 	}
@@ -255,28 +293,14 @@ func (d *dict) storeRecordIf(tx *sqlitefile.Tx, id int64, old, next Record, cond
 			return false, err
 		}
 	}
-	if next.TransportResends != old.TransportResends {
-		form, err := d.packForm(tx, next)
-		if err != nil {
+	if old.Version == 1 {
+		// The row leaves its first version: write the creation event Create
+		// left to be derived. A row created before schema 4 has it already.
+		if err := d.insertEventIf(tx, id, journal.CreationEvent(old), true); err != nil {
 			return false, err
 		}
-		if _, err := tx.Exec(`UPDATE operations SET form = ? WHERE id = ?`, form, id); err != nil {
-			return false, err
-		}
 	}
-	if sameResponse(old.Response, next.Response) {
-		return true, nil
-	}
-	if next.Response == nil {
-		_, err = tx.Exec(`DELETE FROM responses WHERE op = ?`, id)
-		return err == nil, err
-	}
-	resp := next.Response
-	_, err = tx.Exec(`INSERT INTO responses (op, status, header, body, replayed) VALUES (?, ?, ?, ?, ?)
-		ON CONFLICT (op) DO UPDATE SET status = excluded.status, header = excluded.header,
-		body = excluded.body, replayed = excluded.replayed`,
-		id, resp.StatusCode, wire.EncodeHeader(resp.Header), wire.NonNil(resp.Body), resp.Replayed)
-	return err == nil, err
+	return true, nil
 }
 
 func sameResponse(a, b *Response) bool {
@@ -289,6 +313,12 @@ func sameResponse(a, b *Response) bool {
 
 // insertEvent appends ev to the history of the row id.
 func (d *dict) insertEvent(tx *sqlitefile.Tx, id int64, ev Event) error {
+	return d.insertEventIf(tx, id, ev, false)
+}
+
+// insertEventIf is insertEvent that, when absent is set, writes nothing if
+// the row has an event of ev's version already.
+func (d *dict) insertEventIf(tx *sqlitefile.Tx, id int64, ev Event, absent bool) error {
 	owner, err := d.intern(tx, []byte(ev.Owner))
 	if err != nil {
 		return err
@@ -300,7 +330,11 @@ func (d *dict) insertEvent(tx *sqlitefile.Tx, id int64, ev Event) error {
 	if ev.StatusCode != 0 {
 		status = ev.StatusCode
 	}
-	_, err = tx.Exec(`INSERT INTO events (op, version, at, from_state, to_state, attempt, status, error, owner,
+	verb := `INSERT`
+	if absent {
+		verb = `INSERT OR IGNORE`
+	}
+	_, err = tx.Exec(verb+` INTO events (op, version, at, from_state, to_state, attempt, status, error, owner,
 		why) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		id, ev.Version, wire.Millis(ev.At), from, ev.To, ev.Attempt, status, nullString(ev.Error), owner, packWhy(ev))
 	return err

@@ -222,6 +222,21 @@ func (r *resumer) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if len(s.own) > 0 {
+			// Operations leased to this client that no call of it holds
+			// (a claim whose answer was lost, a driver stopped by a
+			// journal error): taken up as those a call left behind are,
+			// by the claims of another pass.
+			for _, rec := range s.own {
+				r.c.leave(rec.Key)
+			}
+			if err := r.claimAndDrive(ctx, r.c.now()); err != nil {
+				return err
+			}
+			if s, err = r.look(ctx); err != nil {
+				return err
+			}
+		}
 		r.mu.Lock()
 		r.survey = s
 		r.mu.Unlock()
@@ -541,6 +556,9 @@ type survey struct {
 	// unsettled counts every active operation in scope: left alone, left
 	// unsettled by this call, or due now.
 	unsettled int
+	// own are leased to this client and held by no call of it: run
+	// takes them up.
+	own []Record
 }
 
 // look counts the active operations in scope that this call did not
@@ -553,6 +571,10 @@ func (r *resumer) look(ctx context.Context) (survey, error) {
 		_, taken := r.unsettled[keyHash(rec.Key)]
 		r.mu.Unlock()
 		switch {
+		case rec.Lease.Held(now) && rec.Lease.Owner == r.c.owner && !r.c.holds(rec.Key) && !rec.NextAttemptAt.After(now):
+			// Due, as a claim would take it: a backoff or a server's
+			// Retry-After is kept.
+			s.own = append(s.own, rec)
 		case rec.Lease.Held(now) && rec.Lease.Owner != r.c.owner:
 			s.leased++
 			if s.leaseEnds.IsZero() || rec.Lease.ExpiresAt.Before(s.leaseEnds) {

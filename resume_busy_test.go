@@ -79,12 +79,14 @@ func TestBackgroundResumeTakesADeadOwnersOperationWhileAnotherIsSlow(t *testing.
 	t.Cleanup(func() { close(gate) }) // before Close, which waits for the pass
 	waitFor(t, slowCame, "the slow operation's request")
 
+	// The child's lease, read before the kill: right after it, the
+	// survivor's pass may already have taken the operation over.
+	dead, err := j.Lookup(ctx, "default", "charge-1")
+	require.NoError(t, err)
 	require.NoError(t, child.Signal(syscall.SIGKILL))
 	_, _ = child.Wait()
 	killed := time.Now()
 	hold.Store(false)
-	dead, err := j.Lookup(ctx, "default", "charge-1")
-	require.NoError(t, err)
 
 	deadline := time.Now().Add(15 * time.Second)
 	for {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,7 +76,8 @@ func RefuseUnnamedWrites() TransportOption {
 //
 // The request: its body is read to its end and closed before anything is
 // journaled (GetBody is not needed: every attempt sends the journaled
-// bytes). A body longer than the journal's limit (its MaxBodySize method,
+// bytes); the request's context ending closes it, as net/http's transport
+// does, and ends the call. A body longer than the journal's limit (its MaxBodySize method,
 // else DefaultMaxBodySize) is ErrBodyTooLarge, one that cannot be read is
 // ErrInvalidOp; a GET, HEAD, OPTIONS or TRACE, a URL of another origin
 // than Config.BaseURL's (when set), or a Host other than the URL's is
@@ -241,6 +243,24 @@ func (t *roundTripper) withoutCredentialsElsewhere(req *http.Request) *http.Requ
 	return r
 }
 
+// sameOrigin reports whether a and b are one origin (RFC 6454): scheme
+// and host alike whatever their case, a port its scheme's default being
+// no port, as an SDK may spell BaseURL's origin with ":443".
+func sameOrigin(a, b *url.URL) bool {
+	return strings.EqualFold(a.Scheme, b.Scheme) && strings.EqualFold(a.Hostname(), b.Hostname()) &&
+		effectivePort(a) == effectivePort(b)
+}
+
+func effectivePort(u *url.URL) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	if strings.EqualFold(u.Scheme, "https") {
+		return "443"
+	}
+	return "80"
+}
+
 // CloseIdleConnections closes the client's idle connections, as
 // http.Client.CloseIdleConnections expects of a transport.
 func (t *roundTripper) CloseIdleConnections() { t.c.http.CloseIdleConnections() }
@@ -267,7 +287,7 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, http.
 		return fail(invalidOp("%s %s: Request.Host %q differs from the URL's host; the journaled request is its URL, so set the host there", req.Method, redact(req), req.Host))
 	}
 	if b := t.c.base; b != nil {
-		if !strings.EqualFold(u.Scheme, b.Scheme) || !strings.EqualFold(u.Host, b.Host) {
+		if !sameOrigin(&u, b) {
 			return fail(invalidOp("%s %s: operation %q goes to another origin than Config.BaseURL (%s://%s); a client's operations, credentials and Resume belong to its BaseURL: use a client for that API",
 				req.Method, redact(req), op.id, b.Scheme, b.Host))
 		}
@@ -304,13 +324,35 @@ func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
 			if creds == nil {
 				creds = http.Header{}
 			}
-			creds[canon] = values
+			creds[canon] = spellings(h, canon, creds[canon] != nil, values)
 		case canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
 		default:
-			journaled[canon] = values
+			journaled[canon] = spellings(h, canon, journaled[canon] != nil, values)
 		}
 	}
 	return journaled, creds
+}
+
+// spellings is the values of the header canon: values, the only
+// spelling's, or when h has several spellings of it (req.Header["x-trace"]
+// beside "X-Trace") all of theirs in the order of the names, as the server
+// reads the lines net/http writes for them.
+func spellings(h http.Header, canon string, several bool, values []string) []string {
+	if !several {
+		return values
+	}
+	var names []string
+	for name := range h {
+		if http.CanonicalHeaderKey(name) == canon {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	var all []string
+	for _, name := range names {
+		all = append(all, h[name]...)
+	}
+	return all
 }
 
 // callerKeyHeaders are the headers in which SDKs put keys of their own.
@@ -324,6 +366,9 @@ var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "T
 // readBody reads the body to its end, at most maxBody bytes, and closes it.
 func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
 	if req.Body == nil || req.Body == http.NoBody {
+		if req.ContentLength > 0 { // net/http's transport refuses it too
+			return nil, invalidOp("%s %s: ContentLength is %d but the request has no body; nothing was journaled or sent", req.Method, redact(req), req.ContentLength)
+		}
 		return nil, nil
 	}
 	defer req.Body.Close()
@@ -334,8 +379,19 @@ func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
 	if req.ContentLength > int64(t.maxBody) {
 		return nil, tooLarge(strconv.FormatInt(req.ContentLength, 10))
 	}
+	// A read that blocks (a pipe whose writer waits) ends with the
+	// request's context, as net/http's transport ends it: by closing the
+	// body.
+	ended := func() bool { return false }
+	if req.Context().Done() != nil { // else it never ends: nothing to wait for
+		stop := context.AfterFunc(req.Context(), func() { _ = req.Body.Close() })
+		ended = func() bool { return !stop() }
+	}
 	body, err := readAll(req.Body, req.ContentLength, t.maxBody+1)
+	canceled := ended() // and the AfterFunc unregistered, whatever err is
 	switch {
+	case err != nil && canceled:
+		return nil, fmt.Errorf("%s %s: the request's context ended while its body was read: %w; nothing was journaled or sent", req.Method, redact(req), context.Cause(req.Context()))
 	case err != nil:
 		return nil, fmt.Errorf("%w: %s %s: reading the body: %w; nothing was journaled or sent", ErrInvalidOp, req.Method, redact(req), err)
 	case len(body) > t.maxBody:
@@ -348,13 +404,15 @@ func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
 
 // readAll is io.ReadAll of at most limit bytes, with room for size bytes
 // and one more from the start when the size is known: the body is read
-// into one allocation instead of a doubling series of them.
+// into one allocation instead of a doubling series of them. A reader that
+// returns nothing and no error 100 times in a row (bufio's bound) is
+// io.ErrNoProgress, rather than read for as long as it does.
 func readAll(r io.Reader, size int64, limit int) ([]byte, error) {
 	b := make([]byte, 0, 512)
 	if size > 0 && size < int64(limit) {
 		b = make([]byte, 0, size+1) // +1: the read that sees the end
 	}
-	for {
+	for empty := 0; ; {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
 		}
@@ -365,6 +423,11 @@ func readAll(r io.Reader, size int64, limit int) ([]byte, error) {
 		}
 		if err != nil {
 			return b, err
+		}
+		if empty++; n > 0 {
+			empty = 0
+		} else if empty >= 100 {
+			return b, io.ErrNoProgress
 		}
 	}
 }

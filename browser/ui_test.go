@@ -41,9 +41,18 @@ func TestMain(m *testing.M) {
 	}
 	idemBin = filepath.Join(dir, "idem")
 	// cmd/idem is a module of its own (it imports the postgres module):
-	// build it there, against this repository's root and postgres modules.
+	// build it there, against this repository's root and postgres modules,
+	// with its go.work named: a GOWORK=off (or another workspace) the
+	// tests run under would leave its go.mod asking for releases.
+	cmdDir, err := filepath.Abs(filepath.Join("..", "cmd", "idem"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
 	build := exec.Command("go", "build", "-o", idemBin, ".")
-	build.Dir = filepath.Join("..", "cmd", "idem")
+	build.Dir = cmdDir
+	build.Env = append(os.Environ(), "GOWORK="+filepath.Join(cmdDir, "go.work"))
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the idem binary:", err)

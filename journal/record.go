@@ -39,11 +39,13 @@ type Record struct {
 
 	// State is where the operation stands.
 	State State
-	// Attempts counts the attempts the client started, each a send of the
-	// request (a replay made to check the status included). A send that
-	// Config.Authorize stopped is none: Authorize runs before an attempt
-	// is journaled. (A record written by an older idem may count one such
-	// send, on a pending record whose LastError says Authorize failed.)
+	// Attempts counts the attempts the client journaled, each a send of
+	// the request (a replay made to check the status included). A send
+	// that Config.Authorize stopped is journaled as none, except Do's
+	// first, which its create journaled with the operation: that one
+	// stays counted, unsent, on a pending record whose LastError starts
+	// "journaled attempt not sent", and the next send reuses it rather
+	// than count another. (OperationError.Attempts leaves it out.)
 	Attempts int
 	// TransportResends counts the times Go's HTTP transport sent an attempt
 	// again by itself, on a new connection, after a reused one died before

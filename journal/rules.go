@@ -81,9 +81,17 @@ func NewRecord(rec Record, now time.Time, maxBody int) (Record, Event, error) {
 	} else {
 		out.Lease = Lease{}
 	}
-	ev := eventFor(Record{}, out)
+	return out, CreationEvent(out), nil
+}
+
+// CreationEvent is the first event of rec's history, the one NewRecord
+// returns with it: everything in it is in the new record itself, so a
+// journal may keep the record alone and derive the event from it for as
+// long as the record is at its first version (the SQLite journal does).
+func CreationEvent(rec Record) Event {
+	ev := eventFor(Record{}, rec)
 	ev.Kind = EventCreate
-	return out, ev, nil
+	return ev
 }
 
 // ApplyUpdate applies next to stored as Journal.Update does and returns the

@@ -123,9 +123,11 @@ func (c *Caller) Call(ctx context.Context, callID, tool string, args any) (*mcp.
 
 // Resume finishes the tool calls that were journaled but not settled (a
 // crash, a lost answer), re-sending each with its key through a session
-// from CallerConfig.Open.
-func (c *Caller) Resume(ctx context.Context) (idem.ResumeReport, error) {
-	return c.c.Resume(ctx)
+// from CallerConfig.Open. opts are idem.Client.Resume's: at start-up,
+// idem.ResumeWait with a deadline finishes also the calls a Guard still
+// runs (CodeInProgress) and those under the lease of a process that died.
+func (c *Caller) Resume(ctx context.Context, opts ...idem.ResumeOption) (idem.ResumeReport, error) {
+	return c.c.Resume(ctx, opts...)
 }
 
 // ErrNotSettled: the tool call is journaled, but its outcome is not known
@@ -242,23 +244,37 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 			return nil, err
 		}
 	}
-	cs, err := t.session(req.Context())
+	// The idem.Client learns from its trace that a request was written.
+	// The session's own HTTP requests (opening it, the streamable
+	// transport's POSTs) must not tell it so: they are not the call, and
+	// a session on stdio makes none. The call is written when it is
+	// handed to the session, and said so once, below.
+	trace := httptrace.ContextClientTrace(req.Context())
+	ctx := untraced{req.Context()}
+	cs, err := t.session(ctx)
 	if err != nil {
 		return nil, err // nothing was sent
 	}
-	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.WroteRequest != nil {
+	if trace != nil {
 		// From here the call may reach the server: an error is an
 		// unknown outcome, settled by sending it again with its key.
-		trace.WroteRequest(httptrace.WroteRequestInfo{})
+		if trace.WroteHeaders != nil {
+			trace.WroteHeaders()
+		}
+		if trace.WroteRequest != nil {
+			trace.WroteRequest(httptrace.WroteRequestInfo{})
+		}
 	}
-	res, err := cs.CallTool(req.Context(), &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
+	res, err := callTool(ctx, cs, &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
 	if we := serverError(err); we != nil {
 		return rpcResponse(req, we), nil
 	}
 	if err != nil {
-		if !errors.Is(req.Context().Err(), context.Canceled) {
-			// A call given up is no sign of a broken session, which other
-			// calls may be waiting on; an attempt that timed out may be.
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			// The session failed under the call, or the attempt timed out
+			// on it (a session gone silent). A call given up (canceled)
+			// says nothing of the session, which the runtime's other calls
+			// share.
 			t.broken(cs)
 		}
 		return nil, err
@@ -273,6 +289,39 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		h.Set(wire.ReplayedHeader, "true")
 	}
 	return response(req, http.StatusOK, h, b), nil
+}
+
+// callTool calls the tool on cs under a context that ends with ctx while
+// the call waits, and not when it has returned: the client cancels an
+// attempt's context as soon as the attempt returns, and go-sdk may still
+// be reading the rest of the answer's stream under it; canceling that read
+// closes the connection, and every call would dial a new one.
+func callTool(ctx context.Context, cs *mcp.ClientSession, p *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+	callCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	res, err := cs.CallTool(callCtx, p)
+	if !stop() {
+		// ctx ended during the call, and ended it: say why.
+		if err != nil {
+			err = fmt.Errorf("%w: %v", context.Cause(ctx), err)
+		}
+		return res, err
+	}
+	// callCtx is never canceled now: it holds nothing but its values, and
+	// is collected with the stream that reads under it.
+	return res, err
+}
+
+// untraced is a context without its httptrace.ClientTrace, for the
+// session's own HTTP requests.
+type untraced struct{ context.Context }
+
+func (c untraced) Value(key any) any {
+	v := c.Context.Value(key)
+	if _, ok := v.(*httptrace.ClientTrace); ok {
+		return nil
+	}
+	return v
 }
 
 // JSON-RPC codes of go-sdk's own (not the server's): the call did not get

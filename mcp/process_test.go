@@ -29,6 +29,10 @@ func TestMain(m *testing.M) {
 		runtimeChild()
 		return
 	}
+	if os.Getenv(stdioServerEnv) != "" {
+		stdioServerChild()
+		return
+	}
 	os.Exit(m.Run())
 }
 

@@ -40,15 +40,21 @@
 // fenced on both, so a worker that lost its lease has its late writes
 // refused (idem.ErrLeaseLost) and stops driving the operation.
 //
-// Liveness. Register holds a session-level advisory lock for the owner on
-// a connection set aside for it: PostgreSQL releases the lock when the
-// session ends, however the worker ended (exit, crash, SIGKILL, a network
-// partition). A session may also end while its worker lives on (an
+// Liveness. Register holds an advisory lock for the owner on a connection
+// set aside for it, in a transaction left open for as long as the owner is
+// registered: PostgreSQL releases the lock when the session ends, however
+// the worker ended (exit, crash, SIGKILL, a network partition). The open
+// transaction keeps the server session bound to the worker's connection
+// behind a transaction pooler too (PgBouncer's pool_mode=transaction): the
+// pooler closes the one when the other ends, and holds one server session
+// per registered worker. It holds no snapshot between statements, so it
+// holds back no VACUUM, and it turns idle_in_transaction_session_timeout
+// off for itself. A session may also end while its worker lives on (an
 // administrator's pg_terminate_backend, a restart of the database, a
-// pooler or idle_session_timeout closing the connection): the journal
-// watches the session and takes the lock again on a new one at once. So a
-// free lock makes its owner gone only once it has stayed free for
-// LivenessGrace (2 s by default, on the database's clock); Claim and
+// pooler closing the connection): the journal watches the session and
+// takes the lock again on a new one at once. So a free lock makes its
+// owner gone only once it has stayed free for LivenessGrace (2 s by
+// default, on the database's clock); Claim and
 // Acquire then take its leases, before they lapse. Every judgement is made
 // afresh: an owner found gone once and holding its lock again is alive.
 // While a worker has no liveness session it keeps driving what it holds

@@ -65,10 +65,11 @@ import (
 //
 // # Liveness
 //
-// Register holds a session-level advisory lock, on a connection of its own,
-// keyed by the schema's owners table and the owner's number in it, for as
-// long as the owner is registered: PostgreSQL drops it when that
-// session ends, whether the worker exited, crashed, or lost its network.
+// Register holds an advisory lock, on a connection of its own and in a
+// transaction left open, keyed by the schema's owners table and the
+// owner's number in it, for as long as the owner is registered:
+// PostgreSQL drops it when that session ends, whether the worker exited,
+// crashed, or lost its network, directly or behind a transaction pooler.
 // Should the session end while the worker lives on, the journal takes the
 // lock again on a new session at once. Claim and Acquire take the leases
 // of an owner whose lock has stayed free for LivenessGrace, or that

@@ -9,6 +9,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,11 +25,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-retryablehttp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/benchcpu"
 	"github.com/idemkit/idem/internal/wire"
 	"github.com/idemkit/idem/journal"
 	"github.com/idemkit/idem/journaltest"
@@ -228,6 +232,7 @@ func nullText(s string) any {
 
 // The naive journal is a journal, not a strawman: it passes the suite.
 func TestNaiveJournalConformance(t *testing.T) {
+	t.Parallel()
 	journaltest.Run(t, func(t *testing.T) idem.Journal {
 		return newNaiveJournal(openJournal(t), pgtest.Pool(t))
 	})
@@ -288,24 +293,35 @@ var benchBody = bytes.Repeat([]byte("x"), 200)
 // BenchmarkDo measures Client.Do of new operations (a durable Create, the
 // POST to a loopback server, an Update with the outcome) from 1, 16 and 64
 // concurrent callers, on the PostgreSQL journal (group commit), on the naive
-// PostgreSQL journal (naiveJournal: a commit per write) and on the SQLite
-// journal (synchronous=FULL, group commit), in the same run. Both
-// PostgreSQL journals run on the tests' shared pool (32 connections), in a
-// fresh schema; the SQLite journal in a temporary directory.
+// PostgreSQL journal (naiveJournal: idem's schema, a commit per write), on
+// the simple naive journal (simpleNaive: what a user writes in an afternoon,
+// without idem's client) and on the SQLite journal (synchronous=FULL, group
+// commit), in the same run. The idem and naive PostgreSQL journals run on a
+// pool of 32 connections, the simple naive one on pgxpool's defaults, each
+// pool its own (so that its backends can be told apart) and each journal in
+// a fresh schema; the SQLite journal in a temporary directory.
 //
-// It reports ops/s, and commits/op: transactions committed per operation
-// (for PostgreSQL counted in the server, see commits; for SQLite the
-// journal's own count, durable and not).
+// It reports ops/s; commits/op, transactions committed per operation (for
+// PostgreSQL counted in the server, see commits; for SQLite the journal's
+// own count, durable and not; for the simple naive journal its own count);
+// cpu-µs/op, the CPU time of this process (client, loopback server, pgx or
+// SQLite) per operation; and pg-cpu-µs/op, that of the PostgreSQL backends
+// serving the configuration's pool, read from /proc (see benchPool). The
+// server's background processes (WAL writer, checkpointer) are not counted:
+// with synchronous_commit on, a backend flushes its own commit's WAL.
+// wal-B/op is the WAL the server wrote per operation (see readWAL): the
+// configuration's own only on a server nobody else writes to.
 //
 //	go test -run '^$' -bench 'BenchmarkDo$' -benchtime 2s .
 func BenchmarkDo(b *testing.B) {
 	pg := func(b *testing.B, naive bool) opened {
-		pool, schema := pgtest.Pool(b), pgtest.Schema(b)
+		pool, pids := benchPool(b, 32)
+		schema := pgtest.Schema(b)
 		j, err := postgres.OpenJournal(context.Background(), pool, postgres.Schema(schema))
 		if err != nil {
 			b.Fatal(err)
 		}
-		o := opened{j: j, commits: func() int64 { return commits(b, pool, schema) }}
+		o := opened{j: j, commits: func() int64 { return commits(b, pgtest.Pool(b), schema) }, pids: pids}
 		if naive {
 			o.j = newNaiveJournal(j, pool)
 		}
@@ -318,6 +334,7 @@ func BenchmarkDo(b *testing.B) {
 	}{
 		{"postgres", func(b *testing.B) opened { return pg(b, false) }},
 		{"postgres-naive", func(b *testing.B) opened { return pg(b, true) }},
+		{"postgres-simple", func(b *testing.B) opened { return openSimpleNaive(b) }},
 		{"sqlite", func(b *testing.B) opened {
 			j, err := idem.OpenSQLite(filepath.Join(b.TempDir(), "ops.db"))
 			if err != nil {
@@ -339,32 +356,179 @@ func BenchmarkDo(b *testing.B) {
 	}
 }
 
-// opened is a journal of BenchmarkDo and how to count its commits.
+// opened is a configuration of BenchmarkDo: an idem journal, or (do set)
+// an operation of its own, how to count its commits, and the pids of the
+// PostgreSQL backends serving it.
 type opened struct {
 	j       idem.Journal
+	do      func(ctx context.Context, url string, i int64) error
 	commits func() int64
+	pids    func() []int
+}
+
+// benchPool opens a pool of its own for one configuration, with at most
+// conns connections (0: pgxpool's default), under an application_name no
+// other pool has, and returns it with a function that lists the pids of
+// its backends (asked of the tests' shared pool, whose backend is not
+// counted). It is closed when the benchmark ends.
+func benchPool(b *testing.B, conns int32) (*pgxpool.Pool, func() []int) {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if conns > 0 {
+		cfg.MaxConns = conns
+	}
+	var r [6]byte
+	_, _ = rand.Read(r[:])
+	app := "idem-bench-" + hex.EncodeToString(r[:])
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	shared := pgtest.Pool(b)
+	return pool, func() []int {
+		rows, err := shared.Query(context.Background(), `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app)
+		if err != nil {
+			b.Fatal(err)
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			b.Fatal(err)
+		}
+		out := make([]int, len(pids))
+		for i, p := range pids {
+			out[i] = int(p)
+		}
+		return out
+	}
+}
+
+// backendCPU is the CPU time the backends in after have used since before,
+// a backend that started in between counting from zero.
+func backendCPU(before, after map[int]time.Duration) time.Duration {
+	var d time.Duration
+	for pid, t := range after {
+		d += t - before[pid]
+	}
+	return d
+}
+
+// simpleNaive is the journal a user writes in an afternoon in front of a
+// go-retryablehttp POST, issue #24's baseline: one table (key, request,
+// state, response), an autocommitted INSERT of the pending operation
+// before the POST and an autocommitted UPDATE with the outcome after it,
+// synchronous_commit on (the server's default), pgxpool at its defaults.
+// Two round trips, two commits and two WAL flushes per operation, and none
+// of idem's fencing, history or status checks.
+type simpleNaive struct {
+	pool    *pgxpool.Pool
+	insert  string
+	update  string
+	rc      *retryablehttp.Client
+	commits atomic.Int64
+}
+
+func openSimpleNaive(b *testing.B) opened {
+	pool, pids := benchPool(b, 0)
+	schema := pgschema.Ident(pgtest.Schema(b))
+	table := schema + ".operations"
+	if _, err := pool.Exec(context.Background(), `CREATE SCHEMA `+schema+`; CREATE TABLE `+table+` (
+		key text PRIMARY KEY,
+		request bytea NOT NULL,
+		state text NOT NULL,
+		response bytea
+	)`); err != nil {
+		b.Fatal(err)
+	}
+	n := &simpleNaive{pool: pool,
+		insert: `INSERT INTO ` + table + ` (key, request, state) VALUES ($1, $2, 'pending')`,
+		update: `UPDATE ` + table + ` SET state = $2, response = $3 WHERE key = $1`,
+		rc: &retryablehttp.Client{HTTPClient: &http.Client{Transport: benchTransport(64)},
+			RetryMax: 4, CheckRetry: retryablehttp.DefaultRetryPolicy, Backoff: retryablehttp.DefaultBackoff,
+			RetryWaitMin: 100 * time.Millisecond, RetryWaitMax: 5 * time.Second},
+	}
+	return opened{do: n.post, commits: n.commits.Load, pids: pids}
+}
+
+// post journals the operation as pending under a new key, sends it, and
+// records its outcome.
+func (n *simpleNaive) post(ctx context.Context, url string, _ int64) error {
+	var k [16]byte
+	_, _ = rand.Read(k[:])
+	key := hex.EncodeToString(k[:])
+	if _, err := n.pool.Exec(ctx, n.insert, key, benchBody); err != nil {
+		return err
+	}
+	n.commits.Add(1)
+	req, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, url, benchBody)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := n.rc.Do(req)
+	state, body := "failed", []byte(nil)
+	if err == nil {
+		body, err = io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err == nil && resp.StatusCode != http.StatusCreated {
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		if err == nil {
+			state = "succeeded"
+		}
+	}
+	if _, uerr := n.pool.Exec(ctx, n.update, key, state, body); uerr != nil {
+		return errors.Join(err, uerr)
+	}
+	n.commits.Add(1)
+	return err
 }
 
 func benchDo(b *testing.B, o opened, callers int) {
 	srv, posts := fastServer(b)
-	tr := benchTransport(callers)
-	defer tr.CloseIdleConnections()
-	c, err := idem.New(idem.Config{Journal: o.j, BaseURL: srv.URL, Owner: "bench", HTTPClient: &http.Client{Transport: tr}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		if err := c.Close(); err != nil {
-			b.Error(err)
+	do := o.do
+	if do == nil {
+		tr := benchTransport(callers)
+		defer tr.CloseIdleConnections()
+		c, err := idem.New(idem.Config{Journal: o.j, BaseURL: srv.URL, Owner: "bench", HTTPClient: &http.Client{Transport: tr}})
+		if err != nil {
+			b.Fatal(err)
 		}
-	}()
+		defer func() {
+			if err := c.Close(); err != nil {
+				b.Error(err)
+			}
+		}()
+		do = func(ctx context.Context, _ string, i int64) error {
+			res, err := c.Do(ctx, idem.Op{ID: "checkout/cart-" + strconv.FormatInt(i, 10), URL: "/orders", Body: benchBody})
+			if err == nil && res.StatusCode != http.StatusCreated {
+				err = fmt.Errorf("status %d", res.StatusCode)
+			}
+			return err
+		}
+	}
+	url := srv.URL + "/orders"
+	pids := func() []int { return nil }
+	if o.pids != nil {
+		pids = o.pids
+	}
 	before := o.commits()
 	var (
 		next   atomic.Int64
 		wg     sync.WaitGroup
 		failed atomic.Value
 	)
+	var wal0 walLSN
+	if o.pids != nil {
+		wal0 = readWAL(b)
+	}
 	b.ResetTimer()
+	pg0 := benchcpu.Processes(pids())
+	cpu0, cpuOK := benchcpu.Process()
 	start := time.Now()
 	for range callers {
 		wg.Go(func() {
@@ -373,11 +537,7 @@ func benchDo(b *testing.B, o opened, callers int) {
 				if i > int64(b.N) {
 					return
 				}
-				res, err := c.Do(context.Background(), idem.Op{ID: "checkout/cart-" + strconv.FormatInt(i, 10), URL: "/orders", Body: benchBody})
-				if err == nil && res.StatusCode != http.StatusCreated {
-					err = fmt.Errorf("status %d", res.StatusCode)
-				}
-				if err != nil {
+				if err := do(context.Background(), url, i); err != nil {
 					failed.Store(err)
 					return
 				}
@@ -386,7 +546,9 @@ func benchDo(b *testing.B, o opened, callers int) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu1, _ := benchcpu.Process()
 	b.StopTimer()
+	pg1 := benchcpu.Processes(pids())
 	if err, ok := failed.Load().(error); ok {
 		b.Fatal(err)
 	}
@@ -395,6 +557,32 @@ func benchDo(b *testing.B, o opened, callers int) {
 	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
 	b.ReportMetric(float64(o.commits()-before)/float64(b.N), "commits/op")
+	if cpuOK {
+		b.ReportMetric(float64(cpu1-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-µs/op")
+	}
+	if o.pids != nil {
+		b.ReportMetric(float64(backendCPU(pg0, pg1))/float64(time.Microsecond)/float64(b.N), "pg-cpu-µs/op")
+		b.ReportMetric(float64(readWAL(b)-wal0)/float64(b.N), "wal-B/op")
+	}
+}
+
+// walLSN is the server's WAL insert position: the WAL written by the
+// whole server, every database and session of it, so that the bytes per
+// operation are the configuration's own only on a server nobody else
+// writes to (point IDEM_TEST_POSTGRES at one: BENCHMARKS.md, "Fourth speed
+// session"). pg_stat_wal would also count records and full-page images,
+// but backends report to it up to a second late.
+type walLSN int64
+
+func readWAL(b *testing.B) walLSN {
+	b.Helper()
+	var w int64
+	err := pgtest.Pool(b).QueryRow(context.Background(),
+		`SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint`).Scan(&w)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return walLSN(w)
 }
 
 // The fleet: worker processes resuming operations enqueued in one journal.

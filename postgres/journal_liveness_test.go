@@ -62,7 +62,14 @@ func holderMain() error {
 // startHolder runs a holder of keys and waits until it holds them.
 func startHolder(t *testing.T, schema, owner string, lease time.Duration, liveness bool, keys ...string) func() {
 	t.Helper()
-	env := append(childJournalEnv(schema, liveness), holderOwner+"="+owner,
+	return startHolderWith(t, nil, schema, owner, lease, liveness, keys...)
+}
+
+// startHolderWith is startHolder with env added to the child's
+// environment (IDEM_TEST_POSTGRES: the database it reaches, say).
+func startHolderWith(t *testing.T, env []string, schema, owner string, lease time.Duration, liveness bool, keys ...string) func() {
+	t.Helper()
+	env = append(append(env, childJournalEnv(schema, liveness)...), holderOwner+"="+owner,
 		holderKeys+"="+strings.Join(keys, ","), holderLease+"="+lease.String())
 	p := startChild(t, "holder", owner, nil, env...)
 	// Held once its leases are in the journal.

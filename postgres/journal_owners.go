@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
@@ -102,12 +103,13 @@ type registration struct {
 
 // Register implements idem.Journal. The owner's name goes into the owners
 // table (a name is registered once, ever), and a connection of the pool is
-// set aside for as long as the owner is registered, holding a
-// session-level advisory lock on the owner's number. PostgreSQL drops the
-// lock when that session ends, however the worker ended: that is how the
-// others see it gone. Should the session end while the worker lives on,
-// the journal takes the lock again on a new session at once. The
-// connection goes back to the pool on unregister. A registration that
+// set aside for as long as the owner is registered, holding an advisory
+// lock on the owner's number in a transaction left open (see
+// takeLiveness). PostgreSQL drops the lock when that transaction's session
+// ends, however the worker ended: that is how the others see it gone.
+// Should the session end while the worker lives on, the journal takes the
+// lock again on a new session at once. The connection goes back to the
+// pool on unregister. A registration that
 // would leave the pool no connection for anything else is refused
 // (ErrPoolTooSmall): give the pool a MaxConns above the number of clients
 // registered through the journal. With WithoutLiveness it records
@@ -149,8 +151,10 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	if err != nil {
 		return nil, err // the row, without a lock and without leases, is swept
 	}
-	// Housekeeping: should it fail, the next registration sweeps.
-	_, _ = conn.Exec(ctx, j.q.sweep, int64(j.ownersOID), wire.Millis(j.now()))
+	// Housekeeping, on another session: the liveness session's transaction
+	// would hold the rows it deletes for as long as the owner lives.
+	// Should it fail, the next registration sweeps.
+	_, _ = j.pool.Exec(ctx, j.q.sweep, int64(j.ownersOID), wire.Millis(j.now()))
 	wctx, stop := context.WithCancel(context.Background())
 	r := &registration{owner: owner, id: id, stop: stop, done: make(chan struct{})}
 	j.mu.Lock()
@@ -216,13 +220,34 @@ func (j *Journal) reserveSession(owner string) error {
 
 // takeLiveness takes owner's liveness lock on a connection of the pool and
 // says so in the owner's row: a new session of the owner.
+//
+// The lock is a transaction's (pg_try_advisory_xact_lock), taken in a
+// transaction that stays open until the owner unregisters, not a
+// session's: a transaction pooler (PgBouncer's pool_mode=transaction)
+// binds a server session to its client for a transaction only. A session
+// lock would stay on whichever server session the statement ran on, which
+// the pooler gives other clients and closes when it likes while the
+// worker's own connection to the pooler lives on: the lock then vanishes
+// unseen, and the worker is taken for dead while it lives, or it outlives
+// the worker, kept by the pooler, and a dead worker is kept alive. An open
+// transaction keeps its server session bound to this connection, directly
+// or through any pooler: when either ends, both do, and the lock with
+// them. The transaction writes nothing and holds no snapshot once its
+// statement ends (read committed), so it holds back neither VACUUM nor
+// any other session; only idle_in_transaction_session_timeout would end
+// it, which the transaction turns off for itself.
 func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pgxpool.Conn, error) {
 	conn, err := j.pool.Acquire(ctx)
 	if err != nil {
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
 	var locked bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, j.livenessClass(), id).Scan(&locked); err != nil {
+	_, err = conn.Exec(ctx, `BEGIN`)
+	if err == nil {
+		err = conn.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '0', true) IS NOT NULL
+			AND pg_try_advisory_xact_lock($1, $2)`, j.livenessClass(), id).Scan(&locked)
+	}
+	if err != nil {
 		if conn.Conn().IsClosed() && ctx.Err() == nil {
 			// A connection that died idle in the pool (the database
 			// restarted, say): the next one may live.
@@ -236,18 +261,17 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 		// when something else uses advisory locks with the same two keys,
 		// or when a session of this owner's lives on, its end not yet seen
 		// by the database.
-		conn.Release()
+		dropConn(conn) // in a transaction: not for the pool
 		return nil, fmt.Errorf("postgres journal in schema %q: owner %q's liveness lock (advisory lock %d, %d) is held by another session",
 			j.schema, owner, j.livenessClass(), id)
 	}
-	if _, err := conn.Exec(ctx, j.q.newSession, id, owner, wire.Millis(j.now())); err != nil {
+	// On another session: written in the lock's transaction, the row
+	// would be seen only once the owner unregisters. (idle_session_timeout
+	// ends no session in a transaction.)
+	if _, err := j.pool.Exec(ctx, j.q.newSession, id, owner, wire.Millis(j.now())); err != nil {
 		dropConn(conn) // ending the session lets go of the lock
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
-	// The session is idle for as long as the owner lives: a server that
-	// ends idle sessions (idle_session_timeout, PostgreSQL 14 and later)
-	// must not end this one. Older servers have no such setting, nor need.
-	_, _ = conn.Exec(ctx, `SET idle_session_timeout = 0`)
 	return conn, nil
 }
 
@@ -336,8 +360,8 @@ func (j *Journal) unregister(owner string) error {
 }
 
 // end stops r's watcher and ends the registration: the owner's row says
-// it ended, then the lock is let go, so that other journals see the owner
-// gone at once.
+// it ended, and the lock is let go with the same commit, so that other
+// journals see the owner gone at once.
 func (j *Journal) end(r *registration) error {
 	r.stop()
 	<-r.done
@@ -350,12 +374,10 @@ func (j *Journal) end(r *registration) error {
 	}
 	_, err := r.conn.Exec(ctx, j.q.endOwner, r.id)
 	if err == nil {
-		_, err = r.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, j.livenessClass(), r.id)
-	}
-	if err == nil {
-		_, err = r.conn.Exec(ctx, `RESET idle_session_timeout`)
-		if isUndefinedSetting(err) {
-			err = nil
+		var tag pgconn.CommandTag
+		tag, err = r.conn.Exec(ctx, `COMMIT`)
+		if err == nil && tag.String() != "COMMIT" {
+			err = fmt.Errorf("postgres journal in schema %q: ending owner %q: the liveness transaction ended with %s", j.schema, r.owner, tag)
 		}
 	}
 	if err != nil {

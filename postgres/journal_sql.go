@@ -288,13 +288,6 @@ func isUniqueViolation(err error) (string, bool) {
 	return "", false
 }
 
-// isUndefinedSetting reports the error of a setting this server does not
-// have (idle_session_timeout before PostgreSQL 14).
-func isUndefinedSetting(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "42704"
-}
-
 func nullMillisPtr(t time.Time) *int64 {
 	if t.IsZero() {
 		return nil

@@ -30,10 +30,14 @@ func openJournal(t *testing.T, opts ...postgres.Option) *postgres.Journal {
 }
 
 func TestJournalConformance(t *testing.T) {
+	// Each test has a schema of its own and mostly waits on the server's
+	// commits: the suites run beside each other and the parallel tests.
+	t.Parallel()
 	journaltest.Run(t, func(t *testing.T) idem.Journal { return openJournal(t) })
 }
 
 func TestJournalConformanceOneWriteAtATime(t *testing.T) {
+	t.Parallel()
 	journaltest.Run(t, func(t *testing.T) idem.Journal { return openJournal(t, postgres.MaxBatch(1)) })
 }
 

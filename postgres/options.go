@@ -93,10 +93,12 @@ func MaxBatch(n int) Option {
 }
 
 // WithoutLiveness makes the journal's Register record nothing: leases of
-// workers that died are taken over only when they lapse. For a pool that
-// cannot spare a connection per client (a PgBouncer in transaction mode,
-// which does not keep session locks, say). Journals with and without it
-// may share a schema: those with liveness leave the operations of workers
+// workers that died are taken over only when they lapse. For a pool, or a
+// pooler's pool of server sessions, that cannot spare a connection per
+// registered client: liveness holds one for each, behind a PgBouncer in
+// transaction mode too (its lock is held in a transaction left open,
+// which binds the server session to it). Journals with and without it may
+// share a schema: those with liveness leave the operations of workers
 // without it to lapse too. Journal only.
 func WithoutLiveness() Option {
 	return func(o *options) { o.liveness = false; o.journalOnly = append(o.journalOnly, "WithoutLiveness") }

@@ -62,7 +62,12 @@ func init() { children["replica"] = replicaMain }
 // log before anything else, and "done TENANT KEY PID STATUS ORDER" once the
 // handler returned (its order is committed), each in one write to a file
 // opened O_APPEND: the log counts the runs of every replica, the killed one
-// included, in the order they happened. A run of a key named in
+// included, in the order they happened. What the middleware did with the
+// run goes there too: "told TENANT KEY PID" when it canceled the run's
+// context because it could not keep the key's lock (ErrLockNotRenewed: no
+// renewal succeeded for 2/3 of LockTimeout, the store out of reach or the
+// process starved), and "outcome TENANT KEY PID STATUS TOOKOVER
+// STOREFAILED" once the request ended (Config.OnOutcome). A run of a key named in
 // IDEM_REPLICA_HELD_KEYS is then held, before the middleware stores its
 // response: a SIGKILL in that hold leaves the key in progress with its
 // order committed, the window in which only the lock's staleness and the
@@ -120,13 +125,18 @@ func replicaMain() error {
 		return err
 	}
 	defer execLog.Close()
-	mw, err := server.New(server.Config{Store: store, Scope: orders.Tenant, LockTimeout: lockTimeout})
+	pid := os.Getpid()
+	mw, err := server.New(server.Config{Store: store, Scope: orders.Tenant, LockTimeout: lockTimeout,
+		OnOutcome: func(_ context.Context, o server.Outcome) {
+			if o.Kind == server.OutcomeRan {
+				_, _ = fmt.Fprintf(execLog, "outcome %s %s %d %d %t %t\n", o.Scope, o.Key, pid, o.Status, o.TookOver, o.StoreFailed)
+			}
+		}})
 	if err != nil {
 		return err
 	}
 	defer mw.Close()
 
-	pid := os.Getpid()
 	logged := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant := orders.Tenant(r)
 		key, _ := server.KeyFromContext(r.Context())
@@ -134,6 +144,14 @@ func replicaMain() error {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
+		// The run's context ends when the middleware is done with it, or
+		// before, when it tells the run to stop.
+		go func() {
+			<-r.Context().Done()
+			if errors.Is(context.Cause(r.Context()), server.ErrLockNotRenewed) {
+				_, _ = fmt.Fprintf(execLog, "told %s %s %d\n", tenant, key, pid)
+			}
+		}()
 		if jitter > 0 {
 			time.Sleep(rand.N(jitter + 1))
 		}
@@ -256,6 +274,17 @@ type handlerRun struct {
 	done  bool   // the handler returned: its order is committed
 	code  int    // the handler's status, once done
 	order string // the order it answered with, once done
+	// told: the middleware canceled the run's context, because it could
+	// not keep the key's lock (ErrLockNotRenewed).
+	told bool
+	// outcome is the status the middleware answered the run's request
+	// with (0: none logged, as in a replica killed), tookOver whether the
+	// run took a stale lock over.
+	outcome  int
+	tookOver bool
+	// storeFailed: its response could not be stored (the store out of
+	// reach); it is stored in the background while the lock is renewed.
+	storeFailed bool
 }
 
 // execLog is the exec log parsed: every key's runs in the order they
@@ -303,6 +332,30 @@ func readExecLog(path string) (execLog, error) {
 				return execLog{}, fmt.Errorf("%w: done without its run", bad)
 			}
 			runs[j].done, runs[j].code, runs[j].order = true, code, f[5]
+		case len(f) == 4 && f[0] == "told", len(f) == 7 && f[0] == "outcome":
+			pid, err := strconv.Atoi(f[3])
+			if err != nil {
+				return execLog{}, bad
+			}
+			// The earliest run of the key in that process not yet told
+			// (a "told" may come after its run's outcome), or without an
+			// outcome.
+			runs := l.runs[tenantKey{f[1], f[2]}]
+			j := slices.IndexFunc(runs, func(r *handlerRun) bool {
+				return r.pid == pid && (f[0] == "told" && !r.told || f[0] == "outcome" && r.outcome == 0)
+			})
+			if j < 0 {
+				return execLog{}, fmt.Errorf("%w: %s without its run", bad, f[0])
+			}
+			if f[0] == "told" {
+				runs[j].told = true
+				continue
+			}
+			code, err := strconv.Atoi(f[4])
+			if err != nil {
+				return execLog{}, bad
+			}
+			runs[j].outcome, runs[j].tookOver, runs[j].storeFailed = code, f[5] == "true", f[6] == "true"
 		default:
 			return execLog{}, bad
 		}
@@ -311,38 +364,40 @@ func readExecLog(path string) (execLog, error) {
 }
 
 // checkRuns holds the exec log to the promise: every key's handler ran
-// exactly once across the replicas, except a key whose run was in flight
-// in the replica killed (killed; 0: none was), which may have run once
-// more, in a survivor, after the kill, answering with the order the killed
-// run committed if it committed one (the orders table's UNIQUE guard), and
-// every run that returned answered with the key's one order in the orders
-// table (orderOf). It returns every breach it finds.
+// once across the replicas, and ran again only once every run before had
+// lost its hold on the key: it was in flight in the replica killed
+// (killed; 0: none was) and the new run came after the kill, or the
+// middleware told it to stop because it could not keep the key's lock (no
+// renewal succeeded for 2/3 of LockTimeout: the store was out of reach, or
+// the process starved), or the store was out of reach when its response
+// was to be stored (and, still, for LockTimeout); and the new run took the
+// stale lock over. Every
+// run that returned answered with the key's one order in the orders table
+// (orderOf), which a run after another finds by the table's UNIQUE guard;
+// only a run told to stop may have failed instead. It returns every breach
+// it finds.
 func checkRuns(l execLog, keys []tenantKey, killed int, orderOf map[tenantKey]string) []string {
 	var breaches []string
 	for _, k := range keys {
 		runs := l.runs[k]
-		inKilled := slices.ContainsFunc(runs, func(r *handlerRun) bool { return r.pid == killed })
-		switch {
-		case len(runs) == 0:
+		if len(runs) == 0 {
 			breaches = append(breaches, fmt.Sprintf("%s never ran", k))
 			continue
-		case len(runs) > 2 || len(runs) == 2 && !inKilled:
-			breaches = append(breaches, fmt.Sprintf("%s ran %d times (pids %v)", k, len(runs), runPids(runs)))
-			continue
-		case len(runs) == 2:
-			first, second := runs[0], runs[1]
-			if first.pid != killed || second.pid == killed {
-				breaches = append(breaches, fmt.Sprintf("%s ran twice, first in pid %d then in %d: a second run must follow a run in the killed replica (%d)", k, first.pid, second.pid, killed))
+		}
+		for i, r := range runs[1:] {
+			for _, before := range runs[:i+1] {
+				died := before.pid == killed && l.killLine >= 0 && r.line > l.killLine
+				if !died && !before.told && !before.storeFailed {
+					breaches = append(breaches, fmt.Sprintf("%s ran %d times (pids %v): a run in pid %d while the run in pid %d held the key (neither killed before it nor told to stop)",
+						k, len(runs), runPids(runs), r.pid, before.pid))
+				}
 			}
-			if l.killLine < 0 || second.line < l.killLine {
-				breaches = append(breaches, fmt.Sprintf("%s ran again before the kill", k))
-			}
-			if first.done && second.done && second.order != first.order {
-				breaches = append(breaches, fmt.Sprintf("%s: its second run answered %s, not the order %s the killed run committed", k, second.order, first.order))
+			if r.outcome != 0 && !r.tookOver {
+				breaches = append(breaches, fmt.Sprintf("%s ran again in pid %d without taking a stale lock over", k, r.pid))
 			}
 		}
 		for _, r := range runs {
-			if r.done && (r.code != http.StatusCreated || r.order != orderOf[k]) {
+			if r.done && (r.code != http.StatusCreated || r.order != orderOf[k]) && !(r.told && r.code >= 500 && r.order == "-") {
 				breaches = append(breaches, fmt.Sprintf("%s: a run in pid %d answered %d %s; the orders table holds %q", k, r.pid, r.code, r.order, orderOf[k]))
 			}
 		}
@@ -464,7 +519,68 @@ func sendUntilCreated(ctx context.Context, client *http.Client, replicas []*repl
 // (the orders table's UNIQUE guard). Every designated key must have run
 // that way: the kill landed mid-request. Each key has one order, and every
 // sender of a key got that order.
+//
+// A replica that cannot renew a key's lock for 2/3 of LockTimeout (its
+// store out of reach, or its process starved of CPU on a loaded machine)
+// is told to stop (ErrLockNotRenewed), and its key may run again once the
+// lock is stale: the exec log records it, and checkRuns allows that second
+// run, which the UNIQUE guard answers, as the middleware documents.
 func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
+	testReplicas(t, plainDB(t))
+}
+
+// TestReplicaProcessesRunEachKeyOnceUnderFaults is the test above while
+// the replicas' database misbehaves: behind a proxy that injects faults one
+// after another, and on a server of the test's own that crashes and
+// restarts, while the keys are sent. IDEM_PG_FLEET_SOAK=N runs N rounds of
+// each.
+func TestReplicaProcessesRunEachKeyOnceUnderFaults(t *testing.T) {
+	rounds := soakRounds(t)
+	for _, db := range []struct {
+		name string
+		open func(*testing.T) *fleetDB
+	}{{"proxy faults", proxiedDB}, {"database restarts", crashingDB}} {
+		t.Run(db.name, func(t *testing.T) {
+			var total replicaFigures
+			for round := range rounds {
+				if !t.Run(fmt.Sprint("round ", round+1), func(t *testing.T) { total.add(testReplicas(t, db.open(t))) }) {
+					break
+				}
+			}
+			t.Logf("figures: %d round(s), %s", rounds, &total)
+		})
+	}
+}
+
+// replicaFigures is what one run of the replicas test counted.
+type replicaFigures struct {
+	keys, requests, runs, afterKill, afterTold, duplicates, lost, breaches int
+	faults                                                                 map[string]int
+}
+
+func (f *replicaFigures) add(o replicaFigures) {
+	f.keys += o.keys
+	f.requests += o.requests
+	f.runs += o.runs
+	f.afterKill += o.afterKill
+	f.afterTold += o.afterTold
+	f.duplicates += o.duplicates
+	f.lost += o.lost
+	f.breaches += o.breaches
+	for k, n := range o.faults {
+		if f.faults == nil {
+			f.faults = map[string]int{}
+		}
+		f.faults[k] += n
+	}
+}
+
+func (f *replicaFigures) String() string {
+	return fmt.Sprintf("%d keys, %d requests, %d handler runs (%d again after the kill, %d again after a run that lost its hold: told to stop, or its response not storable); faults %v; duplicate orders %d, keys without their order %d, exec-log breaches %d",
+		f.keys, f.requests, f.runs, f.afterKill, f.afterTold, f.faults, f.duplicates, f.lost, f.breaches)
+}
+
+func testReplicas(t *testing.T, db *fleetDB) replicaFigures {
 	const (
 		perTenant   = 30
 		heldPer     = 3 // the first keys of each tenant are the designated ones
@@ -472,7 +588,7 @@ func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
 		lockTimeout = 3 * time.Second
 	)
 	tenants := []string{"acme", "globex", "initech"}
-	schema := pgtest.Schema(t)
+	schema := db.schema
 	dir := t.TempDir()
 	ordersPath, execPath := filepath.Join(dir, "orders.db"), filepath.Join(dir, "exec.log")
 	createOrders(t, ordersPath)
@@ -485,6 +601,7 @@ func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
 		replicaSchemaEnv + "=" + schema, replicaOrdersEnv + "=" + ordersPath, replicaExecLogEnv + "=" + execPath,
 		replicaLockEnv + "=" + lockTimeout.String(), replicaJitterEnv + "=50ms",
 	}
+	common = append(common, db.env()...)
 	replicas := []*replicaProc{
 		startReplicaProc(t, "replica-0", common...),
 		startReplicaProc(t, "replica-1", append(slices.Clip(common),
@@ -493,6 +610,7 @@ func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
 	}
 	victim := replicas[1]
 	killed := victim.pid()
+	stopFaults := db.injectFaults(t)
 
 	var keys, held []tenantKey
 	for _, tenant := range tenants {
@@ -609,27 +727,27 @@ func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
 		}
 	}
 
-	var killedAt time.Time
-	select {
-	case <-allHeld:
-		// The marker goes in before the kill: a run after it may be after
-		// the kill, a run before it certainly is not.
-		f, err := os.OpenFile(execPath, os.O_WRONLY|os.O_APPEND, 0)
-		require.NoError(t, err)
-		_, err = fmt.Fprintf(f, "kill %d\n", killed)
-		require.NoError(t, err)
-		require.NoError(t, f.Close())
-		killedAt = time.Now()
-		victim.kill()
-	case err := <-watchErr:
+	// The watcher returns nil once replica 1 holds its keys (having closed
+	// allHeld), or an error. Waiting on its result alone: a select on both
+	// would pick either when both are ready, and fail the test on a nil.
+	if err := <-watchErr; err != nil {
 		cancel()
 		wg.Wait()
 		require.NoError(t, err)
-		require.FailNow(t, "the watcher ended before replica 1 held its keys")
 	}
-	require.NoError(t, <-watchErr)
+	<-allHeld
+	// The marker goes in before the kill: a run after it may be after the
+	// kill, a run before it certainly is not.
+	f, err := os.OpenFile(execPath, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = fmt.Fprintf(f, "kill %d\n", killed)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	killedAt := time.Now()
+	victim.kill()
 	wg.Wait()
 	finished := time.Now()
+	faults := stopFaults()
 	require.Empty(t, sendErrs, "every sender gets a 201")
 
 	// The survivors shut down gracefully, and the log is complete.
@@ -649,7 +767,17 @@ func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
 
 	orderOf, count, items := readOrders(t, ordersPath)
 	assert.Len(t, count, len(keys), "no order for anything but the keys sent")
+	fig := replicaFigures{keys: len(keys), requests: int(tally.requests.Load()), faults: faults.byKind}
 	for _, k := range keys {
+		fig.duplicates += max(count[k]-1, 0)
+		if count[k] == 0 || len(got[k]) < len(replicas) {
+			fig.lost++
+		}
+		for _, id := range got[k] {
+			if id != orderOf[k] {
+				fig.duplicates++
+			}
+		}
 		assert.Equal(t, 1, count[k], "%s has one order", k)
 		assert.Equal(t, fmt.Sprintf("book-%s-%s", k.tenant, k.key), items[k], "%s's order is its own", k)
 		require.Len(t, got[k], len(replicas), "every sender of %s got a 201", k)
@@ -660,18 +788,25 @@ func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
 
 	l, err := readExecLog(execPath)
 	require.NoError(t, err)
-	assert.Empty(t, checkRuns(l, keys, killed, orderOf), "one run per key, and one more at most for a key in flight in the killed replica")
+	breaches := checkRuns(l, keys, killed, orderOf)
+	assert.Empty(t, breaches, "one run per key, and another only once the run before died or was told to stop")
+	fig.breaches = len(breaches)
 
 	// The kill landed mid-request: every designated key was committed and
 	// held in replica 1 when it died, so it ran again in a survivor, whose
-	// run the UNIQUE guard answered with the killed run's order.
+	// run the UNIQUE guard answered with the killed run's order; unless
+	// replica 1 was told to stop first, as a starved or cut-off replica is.
 	for _, k := range held {
 		runs := l.runs[k]
-		if assert.Equal(t, 2, len(runs), "%s ran in replica 1 and again in a survivor; it ran in pids %v", k, runPids(runs)) {
+		if assert.NotEmpty(t, runs, "%s ran", k) {
 			assert.Equal(t, killed, runs[0].pid, "%s ran first in replica 1", k)
 			assert.True(t, runs[0].done, "%s's order was committed in replica 1", k)
-			assert.NotEqual(t, killed, runs[1].pid, "%s ran again in a survivor", k)
-			assert.Equal(t, runs[0].order, runs[1].order, "the survivor's run of %s found the killed run's order", k)
+			assert.True(t, len(runs) >= 2 || runs[0].told, "%s ran again in a survivor after the kill, or replica 1 was told to stop; it ran in pids %v", k, runPids(runs))
+			if len(runs) >= 2 {
+				// checkRuns holds every run that answered to the order
+				// replica 1 committed.
+				assert.NotEqual(t, killed, runs[1].pid, "%s ran again in a survivor", k)
+			}
 		}
 	}
 
@@ -684,22 +819,29 @@ func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
 		if slices.ContainsFunc(rs, func(r *handlerRun) bool { return r.pid == killed }) {
 			inVictim++
 		}
-		if len(rs) == 2 {
+		for i := range rs[1:] {
+			if rs[i].told || rs[i].storeFailed {
+				fig.afterTold++
+				continue
+			}
+			fig.afterKill++
 			reruns++
-			if rs[0].done {
+			if rs[i].done {
 				guarded++
 			} else {
 				unfinished++
 			}
 		}
 	}
+	fig.runs = runs
 	t.Logf("%d keys (%d tenants, %d held in replica 1), 3 senders each: %d requests, %d 201 (%d replayed), %d 409, %d 5xx, %d connection errors",
 		len(keys), len(tenants), len(held), tally.requests.Load(), tally.created.Load(), tally.replayed.Load(),
 		tally.conflicts.Load(), tally.serverErrors.Load(), tally.connErrors.Load())
-	t.Logf("handler runs: %d for %d keys; %d keys ran in replica 1; re-runs after the kill: %d (%d found the killed run's order, %d had been killed before committing one); orders: %d",
-		runs, len(keys), inVictim, reruns, guarded, unfinished, len(count))
-	t.Logf("time: %.2f s from the first request to the last 201, %.2f s of it after the kill (LockTimeout %s)",
-		finished.Sub(began).Seconds(), finished.Sub(killedAt).Seconds(), lockTimeout)
+	t.Logf("handler runs: %d for %d keys; %d keys ran in replica 1; re-runs after the kill: %d (%d found the killed run's order, %d had been killed before committing one); re-runs after a run that lost its hold: %d; orders: %d",
+		runs, len(keys), inVictim, reruns, guarded, unfinished, fig.afterTold, len(count))
+	t.Logf("time: %.2f s from the first request to the last 201, %.2f s of it after the kill (LockTimeout %s); faults injected: %s",
+		finished.Sub(began).Seconds(), finished.Sub(killedAt).Seconds(), lockTimeout, faults)
+	return fig
 }
 
 // TestReplicaProcessesControlDoubleRuns is the control of the test above:

@@ -274,7 +274,16 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 	case w.err != nil:
 		return s.fail(ctx, "complete", w.err)
 	case !w.done:
-		return server.ErrLockLost
+		// The same completion again (the first one's reply was lost)
+		// finds its own response under its token, and succeeds.
+		var same int
+		err := s.pool.QueryRow(ctx, s.q.completedAlike, w.id, req.Token, int32(req.Response.Status), w.header, w.body).Scan(&same)
+		if err != nil {
+			return s.fail(ctx, "complete", err)
+		}
+		if same == 0 {
+			return server.ErrLockLost
+		}
 	}
 	return nil
 }

@@ -107,6 +107,7 @@ const storeColumns = `scope, key, fingerprint, method, path, state, token, creat
 type storeQueries struct {
 	insert, replace, takeOver, reread string
 	complete, completeDeferred        string
+	completedAlike                    string
 	release, renew, get, sweep        string
 }
 
@@ -161,6 +162,11 @@ func newStoreQueries(schema string) storeQueries {
 		reread:           `SELECT ` + storeColumns + ` FROM ` + table + ` WHERE id = $1`,
 		complete:         complete(commitDurable),
 		completeDeferred: complete(commitDeferred),
+		// Whether the entry holds this very completion already (by its
+		// primary key, as complete finds it): a completion sent again
+		// after its reply was lost.
+		completedAlike: `SELECT count(*) FROM ` + table + ` WHERE id = $1 AND token = $2 AND state = 2
+			AND resp_status = $3 AND resp_header IS NOT DISTINCT FROM $4 AND resp_body = $5`,
 		release: `DELETE FROM ` + table + ` AS e USING (` + commitDeferred + `) AS d
 			WHERE e.id = $1 AND e.token = $2 AND e.state = $3`,
 		renew: `UPDATE ` + table + ` AS e SET locked_at = $4 FROM (` + commitDurable + `) AS d

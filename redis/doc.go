@@ -74,7 +74,12 @@
 // crash; RequireDurable makes Open refuse anything less. On a server with
 // replicas, WaitReplicas makes each completion wait for them, so that a
 // fail-over cannot lose it. A maxmemory-policy that evicts may drop an
-// entry before its retention ends: Open refuses it unless AllowEviction.
+// entry before its retention ends: Open refuses it unless AllowEviction,
+// and the store asks again every minute (PolicyCheckEvery), refusing new
+// keys while one is set.
+//
+// Under concurrency, AutoPipeline sends the scripts of concurrent requests
+// to Redis together, through the client's autopipeliner.
 //
 // # Failures
 //

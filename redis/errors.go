@@ -15,6 +15,7 @@ import (
 // fail wraps a failure of op with the store's prefix, ErrUnavailable and
 // what it means for the key.
 func (s *Store) fail(ctx context.Context, op string, err error) error {
+	s.recheckPolicy(err)
 	if ctxErr := ctx.Err(); ctxErr != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || isTimeout(err)) {
 		return fmt.Errorf("redis store (prefix %q): %s: %w", s.prefix, op, ctxErr)
 	}

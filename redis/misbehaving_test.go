@@ -227,3 +227,22 @@ func TestOpenRefusesBadArguments(t *testing.T) {
 	_, err = redis.Open(ctx, c, redis.WaitReplicas(1, 0))
 	require.ErrorContains(t, err, "positive timeout")
 }
+
+// Through the autopipeliner, a flushed script cache and a Redis gone get
+// the answers they get without it.
+func TestAutoPipelineNoScriptAndUnreachable(t *testing.T) {
+	t.Parallel()
+	proc := startRedis(t, "--save", "", "--appendonly", "no")
+	c := newClient(t, proc.addr(), time.Second)
+	a := newAPI(t, openStore(t, c, redis.AutoPipeline()), time.Minute)
+	require.Equal(t, http.StatusCreated, a.post(t, "k1").status)
+	require.NoError(t, c.ScriptFlush(ctx).Err())
+	require.Equal(t, http.StatusCreated, a.post(t, "k2").status)
+	require.NoError(t, c.ScriptFlush(ctx).Err())
+	assert.True(t, a.post(t, "k1").replayed)
+	assert.Equal(t, int64(2), a.runs.Load())
+
+	proc.kill()
+	requireStoreFailed(t, a, a.post(t, "k3"), "cannot be reached")
+	assert.Equal(t, int64(2), a.runs.Load(), "nothing ran while Redis was gone")
+}

@@ -40,7 +40,7 @@ func Open(ctx context.Context, client goredis.UniversalClient, opts ...Option) (
 	if client == nil {
 		return nil, errors.New("redis: Open needs a client; build one with goredis.NewClient, NewClusterClient or NewUniversalClient")
 	}
-	o := options{prefix: "idem:", clock: ServerClock, logger: slog.Default()}
+	o := options{prefix: "idem:", clock: ServerClock, logger: slog.Default(), policyEvery: DefaultPolicyCheck}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -72,5 +72,26 @@ func Open(ctx context.Context, client goredis.UniversalClient, opts ...Option) (
 		level = slog.LevelWarn
 	}
 	o.logger.LogAttrs(ctx, level, "idem redis store: "+d.Cost(), slog.String("prefix", o.prefix))
-	return &Store{client: client, prefix: o.prefix, clock: o.clock, durable: d, wait: o.wait}, nil
+	var scripts goredis.Scripter = client
+	if o.autoPipeline {
+		ap, ok := client.(interface {
+			AutoPipeline() (*goredis.AutoPipeliner, error)
+		})
+		if !ok {
+			return nil, fmt.Errorf("redis: Open: AutoPipeline needs a *goredis.Client or *goredis.ClusterClient, not a %T", client)
+		}
+		p, err := ap.AutoPipeline()
+		if err != nil {
+			return nil, fmt.Errorf("redis: Open: AutoPipeline: %w", err)
+		}
+		scripts = p
+	}
+	s := &Store{client: client, scripts: scripts, prefix: o.prefix, clock: o.clock, durable: d, wait: o.wait, logger: o.logger}
+	s.policy.allow = o.allowEviction
+	s.notePolicyQuietly(d)
+	if o.policyEvery > 0 {
+		s.policy.kick, s.policy.stop, s.policy.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		go s.watchPolicy(o.policyEvery)
+	}
+	return s, nil
 }

@@ -38,6 +38,8 @@ type options struct {
 	logger         *slog.Logger
 	requireDurable bool
 	allowEviction  bool
+	autoPipeline   bool
+	policyEvery    time.Duration
 	wait           waitReplicas
 }
 
@@ -82,6 +84,26 @@ func AllowEviction() Option { return func(o *options) { o.allowEviction = true }
 func WaitReplicas(n int, timeout time.Duration) Option {
 	return func(o *options) { o.wait = waitReplicas{replicas: n, timeout: timeout} }
 }
+
+// AutoPipeline sends the store's scripts through the client's
+// autopipeliner (go-redis's Client.AutoPipeline, which the client owns and
+// closes): the scripts of concurrent requests go to Redis in one write
+// and their replies come back in one read, instead of a write and a read
+// each. Under concurrency that is most of the CPU the store costs, in the
+// application and in Redis's one thread (see BENCHMARKS.md); a lone
+// request waits a little longer, for the hand-off to the pipeliner's
+// goroutine. Open refuses it with a client that has no autopipeliner.
+// go-redis marks the autopipeliner experimental.
+func AutoPipeline() Option { return func(o *options) { o.autoPipeline = true } }
+
+// PolicyCheckEvery sets how often the store asks Redis again for its
+// maxmemory-policy (DefaultPolicyCheck, a minute; and at once when Redis
+// refuses a write for lack of memory). A policy that evicts, set after
+// Open, is logged at level Error and refused as Open refuses it: new keys
+// are refused (the middleware answers 503; keys already stored are still
+// replayed) until the policy is noeviction again, unless AllowEviction.
+// Zero or less turns the checks off.
+func PolicyCheckEvery(d time.Duration) Option { return func(o *options) { o.policyEvery = d } }
 
 func (o *options) check() error {
 	switch {

@@ -51,5 +51,9 @@ func TestACallSentTwiceRecognisesItself(t *testing.T) {
 	complete[2] = nonce()
 	reply, err := completeScript.Run(ctx, c, key, complete...).Text()
 	require.NoError(t, err)
-	assert.Equal(t, "lost", reply, "a second completion is refused")
+	assert.Equal(t, "ok", reply, "a second completion with the same token and response is the same completion")
+	complete[2], complete[7] = nonce(), "another body"
+	reply, err = completeScript.Run(ctx, c, key, complete...).Text()
+	require.NoError(t, err)
+	assert.Equal(t, "lost", reply, "a second completion with another response is refused")
 }

@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,12 +32,28 @@ import (
 // package documentation says what a crash of Redis can cost, and how to
 // make completions durable.
 type Store struct {
-	client  goredis.UniversalClient
+	client goredis.UniversalClient
+	// scripts runs the operations' scripts: the client, or its
+	// autopipeliner (AutoPipeline).
+	scripts goredis.Scripter
 	prefix  string
 	clock   Clock
 	closed  atomic.Bool
 	durable Durability
 	wait    waitReplicas
+	logger  *slog.Logger
+	policy  policyWatch
+}
+
+// policyWatch is the goroutine that asks Redis again for its
+// maxmemory-policy (policy.go), and what it learnt.
+type policyWatch struct {
+	allow    bool // AllowEviction
+	evicting atomic.Pointer[string]
+	kick     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
 }
 
 var _ server.Store = (*Store)(nil)
@@ -63,10 +81,17 @@ func (s *Store) Prefix() string { return s.prefix }
 func (s *Store) Durability() Durability { return s.durable }
 
 // Close makes later calls fail with server.ErrStoreClosed; calls in
-// progress finish. The store runs no goroutine and the client belongs to
-// the application, which closes it.
+// progress finish. It stops the goroutine that checks the server's
+// maxmemory-policy; the client belongs to the application, which closes
+// it.
 func (s *Store) Close() error {
 	s.closed.Store(true)
+	s.policy.once.Do(func() {
+		if s.policy.stop != nil {
+			close(s.policy.stop)
+			<-s.policy.done
+		}
+	})
 	return nil
 }
 
@@ -74,6 +99,15 @@ func (s *Store) Close() error {
 func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.ClaimResult, error) {
 	if err := s.enter(ctx); err != nil {
 		return server.ClaimResult{}, err
+	}
+	if refused := s.refusesClaims(); refused != nil {
+		// An entry that exists is answered (replayed, or in progress);
+		// only a new key, whose entry the policy could drop, is refused.
+		e, err := s.Get(ctx, req.Scope, req.Key, req.Now)
+		if errors.Is(err, server.ErrNotFound) {
+			return server.ClaimResult{}, refused
+		}
+		return server.ClaimResult{Entry: e}, err
 	}
 	args := []any{string(s.clock), req.Fingerprint, req.Method, req.Path, nonce()}
 	if s.clock == ServerClock {
@@ -95,7 +129,7 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 		}
 		args = append(args, now, stale, expires)
 	}
-	reply, err := claimScript.Run(ctx, s.client, []string{Key(s.prefix, req.Scope, req.Key)}, args...).Slice()
+	reply, err := claimScript.Run(ctx, s.scripts, []string{Key(s.prefix, req.Scope, req.Key)}, args...).Slice()
 	if err != nil {
 		return server.ClaimResult{}, s.fail(ctx, "claim", err)
 	}
@@ -145,7 +179,7 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 	if s.wait.replicas > 0 {
 		reply, err = s.completeAndWait(ctx, key, args)
 	} else {
-		reply, err = completeScript.Run(ctx, s.client, key, args...).Text()
+		reply, err = completeScript.Run(ctx, s.scripts, key, args...).Text()
 	}
 	if err != nil {
 		return s.fail(ctx, "complete", err)
@@ -179,7 +213,7 @@ func (s *Store) fenced(ctx context.Context, op string, script *goredis.Script, s
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	reply, err := script.Run(ctx, s.client, []string{Key(s.prefix, scope, key)}, args...).Text()
+	reply, err := script.Run(ctx, s.scripts, []string{Key(s.prefix, scope, key)}, args...).Text()
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}
@@ -201,7 +235,7 @@ func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (serv
 			return server.Entry{}, badTime("get", err)
 		}
 	}
-	reply, err := getScript.Run(ctx, s.client, []string{Key(s.prefix, scope, key)}, string(s.clock), at).Slice()
+	reply, err := getScript.Run(ctx, s.scripts, []string{Key(s.prefix, scope, key)}, string(s.clock), at).Slice()
 	if err != nil {
 		return server.Entry{}, s.fail(ctx, "get", err)
 	}

@@ -15,3 +15,13 @@ func TestStore(t *testing.T) {
 	c := machineClient(t)
 	storetest.Run(t, func(t *testing.T) server.Store { return openStore(t, c, redis.WithClock(redis.CallerClock)) })
 }
+
+// The same suite with the scripts sent through the client's
+// autopipeliner: batching concurrent scripts changes nothing they do.
+func TestStoreAutoPipeline(t *testing.T) {
+	t.Parallel()
+	c := machineClient(t)
+	storetest.Run(t, func(t *testing.T) server.Store {
+		return openStore(t, c, redis.WithClock(redis.CallerClock), redis.AutoPipeline())
+	})
+}

@@ -5,7 +5,7 @@
 #
 #   scripts/bench-speed.sh            # RUNS=5 processes of BENCHTIME=2s per configuration
 #   RUNS=3 BENCHTIME=1s scripts/bench-speed.sh
-#   scripts/bench-speed.sh strace     # cross-check of fsyncs/op with strace
+#   scripts/bench-speed.sh strace     # fsyncs/op, WAL frames/op and checkpointed pages/op, with strace
 #
 # Outputs go to $OUT (a new temporary directory by default): run1.txt … and
 # the idem.test binary. The strace mode needs strace (5.3 or later); the
@@ -25,19 +25,25 @@ if [[ ${1:-} == strace ]]; then
 	# HI and one of LO operations, so that what a run does once (opening
 	# the journal, run1's single operation) cancels out.
 	LO=${LO:-500} HI=${HI:-2500}
-	count() { # benchmark regexp, iterations → fsync+fdatasync calls
-		strace -f -c --seccomp-bpf -e trace=fsync,fdatasync -o "$OUT/strace.txt" \
+	# Also WAL frames (4-KiB pwrite64s to a -wal file) and pages written
+	# to the database file itself (checkpoints), per operation (issue #24).
+	count() { # benchmark regexp, iterations → "fsyncs frames dbpages"
+		strace -f -y --seccomp-bpf -e trace=fsync,fdatasync,pwrite64 -o "$OUT/strace.txt" \
 			"$OUT/idem.test" -test.run '^$' -test.bench "$1" -test.benchtime "$2x" >/dev/null
-		awk '$NF == "fsync" || $NF == "fdatasync" { n += $4 } END { print n + 0 }' "$OUT/strace.txt"
+		awk '/ (fsync|fdatasync)\(/ { s++ }
+			/ pwrite64\(.*-wal>, .*, 4096, / { f++; next }
+			/ pwrite64\(.*\.db>, .*, 4096, / { p++ }
+			END { print s + 0, f + 0, p + 0 }' "$OUT/strace.txt"
 	}
-	printf '%-28s %8s %12s\n' configuration callers fsyncs/op
+	printf '%-28s %8s %12s %12s %12s\n' configuration callers fsyncs/op wal-frames/op db-pages/op
 	for cfg in naive idem; do
 		for callers in 1 16 64; do
 			re="^BenchmarkSpeed\$/^$cfg\$/^callers=$callers\$"
 			lo=$(count "$re" "$LO")
 			hi=$(count "$re" "$HI")
 			awk -v c="$cfg" -v n="$callers" -v hi="$hi" -v lo="$lo" -v d=$((HI - LO)) \
-				'BEGIN { printf "%-28s %8d %12.3f\n", c, n, (hi - lo) / d }'
+				'BEGIN { split(hi, h, " "); split(lo, l, " ")
+					printf "%-28s %8d %12.3f %12.3f %12.3f\n", c, n, (h[1] - l[1]) / d, (h[2] - l[2]) / d, (h[3] - l[3]) / d }'
 		done
 	done
 	exit 0

@@ -227,6 +227,8 @@ type faultyStore struct {
 	server.Store
 	failCompletes atomic.Bool
 	failRenewals  atomic.Bool
+	// loseReplies: Complete stores, then fails as if its reply were lost.
+	loseReplies atomic.Bool
 
 	mu        sync.Mutex
 	completes []error // the result of every Complete, in order
@@ -237,6 +239,9 @@ func (s *faultyStore) Complete(ctx context.Context, req server.CompleteRequest) 
 	err := errInjected
 	if !s.failCompletes.Load() {
 		err = s.Store.Complete(ctx, req)
+		if err == nil && s.loseReplies.Load() {
+			err = errInjected
+		}
 	}
 	s.mu.Lock()
 	s.completes = append(s.completes, err)

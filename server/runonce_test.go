@@ -6,8 +6,10 @@ package server_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -346,4 +348,44 @@ func TestHandlerToldToStopThatStillSucceededIsStored(t *testing.T) {
 	replay := e.post("/orders", "k", `{"n":1}`)
 	assert.True(t, replay.replayed(), "a success is the key's outcome, told to stop or not")
 	assert.EqualValues(t, 1, e.calls.Load())
+}
+
+// TestALostCompletionReplyIsStoredOnce: a Complete that stored the
+// response but whose reply was lost is sent again; the store recognises
+// its own completion (same token, same response), so the middleware logs
+// the response as stored, not as a lost lock, and the key replays it.
+func TestALostCompletionReplyIsStoredOnce(t *testing.T) {
+	t.Parallel()
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := &faultyStore{Store: open(t)}
+			store.loseReplies.Store(true)
+			var log syncBuffer
+			mw, err := server.New(server.Config{Store: store, Scope: server.SingleTenant,
+				Logger: slog.New(slog.NewTextHandler(&log, nil))})
+			require.NoError(t, err)
+			defer mw.Close()
+			var calls atomic.Int64
+			h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { calls.Add(1); created(w, r) }))
+			post := func() *httptest.ResponseRecorder {
+				rec := httptest.NewRecorder()
+				req := httptest.NewRequest(http.MethodPost, "/orders", nil)
+				req.Header.Set("Idempotency-Key", "k")
+				h.ServeHTTP(rec, req)
+				return rec
+			}
+			post()
+			store.loseReplies.Store(false)
+			require.Eventually(t, func() bool { return len(store.completeResults()) >= 2 }, timeout, tick)
+			results := store.completeResults()
+			assert.NoError(t, results[1], "the second Complete finds its own completion")
+			require.Eventually(t, func() bool { return strings.Contains(log.String(), "stored after a store failure") }, timeout, tick)
+			assert.NotContains(t, log.String(), "lock lost")
+			again := post()
+			assert.Equal(t, http.StatusCreated, again.Code)
+			assert.Equal(t, "true", again.Header().Get("Idempotent-Replayed"))
+			assert.EqualValues(t, 1, calls.Load())
+		})
+	}
 }

@@ -1,9 +1,12 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"maps"
 	"net/http"
+	"slices"
 	"time"
 )
 
@@ -185,4 +188,14 @@ func (e *Entry) expired(now time.Time) bool { return !e.ExpiresAt.After(now) }
 // takeable reports whether a claim may take over e.
 func (e *Entry) takeable(req *ClaimRequest) bool {
 	return e.State == InProgress && e.Fingerprint == req.Fingerprint && e.LockedAt.Before(req.StaleBefore)
+}
+
+// sameResponse reports whether two responses are the same: status,
+// header (names, values and their order) and body.
+func sameResponse(a, b *StoredResponse) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Status == b.Status && bytes.Equal(a.Body, b.Body) &&
+		maps.EqualFunc(a.Header, b.Header, slices.Equal[[]string])
 }

@@ -229,11 +229,31 @@ func (s *SQLiteStore) Complete(ctx context.Context, req CompleteRequest) error {
 	if body == nil {
 		body = []byte{}
 	}
-	return s.fenced(ctx, s.completeMode(), func(tx *sqlitefile.Tx) (sql.Result, error) {
-		return tx.Exec(`UPDATE entries SET state = ?, expires_at = ?, resp_status = ?, resp_header = ?, resp_body = ?
+	header := wire.EncodeHeader(req.Response.Header)
+	return s.db.Write(ctx, s.completeMode(), func(tx *sqlitefile.Tx) error {
+		res, err := tx.Exec(`UPDATE entries SET state = ?, expires_at = ?, resp_status = ?, resp_header = ?, resp_body = ?
 			WHERE scope = ? AND key = ? AND token = ? AND state = ?`,
-			Completed, nanos(req.ExpiresAt), req.Response.Status, wire.EncodeHeader(req.Response.Header), body,
+			Completed, nanos(req.ExpiresAt), req.Response.Status, header, body,
 			req.Scope, req.Key, req.Token, InProgress)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n > 0 {
+			return err
+		}
+		// The same completion again (the first one's reply was lost)
+		// finds its own response under its token, and succeeds.
+		var same int
+		err = tx.QueryRow(`SELECT count(*) FROM entries WHERE scope = ? AND key = ? AND token = ? AND state = ?
+			AND resp_status = ? AND resp_header IS ? AND resp_body = ?`,
+			req.Scope, req.Key, req.Token, Completed, req.Response.Status, header, body).Scan(&same)
+		if err != nil {
+			return err
+		}
+		if same == 0 {
+			return ErrLockLost
+		}
+		return nil
 	})
 }
 

@@ -20,13 +20,18 @@ func TestErrorMessagesCarryNoControlCharacters(t *testing.T) {
 	path, j := openTestJournal(t)
 	ctx := context.Background()
 	rec := put(t, j, op{id: "pay/\x1b]0;owned\x07invoice-7\x1b[2J", path: []idem.State{idem.StateInFlight, idem.StateUnknown}})
+	// A pending one to cancel: the state machine refuses to cancel an
+	// unknown one before the lease is looked at.
+	pending := put(t, j, op{id: "pay/\x1b]0;owned\x07invoice-8\x1b[2J"})
 	unregister, err := j.Register(ctx, "worker-\x1b[31ma")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = unregister() })
-	_, err = j.Acquire(ctx, rec.Key, "worker-\x1b[31ma", time.Hour)
-	require.NoError(t, err)
+	for _, key := range []string{rec.Key, pending.Key} {
+		_, err = j.Acquire(ctx, key, "worker-\x1b[31ma", time.Hour)
+		require.NoError(t, err)
+	}
 	for _, args := range [][]string{
-		{"cancel", rec.Key},
+		{"cancel", pending.Key},
 		{"reconcile", rec.Key, "--as", "succeeded", "--note", "matched"},
 	} {
 		r := idemOn(t, path, args...)

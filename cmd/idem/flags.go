@@ -101,8 +101,19 @@ func (n *nameFlag) Set(v string) error {
 	if v == "" {
 		return fmt.Errorf("is empty; name %s, or leave the flag out to list every one", n.what)
 	}
+	if !printable(v) {
+		// No name is such text: a PostgreSQL journal would refuse the
+		// query with its encoding error, an SQLite one list nothing.
+		return fmt.Errorf("is not printable text; name %s", n.what)
+	}
 	n.value = v
 	return nil
+}
+
+// printable reports whether v is UTF-8 text without control characters,
+// as every name a journal holds is.
+func printable(v string) bool {
+	return utf8.ValidString(v) && !strings.ContainsFunc(v, unicode.IsControl)
 }
 
 // ageFlag is a non-negative duration: a Go duration such as 90m or 36h, or
@@ -180,7 +191,7 @@ func (s *scopeList) Set(v string) error {
 		return errors.New("empty scope name")
 	case len(v) > maxScopeLength:
 		return fmt.Errorf("scope name of %d bytes, the limit is %d", len(v), maxScopeLength)
-	case !utf8.ValidString(v), strings.ContainsFunc(v, unicode.IsControl):
+	case !printable(v):
 		return fmt.Errorf("scope name %q is not printable text", v)
 	case slices.Contains(*s, v):
 		return fmt.Errorf("scope %q is given twice", v)

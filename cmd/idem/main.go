@@ -397,6 +397,12 @@ func dispatch(ctx context.Context, e *env, args []string) error {
 	if e.schemaSet && e.schemaName == "" {
 		return usagef("--schema is empty; name a schema, such as %q", defaultSchema)
 	}
+	if e.schemaSet && !printable(e.schemaName) {
+		return usagef("--schema %q is not printable text; name a schema, such as %q", e.schemaName, defaultSchema)
+	}
+	if g.passwordEnv.set && e.passwordEnv == "" {
+		return usagef("--password-env is empty; name the environment variable that holds the password, or leave the flag out")
+	}
 	return runCmd(ctx, e, pos)
 }
 

@@ -20,9 +20,10 @@ Prints the number of operations by state and by scope, the age of the
 oldest operation not yet settled (pending, in_flight, unknown or expired),
 the workers (each owner of a lease of an active operation: how many it
 holds and when its first lease ends; on PostgreSQL whether it is alive or
-gone, and the live workers that hold nothing; on SQLite whether a lease of
-it is still holding or has lapsed), and the journal's size: the file and
-its -wal, or the schema's tables.`,
+gone, and the live workers that hold nothing; on SQLite, and for a worker
+whose journal has no liveness, whether a lease of it is still holding or
+has lapsed), and the journal's size: the file and its -wal, or the
+schema's tables.`,
 	setup: func(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		var asJSON bool
 		fs.BoolVar(&asJSON, "json", false, "print one JSON object")

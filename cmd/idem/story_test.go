@@ -6,10 +6,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -194,23 +196,76 @@ func TestShowTellsTheStory(t *testing.T) {
 // lease, which has not expired, and its owner is gone.
 func killedHoldingTheLease(t *testing.T) (*storyServer, string, idem.Record) {
 	t.Helper()
-	srv := newStoryServer(t)
+	srv, path, rec, app, exited := holdingTheLease(t)
+	require.NoError(t, app.Process.Kill())
+	<-exited
+	srv.letGo()
+	return srv, path, rec
+}
+
+// holdingTheLease runs the story application until its second status
+// check, which hangs until srv.letGo: the application is alive, holding
+// the unknown operation's lease for an hour. exited is closed when it
+// has ended.
+func holdingTheLease(t *testing.T) (*storyServer, string, idem.Record, *exec.Cmd, <-chan struct{}) {
+	t.Helper()
+	return holdingTheLeaseFor(t, "1h")
+}
+
+// holdingTheLeaseFor is holdingTheLease with a lease of the duration
+// given (which the application renews while it runs).
+func holdingTheLeaseFor(t *testing.T, lease string) (*storyServer, string, idem.Record, *exec.Cmd, <-chan struct{}) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "ops.db")
-	app, out := startApp(t, "story", "IDEM_TEST_BASE_URL="+srv.URL, "IDEM_TEST_JOURNAL="+path)
+	var j idem.Journal
+	t.Cleanup(func() {
+		if j != nil {
+			_ = j.Close()
+		}
+	})
+	srv, rec, app, exited := storyHolding(t, func() idem.Journal {
+		if j == nil {
+			var err error
+			j, err = idem.OpenSQLite(path, idem.SQLiteMustExist())
+			require.NoError(t, err)
+		}
+		return j
+	}, "IDEM_TEST_JOURNAL="+path, "IDEM_TEST_LEASE="+lease)
+	require.NoError(t, j.Close())
+	j = nil
+	return srv, path, rec, app, exited
+}
+
+// storyHolding runs the story application with env (which names its
+// journal) until its second status check, which hangs until srv.letGo,
+// and returns the operation as journal (the test's handle on the same
+// journal, opened once the application has created it) reads it then.
+func storyHolding(t *testing.T, journal func() idem.Journal, env ...string) (*storyServer, idem.Record, *exec.Cmd, <-chan struct{}) {
+	t.Helper()
+	srv := newStoryServer(t)
+	app, out := startApp(t, "story", append([]string{"IDEM_TEST_BASE_URL=" + srv.URL}, env...)...)
 
 	// The application is in its second status check, which hangs: wait
-	// until the first is journaled, then kill it.
-	exited := make(chan error, 1)
-	go func() { exited <- app.Wait() }()
+	// until the first is journaled. exited is closed when it has ended;
+	// a test that fails before then kills it (this cleanup runs before
+	// startApp's, which reads what Wait wrote).
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = app.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = app.Process.Signal(syscall.SIGCONT)
+		_ = app.Process.Kill()
+		<-exited
+	})
 	select {
 	case <-srv.check2:
-	case err := <-exited:
-		t.Fatalf("the application exited early (%v):\n%s", err, out)
+	case <-exited:
+		t.Fatalf("the application exited early (%v):\n%s", waitErr, out)
 	}
-	j, err := idem.OpenSQLite(path, idem.SQLiteMustExist())
-	require.NoError(t, err)
+	j := journal()
 	var rec idem.Record
 	for {
+		var err error
 		rec, err = j.Lookup(context.Background(), "default", "checkout/cart-42")
 		require.NoError(t, err)
 		hist, err := j.History(context.Background(), rec.Key)
@@ -220,11 +275,7 @@ func killedHoldingTheLease(t *testing.T) (*storyServer, string, idem.Record) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	require.NoError(t, j.Close())
-	require.NoError(t, app.Process.Kill())
-	<-exited
-	srv.letGo()
-	return srv, path, rec
+	return srv, rec, app, exited
 }
 
 // A reconcile does not wait for the lease of a process that died holding

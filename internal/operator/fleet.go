@@ -15,7 +15,9 @@ type Worker struct {
 	Owner string `json:"owner"`
 	// Status is "alive" or "gone" when the journal can tell (PostgreSQL:
 	// the worker's session holds its liveness lock or not), else "holding"
-	// (a lease of it is not over) or "lapsed".
+	// (a lease of it is not over) or "lapsed": on SQLite, and for a
+	// PostgreSQL worker with no liveness record (WithoutLiveness), whose
+	// leases the journal lets lapse instead of calling it gone.
 	Status     string `json:"status"`
 	Operations int    `json:"operations"`
 	// OldestLease is when the first of its leases ends, nil when it holds
@@ -25,8 +27,9 @@ type Worker struct {
 
 // Fleet lists the owners of the leases of j's active operations (pending,
 // in_flight, unknown) with their counts; alive, when not nil, tells which
-// owners are alive (those missing are gone), and adds the live ones that
-// hold nothing. Sorted by name.
+// owners are alive or gone (those missing have no liveness record: their
+// status is their leases'), and adds the live ones that hold nothing.
+// Sorted by name.
 func Fleet(ctx context.Context, j idem.Journal, alive map[string]bool, now time.Time) ([]Worker, error) {
 	byOwner := map[string]*Worker{}
 	held := map[string]bool{}
@@ -60,10 +63,11 @@ func Fleet(ctx context.Context, j idem.Journal, alive map[string]bool, now time.
 	}
 	out := make([]Worker, 0, len(byOwner))
 	for name, w := range byOwner {
+		live, known := alive[name]
 		switch {
-		case alive != nil && alive[name]:
+		case known && live:
 			w.Status = "alive"
-		case alive != nil:
+		case known:
 			w.Status = "gone"
 		case held[name]:
 			w.Status = "holding"

@@ -76,6 +76,11 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if *write {
+		if err := requireCommitted(root); err != nil {
+			return err
+		}
+	}
 	proxy, err := filepath.Abs(*proxyDir)
 	if err != nil {
 		return err
@@ -91,6 +96,22 @@ func run(args []string) error {
 		}
 	}
 	fmt.Printf("GOPROXY=file://%s,%s GONOSUMDB=%s\n", proxy, r.upstream, strings.Join(r.paths(), ","))
+	return nil
+}
+
+// requireCommitted refuses a working tree that differs from its commit:
+// the go.sum files -write makes hold the hashes of the modules laid out
+// from the working tree, and the proxies compute them from the tag, so a
+// file not committed would make `go install …@VERSION` fail its checksum.
+func requireCommitted(root string) error {
+	out, err := exec.Command("git", "-C", root, "status", "--porcelain", "--untracked-files=all").Output()
+	if err != nil {
+		return fmt.Errorf("checking the working tree (git status): %w", err)
+	}
+	if len(out) > 0 {
+		return fmt.Errorf("-write needs the working tree as committed, and these changes are not committed "+
+			"(commit or remove them, or leave -write out to try the release):\n%s", out)
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -54,6 +55,26 @@ var lifecycleTests = []test{
 		require.NoError(t, s.Complete(ctx, complete("", "k1", c.Token, first, t0)))
 		require.ErrorIs(t, s.Complete(ctx, complete("", "k1", c.Token, response("second"), t0)), server.ErrLockLost)
 		assertResponse(t, first, mustGet(t, s, "", "k1", t0).Response)
+	}},
+	{"CompleteAgainWithTheSameTokenAndResponseSucceeds", func(t *testing.T, s server.Store) {
+		// The middleware stores a response again when it could not tell
+		// whether the first Complete was stored (its reply was lost): the
+		// second finds its own completion and is no lost lock.
+		c := mustClaim(t, s, claimAt("", "k1", "fp1", t0))
+		want := &server.StoredResponse{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Two": {"a", "b"}}, Body: []byte(`{"id":1}`)}
+		require.NoError(t, s.Complete(ctx, complete("", "k1", c.Token, want, t0)))
+		again := &server.StoredResponse{Status: 201, Header: http.Header{"X-Two": {"a", "b"}, "Content-Type": {"application/json"}}, Body: []byte(`{"id":1}`)}
+		require.NoError(t, s.Complete(ctx, complete("", "k1", c.Token, again, t0.Add(time.Second))),
+			"the same completion again, with the same token, succeeds")
+		e := mustGet(t, s, "", "k1", t0)
+		assert.Equal(t, server.Completed, e.State)
+		assertResponse(t, want, e.Response)
+		assertTime(t, t0.Add(retention), e.ExpiresAt, "the second Complete changed nothing")
+		require.ErrorIs(t, s.Complete(ctx, complete("", "k1", c.Token, response("another"), t0)), server.ErrLockLost,
+			"another response with the same token is refused")
+		require.ErrorIs(t, s.Complete(ctx, complete("", "k1", c.Token+1, want, t0)), server.ErrLockLost,
+			"the same response with another token is refused")
+		assertResponse(t, want, mustGet(t, s, "", "k1", t0).Response)
 	}},
 	{"CompleteOfMissingEntryIsRefused", func(t *testing.T, s server.Store) {
 		require.ErrorIs(t, s.Complete(ctx, complete("", "nope", 1, response("x"), t0)), server.ErrLockLost)

@@ -91,6 +91,20 @@ func (p *Proxy) CutBackend(pid uint32) bool {
 	return found
 }
 
+// BackendPIDs returns the server process of every open session whose
+// startup has named one, for CutBackend.
+func (p *Proxy) BackendPIDs() []uint32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var pids []uint32
+	for s := range p.sessions {
+		if pid := s.backendPID(); pid != 0 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // Sessions returns how many sessions are open.
 func (p *Proxy) Sessions() int {
 	p.mu.Lock()

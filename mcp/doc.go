@@ -1,0 +1,42 @@
+// Package mcp makes the tool calls of an agent runtime exactly-once over
+// the Model Context Protocol, on both sides of it, with the official Go
+// SDK (github.com/modelcontextprotocol/go-sdk). Import it under another
+// name than go-sdk's package, such as idemmcp.
+//
+// MCP has no idempotency mechanism: a client whose tools/call lost its
+// answer (a dropped connection, a timeout, a crash) cannot tell "never
+// arrived" from "ran, answer lost". This package adds one, as a convention
+// on the request's _meta:
+//
+//   - The client sends the call's idempotency key in _meta[MetaKey]
+//     ("io.github.idemkit/idempotency-key"), one key per logical tool
+//     call, the same on every retry. On streamable HTTP it may come in the
+//     Idempotency-Key header instead.
+//   - The server runs the tool once per key and caller, stores its result
+//     (an isError result and a JSON-RPC error too), and answers a
+//     repeated key with the stored result, marked _meta[MetaReplayed]
+//     ("io.github.idemkit/replayed") = true. The same key with other
+//     arguments, by their canonical JSON (Canonical), is CodeKeyReused.
+//
+// On the server side, a Guard does that for a go-sdk server, as receiving
+// middleware, on any server.Store (memory, SQLite, PostgreSQL, Redis).
+// Keys are kept per caller (GuardConfig.Scope: the authenticated user of
+// the bearer token by default, a constant on stdio), so one caller's key
+// never reaches another's result. Its errors are JSON-RPC errors with the
+// codes CodeKeyReused, CodeInProgress, CodeKeyRequired, CodeKeyInvalid,
+// CodeStoreUnavailable and CodeNoCaller, whose data holds "key" and, where
+// a retry can succeed, "retryAfterMs".
+//
+// On the client side, a Caller makes each tool call an idem operation,
+// named by the runtime's own tool-call ID: journaled with its tool, its
+// canonical arguments and a key before it is sent; a lost answer is
+// settled by sending the call again with its key; after a crash, Resume
+// finishes what was pending, through a session from CallerConfig.Open. In
+// the journal, and so in `idem ls` and `idem ui`, a call appears as
+// POST http://{server}.mcp.invalid/tools/{tool}, an address that never
+// resolves.
+//
+// The Caller's promise rests on the server: one that does not honour keys
+// runs a re-sent call again. Verify tells, with two calls under one key to
+// a tool the operator marks as safe to test.
+package mcp

@@ -107,9 +107,16 @@ func TestGuardScopesByTheAuthenticatedUser(t *testing.T) {
 // A tool that runs longer than LockTimeout keeps its key (the heartbeat):
 // a duplicate waits for its result and does not run it again.
 func TestGuardToolLongerThanLockTimeout(t *testing.T) {
+	store := &renewals{Store: server.NewMemoryStore()}
 	m := &mailServer{started: make(chan struct{}, 2)}
-	m.onRun = func() { time.Sleep(time.Second) } // three lock timeouts
-	cs := connectHTTP(t, m.server(t, newGuard(t, idemmcp.GuardConfig{LockTimeout: 300 * time.Millisecond, Retention: time.Hour, Wait: time.Minute})))
+	// The tool runs until its lock was renewed four times: past
+	// LockTimeout, whatever the machine's load.
+	m.onRun = func() {
+		for store.n.Load() < 4 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	cs := connectHTTP(t, m.server(t, newGuard(t, idemmcp.GuardConfig{Store: store, LockTimeout: 1500 * time.Millisecond, Retention: time.Hour, Wait: time.Minute})))
 	done := make(chan *mcp.CallToolResult, 2)
 	for range 2 {
 		go func() {
@@ -261,4 +268,18 @@ func TestCallerJournalHoldsNoCredential(t *testing.T) {
 		return nil
 	}))
 	assert.NotZero(t, files)
+}
+
+// renewals counts the lock renewals that succeeded.
+type renewals struct {
+	server.Store
+	n atomic.Int64
+}
+
+func (s *renewals) Renew(ctx context.Context, scope, key string, token int64, now time.Time) error {
+	err := s.Store.Renew(ctx, scope, key, token, now)
+	if err == nil {
+		s.n.Add(1)
+	}
+	return err
 }

@@ -138,7 +138,7 @@ func TestCallerLeavesASessionAnAttemptTimedOutOn(t *testing.T) {
 			return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).
 				Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
 		},
-		Client: idem.Config{AttemptTimeout: 500 * time.Millisecond, Retry: idem.RetryPolicy{MinBackoff: 1, MaxBackoff: 20_000_000, MaxAttempts: 4}}})
+		Client: idem.Config{AttemptTimeout: 2 * time.Second, Retry: idem.RetryPolicy{MinBackoff: 1, MaxBackoff: 20_000_000, MaxAttempts: 6}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	res, err := c.Call(context.Background(), "call_1", "send_email", emailIn{To: "x"})

@@ -130,15 +130,20 @@ func (c *Caller) Resume(ctx context.Context, opts ...idem.ResumeOption) (idem.Re
 	return c.c.Resume(ctx, opts...)
 }
 
+// ErrNotSettled: the tool call is journaled, but its outcome is not known
+// yet; Call it again, or Resume, to settle it.
+var ErrNotSettled = errors.New("idem/mcp: tool call not settled")
+
 // Result is the journaled result of the tool call callID, or an error: the
-// call is not journaled (idem.ErrNotFound), or not settled yet.
+// call is not journaled (idem.ErrNotFound), or not settled yet
+// (ErrNotSettled).
 func (c *Caller) Result(ctx context.Context, callID string) (*mcp.CallToolResult, error) {
 	rec, err := c.c.Lookup(ctx, "", callID)
 	if err != nil {
 		return nil, err
 	}
 	if !rec.State.Terminal() || rec.Response == nil {
-		return nil, fmt.Errorf("idem/mcp: tool call %q is %s: not settled", callID, rec.State)
+		return nil, fmt.Errorf("%w: tool call %q is %s; Call it again or Resume", ErrNotSettled, callID, rec.State)
 	}
 	return decodeResult(&idem.Result{StatusCode: rec.Response.StatusCode, Body: rec.Response.Body}, nil)
 }
@@ -154,6 +159,14 @@ func decodeResult(res *idem.Result, err error) (*mcp.CallToolResult, error) {
 	}
 	if env.Error != nil {
 		return nil, env.Error
+	}
+	if err != nil || env.Result == nil {
+		// Not a tool's answer: a problem the client classified (a key
+		// conflict, a call still in progress).
+		if err == nil {
+			err = fmt.Errorf("idem/mcp: the server's answer (HTTP %d) holds no tool result", res.StatusCode)
+		}
+		return nil, err
 	}
 	out := new(mcp.CallToolResult)
 	if jerr := json.Unmarshal(env.Result, out); jerr != nil {
@@ -257,10 +270,11 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return rpcResponse(req, we), nil
 	}
 	if err != nil {
-		if ctx.Err() == nil {
-			// The session failed under the call. A call that ended with
-			// its own context says nothing of the session, which the
-			// runtime's other calls share.
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			// The session failed under the call, or the attempt timed out
+			// on it (a session gone silent). A call given up (canceled)
+			// says nothing of the session, which the runtime's other calls
+			// share.
 			t.broken(cs)
 		}
 		return nil, err
@@ -318,12 +332,21 @@ const (
 	codeServerClosing       = -32004
 )
 
-// serverError is err when it is the server's JSON-RPC error response, and
-// nil for a local failure (go-sdk wraps those, some in its own codes).
+// serverError is the server's JSON-RPC error response in err, and nil for
+// a local failure. go-sdk hands the server's error over wrapped ("calling
+// "tools/call": ..."); its own failures are no *jsonrpc.Error, or carry
+// its codes: rejected by the transport (never reached the server, or an
+// HTTP answer that is not the call's, such as an unknown session) and
+// closing.
 func serverError(err error) *jsonrpc.Error {
-	we, ok := err.(*jsonrpc.Error)
-	if !ok || we.Code == codeRejectedByTransport || we.Code == codeClientClosing {
+	var we *jsonrpc.Error
+	if !errors.As(err, &we) {
 		return nil
+	}
+	for _, local := range []int64{codeRejectedByTransport, codeClientClosing, codeServerClosing} {
+		if errors.Is(err, &jsonrpc.Error{Code: local}) {
+			return nil
+		}
 	}
 	return we
 }
@@ -349,7 +372,7 @@ func rpcResponse(req *http.Request, we *jsonrpc.Error) *http.Response {
 	switch we.Code {
 	case CodeInProgress:
 		return problem(http.StatusConflict, wire.ProblemInProgress)
-	case CodeStoreUnavailable, codeServerClosing:
+	case CodeStoreUnavailable:
 		return problem(http.StatusServiceUnavailable, wire.ProblemStoreFailed)
 	case CodeKeyReused:
 		return problem(http.StatusUnprocessableEntity, wire.ProblemKeyReused)

@@ -17,6 +17,12 @@
 //     repeated key with the stored result, marked _meta[MetaReplayed]
 //     ("io.github.idemkit/replayed") = true. The same key with other
 //     arguments, by their canonical JSON (Canonical), is CodeKeyReused.
+//     The mark is the server's key handling's: a Guard drops one a tool
+//     sets itself.
+//   - A tool that asks for input first (an input-required result,
+//     multi-round-trip) has not done its work: the rounds that bring the
+//     input run it, and the first of them that ends the call is replayed
+//     to every later one, however the input is answered.
 //
 // On the server side, a Guard does that for a go-sdk server, as receiving
 // middleware, on any server.Store (memory, SQLite, PostgreSQL, Redis).

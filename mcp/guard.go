@@ -54,9 +54,10 @@ const (
 
 // GuardConfig configures a Guard. Store is required.
 type GuardConfig struct {
-	// Store keeps the keys and the results: server.NewMemoryStore,
-	// server.OpenSQLiteStore, postgres.OpenStore, redis.Open. The Guard
-	// never closes it.
+	// Store keeps the keys and the results: server.NewMemoryStore (which
+	// forgets every key when the process restarts: a call sent again then
+	// runs again), server.OpenSQLiteStore, postgres.OpenStore, redis.Open.
+	// The Guard never closes it.
 	Store server.Store
 	// Tools are the names of the tools that run at most once per key.
 	// A call to another tool passes through untouched, key or not.
@@ -98,8 +99,12 @@ type GuardConfig struct {
 // request: the same stores, locks, heartbeats, fencing and take-over of a
 // dead process's key as for HTTP.
 type Guard struct {
-	mw    *server.Middleware
-	h     http.Handler
+	mw *server.Middleware
+	h  http.Handler
+	// cont and hc serve the later rounds of a call that asked for input
+	// (see continued).
+	cont  *server.Middleware
+	hc    http.Handler
 	tools map[string]bool
 	cfg   GuardConfig
 }
@@ -122,28 +127,42 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 	for _, t := range cfg.Tools {
 		g.tools[t] = true
 	}
-	mw, err := server.New(server.Config{
+	scfg := server.Config{
 		Store: cfg.Store,
 		Scope: func(r *http.Request) string { return r.Context().Value(scopeKey{}).(string) },
 		// Every guarded call is a POST to /tools/{name}: the name and the
 		// canonical arguments are its fingerprint.
 		Methods:      []string{http.MethodPost},
+		MaxKeyLength: wire.MaxKeyLength + len(continuedSuffix),
 		LockTimeout:  cfg.LockTimeout,
 		Retention:    cfg.Retention,
-		MaxBodyBytes: cfg.MaxArgumentBytes + 64 + int64(len(longestName(cfg.Tools))),
+		// The arguments' own limit is checked before: this one only has
+		// to leave room for the tool's name, each byte of it escaped in
+		// JSON (\u003c) at worst.
+		MaxBodyBytes: cfg.MaxArgumentBytes + 64 + 6*int64(len(longestName(cfg.Tools))),
 		Logger:       cfg.Logger,
-	})
+	}
+	mw, err := server.New(scfg)
 	if err != nil {
 		return nil, fmt.Errorf("idem/mcp: %w", err)
 	}
-	g.mw = mw
+	// A later round that asks for input again answers 503 (runTool):
+	// released, not stored, so that the round after it runs.
+	scfg.StorePolicy = server.SkipServerErrors
+	cont, err := server.New(scfg)
+	if err != nil {
+		_ = mw.Close()
+		return nil, fmt.Errorf("idem/mcp: %w", err)
+	}
+	g.mw, g.cont = mw, cont
 	g.h = mw.Handler(http.HandlerFunc(runTool))
+	g.hc = cont.Handler(http.HandlerFunc(runTool))
 	return g, nil
 }
 
 // Close stops the Guard's background work (the store's sweeps). It does
 // not close the store.
-func (g *Guard) Close() error { return g.mw.Close() }
+func (g *Guard) Close() error { return errors.Join(g.mw.Close(), g.cont.Close()) }
 
 // Middleware is the Guard as go-sdk receiving middleware:
 //
@@ -172,7 +191,10 @@ func (g *Guard) Middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if err != nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: %v", call.Params.Name, err)}
 		}
-		return g.serve(ctx, &pending{next: next, method: method, req: call}, scope, key, args)
+		if int64(len(args)) > g.cfg.MaxArgumentBytes {
+			return nil, tooLarge(call.Params.Name, g.cfg.MaxArgumentBytes)
+		}
+		return g.serve(ctx, &pending{next: next, method: method, req: call, continued: continued(call.Params)}, scope, key, args)
 	}
 }
 
@@ -201,6 +223,9 @@ func keyOf(call *mcp.CallToolRequest) (string, error) {
 		}
 	}
 	if e := call.Extra; e != nil && e.Header != nil {
+		if n := len(e.Header.Values(wire.KeyHeader)); n > 1 {
+			return "", fmt.Errorf("the request carries %d %s headers; send exactly one", n, wire.KeyHeader)
+		}
 		if h := e.Header.Get(wire.KeyHeader); h != "" {
 			hk, err := wire.ParseKey(h)
 			if err != nil {
@@ -223,16 +248,41 @@ func keyOf(call *mcp.CallToolRequest) (string, error) {
 	return key, nil
 }
 
+// continuedSuffix is appended to the key of a call's later rounds.
+const continuedSuffix = "#continued"
+
+// continued reports whether p is a later round of a multi-round-trip call
+// (SEP-2322): a tool answered "input required", and the client calls
+// again with the same key and arguments, plus the input responses and the
+// request state. Such a round must run the tool, not replay the first
+// answer; but it must do the tool's work at most once, however the input
+// is answered when the whole exchange is sent again after a lost answer
+// (a person asked twice may answer otherwise). So the first round is kept
+// under the key, and every later round under the key and continuedSuffix:
+// the first of them that ends the call (any answer but "input required",
+// which is released for the next round) is kept and replayed to the
+// others. One difference follows: a tool that panics in a later round has
+// its key released, not a failure stored, and a retry runs that round
+// again.
+func continued(p *mcp.CallToolParamsRaw) bool {
+	return len(p.InputResponses) > 0 || p.RequestState != ""
+}
+
 type scopeKey struct{}
 
 type pendingKey struct{}
 
 // pending is the tool call the in-process request stands for.
 type pending struct {
-	next   mcp.MethodHandler
-	method string
-	req    *mcp.CallToolRequest
+	next      mcp.MethodHandler
+	method    string
+	req       *mcp.CallToolRequest
+	continued bool
 }
+
+// inputHeader marks the unstored answer of a later round that asks for
+// input again.
+const inputHeader = "Idem-Mcp-Input-Required"
 
 // envelope is what is stored for a guarded call: the tool's result, or
 // the JSON-RPC error its handler returned.
@@ -261,9 +311,24 @@ func runTool(w http.ResponseWriter, r *http.Request) {
 		}
 		env.Result = b
 	}
+	status := http.StatusOK
+	tr, _ := res.(*mcp.CallToolResult)
+	if tr != nil && p.continued && (tr.NeedsInput() || tr.InputRequests != nil) {
+		// Not the end of the call: released for the next round.
+		status = http.StatusServiceUnavailable
+		w.Header().Set(inputHeader, "true")
+	}
+	failed := env.Error != nil || (tr != nil && tr.IsError)
+	if failed && errors.Is(context.Cause(r.Context()), server.ErrLockNotRenewed) {
+		// The tool failed after the middleware told it to stop, its lock
+		// not kept: the failure is the interruption's. As for an HTTP
+		// handler's 5xx then, it is not stored, and the key, once stale,
+		// runs the call again.
+		status = http.StatusInternalServerError
+	}
 	b, _ := json.Marshal(env)
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 	_, _ = w.Write(b)
 }
 
@@ -282,11 +347,15 @@ func (g *Guard) serve(ctx context.Context, p *pending, scope, key string, args [
 		if err != nil {
 			return nil, err
 		}
-		r.Header.Set(wire.KeyHeader, wire.FormatKey(key, true))
+		h, stored := g.h, key
+		if p.continued {
+			h, stored = g.hc, key+continuedSuffix
+		}
+		r.Header.Set(wire.KeyHeader, wire.FormatKey(stored, true))
 		r.Header.Set("Content-Type", "application/json")
 		rec := newRecorder()
-		g.h.ServeHTTP(rec, r)
-		if rec.status == http.StatusOK {
+		h.ServeHTTP(rec, r)
+		if rec.status == http.StatusOK || rec.header.Get(inputHeader) != "" {
 			return decode(rec, name, key)
 		}
 		prob, _ := wire.ParseProblem(rec.header.Get("Content-Type"), rec.body.Bytes())
@@ -309,7 +378,7 @@ func (g *Guard) serve(ctx context.Context, p *pending, scope, key string, args [
 		case prob.Type == wire.ProblemStoreFailed:
 			return nil, rpcError(CodeStoreUnavailable, key, retry, "tool %q: the key store is unavailable, and the tool did not run; retry with the same key after %v", name, retry)
 		case prob.Type == wire.ProblemBodyTooLarge:
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: the arguments are larger than the server accepts (%d bytes)", name, g.cfg.MaxArgumentBytes)}
+			return nil, tooLarge(name, g.cfg.MaxArgumentBytes)
 		case prob.Type == wire.ProblemKeyInvalid, prob.Type == wire.ProblemUnstorable:
 			return nil, rpcError(CodeKeyInvalid, key, 0, "tool %q: %s", name, prob.Detail)
 		default:
@@ -331,6 +400,11 @@ func decode(rec *recorder, name, key string) (mcp.Result, error) {
 	if err := json.Unmarshal(env.Result, res); err != nil {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("tool %q: the stored result does not parse: %v", name, err)}
 	}
+	// The mark is the Guard's to set: a tool's own says nothing.
+	delete(res.Meta, MetaReplayed)
+	if len(res.Meta) == 0 {
+		res.Meta = nil
+	}
 	if wire.Replayed(rec.header) {
 		if res.Meta == nil {
 			res.Meta = mcp.Meta{}
@@ -338,6 +412,10 @@ func decode(rec *recorder, name, key string) (mcp.Result, error) {
 		res.Meta[MetaReplayed] = true
 	}
 	return res, nil
+}
+
+func tooLarge(tool string, limit int64) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tool %q: the arguments are larger than the server accepts (%d bytes)", tool, limit)}
 }
 
 func retryAfter(h http.Header) time.Duration {

@@ -314,7 +314,10 @@ func OperationFrom(ctx context.Context) (OperationInfo, bool) {
 // which for Authorize, and carries the slot for the request Authorize
 // prepared before the attempt was journaled (see preauthorize).
 func (d *driver) operationContext(ctx context.Context, statusCheck bool) context.Context {
-	ctx = context.WithValue(ctx, preauthKey{}, &preauth{})
+	if d.c.cfg.Authorize != nil {
+		// Without Authorize, nothing is prepared: no slot, no cost.
+		ctx = context.WithValue(ctx, preauthKey{}, &preauth{})
+	}
 	return context.WithValue(ctx, operationKey{}, OperationInfo{Key: d.rec.Key, Scope: d.rec.Scope, ID: d.rec.ID, StatusCheck: statusCheck})
 }
 

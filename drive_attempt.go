@@ -33,6 +33,8 @@ type round struct {
 	d   *driver
 	ctx context.Context
 	cur atomic.Pointer[attempt]
+	// rc sends the round's attempts: a field, not an allocation of its own.
+	rc retryablehttp.Client
 
 	// last is the last attempt that finished.
 	last *attempt
@@ -77,7 +79,7 @@ func (d *driver) newRound(ctx context.Context) *round { return &round{d: d, ctx:
 // verdict is final or the plan says stop. It returns the last attempt that
 // finished, or nil and the error when none did.
 func (rd *round) run(req *retryablehttp.Request) (*attempt, error) {
-	rc := &retryablehttp.Client{
+	rd.rc = retryablehttp.Client{
 		HTTPClient:     rd.d.c.attempts,
 		RetryMax:       math.MaxInt32, // checkRetry enforces the policy
 		CheckRetry:     rd.checkRetry,
@@ -86,7 +88,7 @@ func (rd *round) run(req *retryablehttp.Request) (*attempt, error) {
 		PrepareRetry:   rd.prepareRetry,
 		ErrorHandler:   retryablehttp.PassthroughErrorHandler,
 	}
-	resp, err := rc.Do(req)
+	resp, err := rd.rc.Do(req)
 	if resp != nil {
 		resp.Body.Close()
 	}
@@ -235,7 +237,7 @@ func (a *attempt) finish(resp *http.Response, err error, limit int64) {
 	if resp == nil {
 		return
 	}
-	body, cut, rerr := readBody(resp.Body, limit)
+	body, cut, rerr := readBody(resp.Body, limit, resp.ContentLength)
 	resp.Body.Close()
 	resp.Body = http.NoBody
 	a.body, a.cut = body, cut

@@ -122,7 +122,10 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share bool) (Rec
 		return Record{}, false, fmt.Errorf("%w: %s", ErrDuplicateKey, out.Key)
 	}
 	m.seq++
-	e := &memEntry{seq: m.seq, rec: out, history: []Event{ev}}
+	// Room for the outcome's event: a call that goes right writes two.
+	history := make([]Event, 1, 2)
+	history[0] = ev
+	e := &memEntry{seq: m.seq, rec: out, history: history}
 	m.byKey[out.Key] = e
 	m.byOp[scopeID{out.Scope, out.ID}] = e
 	m.mu.Unlock()

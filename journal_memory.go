@@ -92,19 +92,27 @@ func (m *MemoryJournal) lock(ctx context.Context) error {
 
 // Create implements Journal.
 func (m *MemoryJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
-	return m.create(ctx, rec, false)
+	return m.create(ctx, rec, false, false)
 }
 
 // createShared is the client's Create (see sharingJournal): the record it
-// returns when it creates one is the stored one, not a copy.
-func (m *MemoryJournal) createShared(ctx context.Context, rec Record) (Record, bool, error) {
-	return m.create(ctx, rec, true)
+// returns when it creates one is the stored one, not a copy, and with
+// keepHeader its Header is rec's.
+func (m *MemoryJournal) createShared(ctx context.Context, rec Record, keepHeader bool) (Record, bool, error) {
+	return m.create(ctx, rec, true, keepHeader)
 }
 
-func (m *MemoryJournal) create(ctx context.Context, rec Record, share bool) (Record, bool, error) {
+func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeader bool) (Record, bool, error) {
+	header := rec.Header
+	if keepHeader {
+		rec.Header = nil // kept, not copied, once the record is valid
+	}
 	out, ev, err := journal.NewRecord(rec, m.now(), m.maxBody)
 	if err != nil {
 		return Record{}, false, err
+	}
+	if keepHeader && len(header) > 0 {
+		out.Header = header
 	}
 	if err := m.lock(ctx); err != nil {
 		return Record{}, false, err

@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -54,4 +55,29 @@ func TestMemoryJournalKeepsItsOwnCopies(t *testing.T) {
 	assert.Equal(t, `{"id":1}`, string(again.Body), "the journaled result, returned again")
 	assert.Equal(t, "/orders/1", again.Header.Get("Location"))
 	assert.Len(t, srv.received(), 1, "sent once")
+}
+
+// The standard client's journaled header is built from the request's own
+// values: the journal must not keep them, for the caller may reuse them.
+func TestMemoryJournalKeepsItsOwnCopiesOfAStandardRequest(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})
+	j := idem.NewMemoryJournal()
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL})
+	require.NoError(t, err)
+	defer c.Close()
+	ctx := idem.WithOperation(context.Background(), "b")
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"n":1}`))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.StandardClient().Do(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	req.Header["Content-Type"][0] = "text/plain"
+
+	rec, err := c.Lookup(context.Background(), "", "b")
+	require.NoError(t, err)
+	assert.Equal(t, "application/json", rec.Header.Get("Content-Type"), "the journaled request")
 }

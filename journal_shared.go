@@ -14,17 +14,20 @@ import "context"
 // stored copy.
 type sharingJournal interface {
 	// createShared is Create, whose created record is the stored one:
-	// the caller must not change its Header or Body.
-	createShared(ctx context.Context, rec Record) (Record, bool, error)
+	// the caller must not change its Header or Body. keepHeader says
+	// that rec.Header is the caller's own copy, made for this call and
+	// never changed: it is kept as it is, not copied.
+	createShared(ctx context.Context, rec Record, keepHeader bool) (Record, bool, error)
 	// updateShared is Update, whose record shares its request with the
 	// stored one and whose Response is rec's.
 	updateShared(ctx context.Context, rec Record, d Durability, why Event) (Record, error)
 }
 
-// createRecord is the client's Journal.Create.
-func (c *Client) createRecord(ctx context.Context, rec Record) (Record, bool, error) {
+// createRecord is the client's Journal.Create; ownHeader as createShared's
+// keepHeader.
+func (c *Client) createRecord(ctx context.Context, rec Record, ownHeader bool) (Record, bool, error) {
 	if s, ok := c.journal.(sharingJournal); ok {
-		return s.createShared(ctx, rec)
+		return s.createShared(ctx, rec, ownHeader)
 	}
 	return c.journal.Create(ctx, rec)
 }

@@ -179,6 +179,9 @@ type prepared struct {
 	header                 http.Header
 	body                   []byte
 	fingerprint            string
+	// ownHeader: header is the client's own copy, shared with no one
+	// (not split's, whose values are the caller's request's).
+	ownHeader bool
 }
 
 // prepare validates op. Every problem is reported before anything is
@@ -195,7 +198,7 @@ func (c *Client) prepare(op Op) (prepared, error) {
 // false when op.Header is the caller's own map, made for this call (the
 // RoundTripper's), which need not be copied again.
 func (c *Client) prepareAt(op Op, u string, copyHeader bool) (prepared, error) {
-	p := prepared{scope: op.Scope, id: op.ID, method: op.Method, url: u, body: op.Body}
+	p := prepared{scope: op.Scope, id: op.ID, method: op.Method, url: u, body: op.Body, ownHeader: copyHeader}
 	if p.scope == "" {
 		p.scope = c.cfg.Scope
 	}

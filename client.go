@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -192,6 +193,7 @@ type Client struct {
 	cfg        Config
 	journal    Journal
 	base       *url.URL
+	lastURL    atomic.Pointer[resolvedURL] // see resolve
 	keyHeader  string
 	secrets    []string
 	owner      string        // the lease owner: Config.Owner and a unique suffix

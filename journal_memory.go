@@ -95,7 +95,7 @@ func (m *MemoryJournal) Create(ctx context.Context, rec Record) (Record, bool, e
 	return m.create(ctx, rec, false, false)
 }
 
-// createShared is the client's Create (see sharingJournal): the record it
+// createShared is the client's Create (see createRecord): the record it
 // returns when it creates one is the stored one, not a copy, and with
 // keepHeader its Header is rec's.
 func (m *MemoryJournal) createShared(ctx context.Context, rec Record, keepHeader bool) (Record, bool, error) {
@@ -186,7 +186,7 @@ func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, wh
 	return journal.CloneRecord(out), nil
 }
 
-// updateShared is the client's Update (see sharingJournal): the record it
+// updateShared is the client's Update (see createRecord): the record it
 // returns shares its request with the stored one, and its Response is
 // rec's own (the stored one is a copy of it).
 func (m *MemoryJournal) updateShared(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -20,7 +21,7 @@ func TestMemoryJournalConformance(t *testing.T) {
 }
 
 // The client shares a MemoryJournal's records instead of copying them (see
-// sharingJournal): what a caller does with its Result, its Op's body or
+// createRecord): what a caller does with its Result, its Op's body or
 // headers after Do returns must still not reach the journal.
 func TestMemoryJournalKeepsItsOwnCopies(t *testing.T) {
 	t.Parallel()
@@ -80,4 +81,35 @@ func TestMemoryJournalKeepsItsOwnCopiesOfAStandardRequest(t *testing.T) {
 	rec, err := c.Lookup(context.Background(), "", "b")
 	require.NoError(t, err)
 	assert.Equal(t, "application/json", rec.Header.Get("Content-Type"), "the journaled request")
+}
+
+// wrappedMemory embeds a MemoryJournal to see its writes.
+type wrappedMemory struct {
+	*idem.MemoryJournal
+	creates, updates atomic.Int32
+}
+
+func (w *wrappedMemory) Create(ctx context.Context, rec idem.Record) (idem.Record, bool, error) {
+	w.creates.Add(1)
+	return w.MemoryJournal.Create(ctx, rec)
+}
+
+func (w *wrappedMemory) Update(ctx context.Context, rec idem.Record, d idem.Durability, why idem.Event) (idem.Record, error) {
+	w.updates.Add(1)
+	return w.MemoryJournal.Update(ctx, rec, d, why)
+}
+
+// Only a MemoryJournal itself is written without copies: a type that
+// embeds one to change Create or Update is written through them.
+func TestAJournalEmbeddingAMemoryJournalIsWrittenThroughItsOwnMethods(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) })
+	j := &wrappedMemory{MemoryJournal: idem.NewMemoryJournal()}
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL})
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = c.Do(context.Background(), idem.Op{ID: "a", URL: "/orders"})
+	require.NoError(t, err)
+	assert.Equal(t, int32(1), j.creates.Load(), "Create")
+	assert.Equal(t, int32(1), j.updates.Load(), "Update")
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -202,6 +203,7 @@ type Client struct {
 	cfg        Config
 	journal    Journal
 	base       *url.URL
+	lastURL    atomic.Pointer[resolvedURL] // see resolve
 	keyHeader  string
 	secrets    []string
 	owner      string        // the lease owner: Config.Owner and a unique suffix
@@ -747,7 +749,7 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rec.Attempts = 1
 	rec.ExpiresAt = now.Add(c.cfg.Retention)
 	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
-	stored, created, err := c.journal.Create(ctx, rec)
+	stored, created, err := c.createRecord(ctx, rec, p.ownHeader)
 	if err != nil {
 		if !errors.Is(err, ErrFingerprintMismatch) {
 			// The create's answer may have been lost after it committed.

@@ -634,3 +634,18 @@ func TestDroppedConnectionIsNotATimeout(t *testing.T) {
 		assert.NotContains(t, ev.Detail, "AttemptTimeout")
 	}
 }
+
+// The answer to a HEAD has a Content-Length and no body: the client reads
+// the body by its Content-Length, and an empty one is no error.
+func TestAHeadAnswerWithContentLengthAndNoBodySucceeds(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "5")
+		w.WriteHeader(http.StatusOK)
+	})
+	c, _ := newClient(t, idem.Config{Journal: idem.NewMemoryJournal(), BaseURL: srv.URL})
+	res, err := c.Do(context.Background(), idem.Op{ID: "head", Method: http.MethodHead, URL: "/orders/1"})
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, res.StatusCode)
+	assert.Empty(t, res.Body)
+}

@@ -166,7 +166,7 @@ func (d *driver) write(ctx context.Context, next Record, dur Durability, kind Ev
 		detail = joinNotes(detail, fmt.Sprintf("the transport sent it again %d time(s) by itself, on a new connection", n))
 	}
 	why := Event{Kind: kind, Detail: detail}
-	stored, err := d.c.journal.Update(ctx, next, dur, why)
+	stored, err := d.c.updateRecord(ctx, next, dur, why)
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,8 @@ type round struct {
 	d   *driver
 	ctx context.Context
 	cur atomic.Pointer[attempt]
+	// rc sends the round's attempts: a field, not an allocation of its own.
+	rc retryablehttp.Client
 
 	// last is the last attempt that finished.
 	last *attempt
@@ -80,7 +82,7 @@ func (d *driver) newRound(ctx context.Context) *round { return &round{d: d, ctx:
 // verdict is final or the plan says stop. It returns the last attempt that
 // finished, or nil and the error when none did.
 func (rd *round) run(req *retryablehttp.Request) (*attempt, error) {
-	rc := &retryablehttp.Client{
+	rd.rc = retryablehttp.Client{
 		HTTPClient:     rd.d.c.attempts,
 		RetryMax:       math.MaxInt32, // checkRetry enforces the policy
 		CheckRetry:     rd.checkRetry,
@@ -89,7 +91,7 @@ func (rd *round) run(req *retryablehttp.Request) (*attempt, error) {
 		PrepareRetry:   rd.prepareRetry,
 		ErrorHandler:   retryablehttp.PassthroughErrorHandler,
 	}
-	resp, err := rc.Do(req)
+	resp, err := rd.rc.Do(req)
 	if resp != nil {
 		resp.Body.Close()
 	}
@@ -238,7 +240,7 @@ func (a *attempt) finish(resp *http.Response, err error, limit int64) {
 	if resp == nil {
 		return
 	}
-	body, cut, rerr := readBody(resp.Body, limit)
+	body, cut, rerr := readBody(resp.Body, limit, resp.ContentLength)
 	resp.Body.Close()
 	resp.Body = http.NoBody
 	a.body, a.cut = body, cut
@@ -317,7 +319,10 @@ func OperationFrom(ctx context.Context) (OperationInfo, bool) {
 // which for Authorize, and carries the slot for the request Authorize
 // prepared before the attempt was journaled (see preauthorize).
 func (d *driver) operationContext(ctx context.Context, statusCheck bool) context.Context {
-	ctx = context.WithValue(ctx, preauthKey{}, &preauth{})
+	if d.c.cfg.Authorize != nil {
+		// Without Authorize, nothing is prepared: no slot, no cost.
+		ctx = context.WithValue(ctx, preauthKey{}, &preauth{})
+	}
 	return context.WithValue(ctx, operationKey{}, OperationInfo{Key: d.rec.Key, Scope: d.rec.Scope, ID: d.rec.ID, StatusCheck: statusCheck})
 }
 

@@ -92,9 +92,27 @@ func (m *MemoryJournal) lock(ctx context.Context) error {
 
 // Create implements Journal.
 func (m *MemoryJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
+	return m.create(ctx, rec, false, false)
+}
+
+// createShared is the client's Create (see createRecord): the record it
+// returns when it creates one is the stored one, not a copy, and with
+// keepHeader its Header is rec's.
+func (m *MemoryJournal) createShared(ctx context.Context, rec Record, keepHeader bool) (Record, bool, error) {
+	return m.create(ctx, rec, true, keepHeader)
+}
+
+func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeader bool) (Record, bool, error) {
+	header := rec.Header
+	if keepHeader {
+		rec.Header = nil // kept, not copied, once the record is valid
+	}
 	out, ev, err := journal.NewRecord(rec, m.now(), m.maxBody)
 	if err != nil {
 		return Record{}, false, err
+	}
+	if keepHeader && len(header) > 0 {
+		out.Header = header
 	}
 	if err := m.lock(ctx); err != nil {
 		return Record{}, false, err
@@ -112,10 +130,16 @@ func (m *MemoryJournal) Create(ctx context.Context, rec Record) (Record, bool, e
 		return Record{}, false, fmt.Errorf("%w: %s", ErrDuplicateKey, out.Key)
 	}
 	m.seq++
-	e := &memEntry{seq: m.seq, rec: out, history: []Event{ev}}
+	// Room for the outcome's event: a call that goes right writes two.
+	history := make([]Event, 1, 2)
+	history[0] = ev
+	e := &memEntry{seq: m.seq, rec: out, history: history}
 	m.byKey[out.Key] = e
 	m.byOp[scopeID{out.Scope, out.ID}] = e
 	m.mu.Unlock()
+	if share {
+		return out, true, nil
+	}
 	return journal.CloneRecord(out), true, nil
 }
 
@@ -155,6 +179,32 @@ func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 
 // Update implements Journal. Durability is ignored: nothing is durable here.
 func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
+	out, err := m.update(ctx, rec, d, why)
+	if err != nil {
+		return Record{}, err
+	}
+	return journal.CloneRecord(out), nil
+}
+
+// updateShared is the client's Update (see createRecord): the record it
+// returns shares its request with the stored one, and its Response is
+// rec's own (the stored one is a copy of it).
+func (m *MemoryJournal) updateShared(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
+	out, err := m.update(ctx, rec, d, why)
+	if err != nil {
+		return Record{}, err
+	}
+	if out.Response != nil && rec.Response != nil {
+		resp := *out.Response
+		resp.Header, resp.Body = rec.Response.Header, rec.Response.Body
+		out.Response = &resp
+	}
+	return out, nil
+}
+
+// update stores rec's write and returns the stored record, which the
+// caller must copy before handing it on.
+func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
 	if err := journal.CheckDurability(d); err != nil {
 		return Record{}, err
 	}
@@ -179,7 +229,7 @@ func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, wh
 			if err != nil {
 				return Record{}, err
 			}
-			return journal.CloneRecord(out), nil
+			return out, nil
 		}
 		stored, gen := e.rec, e.gen
 		m.mu.Unlock()
@@ -198,7 +248,7 @@ func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, wh
 		e.set(out)
 		e.history = append(e.history, ev)
 		m.mu.Unlock()
-		return journal.CloneRecord(out), nil
+		return out, nil
 	}
 }
 

@@ -179,6 +179,9 @@ type prepared struct {
 	header                 http.Header
 	body                   []byte
 	fingerprint            string
+	// ownHeader: header is the client's own copy, shared with no one
+	// (not split's, whose values are the caller's request's).
+	ownHeader bool
 }
 
 // prepare validates op. Every problem is reported before anything is
@@ -195,7 +198,7 @@ func (c *Client) prepare(op Op) (prepared, error) {
 // false when op.Header is the caller's own map, made for this call (the
 // RoundTripper's), which need not be copied again.
 func (c *Client) prepareAt(op Op, u string, copyHeader bool) (prepared, error) {
-	p := prepared{scope: op.Scope, id: op.ID, method: op.Method, url: u, body: op.Body}
+	p := prepared{scope: op.Scope, id: op.ID, method: op.Method, url: u, body: op.Body, ownHeader: copyHeader}
 	if p.scope == "" {
 		p.scope = c.cfg.Scope
 	}
@@ -262,8 +265,25 @@ func checkName(field, v string, limit int, hint string) error {
 	return nil
 }
 
-// resolve makes ref absolute against Config.BaseURL and checks it.
+// resolve makes ref absolute against Config.BaseURL and checks it. The
+// last URL resolved is remembered: an application sends most of its
+// operations to a few URLs, and parsing, resolving and printing one was
+// about 1.5 us of a Do.
 func (c *Client) resolve(ref string) (string, error) {
+	if last := c.lastURL.Load(); last != nil && last.ref == ref {
+		return last.url, nil
+	}
+	out, err := c.resolveURL(ref)
+	if err == nil {
+		c.lastURL.Store(&resolvedURL{ref: ref, url: out})
+	}
+	return out, err
+}
+
+// resolvedURL is an Op.URL and what resolve made of it.
+type resolvedURL struct{ ref, url string }
+
+func (c *Client) resolveURL(ref string) (string, error) {
 	if ref == "" && c.base == nil {
 		return "", invalidOp("Op.URL is empty and Config.BaseURL is not set")
 	}

@@ -2,10 +2,12 @@ package idem_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -201,4 +203,32 @@ func TestFingerprintIsStable(t *testing.T) {
 	assert.Equal(t, "a5869335eade223f32c1af15cb61f3a50b77497cb372da392f747ae9e5f681e8", got)
 	assert.Equal(t, "3d0ccf1361683350d9b031828e19cff859c1c48552be107d1cd0473004811969",
 		idem.Fingerprint("POST", "/o", nil, nil, nil))
+}
+
+// The client remembers the last URL it resolved: each operation still goes
+// to its own, and a bad one after a good one is still refused.
+func TestEachOperationGoesToItsOwnURL(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var paths []string
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	})
+	c, _ := newClient(t, idem.Config{Journal: idem.NewMemoryJournal(), BaseURL: srv.URL + "/api/"})
+	ctx := context.Background()
+	for i, u := range []string{"orders", "payments", "payments", "orders", srv.URL + "/elsewhere"} {
+		res, err := c.Do(ctx, idem.Op{ID: fmt.Sprint("op-", i), URL: u})
+		require.NoError(t, err)
+		assert.Equal(t, idem.StateSucceeded, res.State)
+	}
+	_, err := c.Do(ctx, idem.Op{ID: "bad", URL: "ftp://example.com/x"})
+	require.ErrorIs(t, err, idem.ErrInvalidOp)
+	_, err = c.Do(ctx, idem.Op{ID: "good-again", URL: "orders"})
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"/api/orders", "/api/payments", "/api/payments", "/api/orders", "/elsewhere", "/api/orders"}, paths)
 }

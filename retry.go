@@ -208,8 +208,8 @@ func Classify(a Attempt) Decision {
 	}
 	code := a.Response.StatusCode
 	h := a.Response.Header
-	after := RetryAfter(h, time.Now())
-	reason := fmt.Sprintf("HTTP %d", code)
+	var buf [16]byte // one allocation, the string, and no fmt
+	reason := string(strconv.AppendInt(append(buf[:0], "HTTP "...), int64(code), 10))
 	if a.Err != nil {
 		return Decision{Verdict: Unknown, Reason: reason + " with its body cut off: " + a.Err.Error()}
 	}
@@ -222,6 +222,7 @@ func Classify(a Attempt) Decision {
 	if form, ok := keyConflict(code, h, a.Body); ok {
 		return Decision{Verdict: KeyConflict, Reason: reason + ": the key was used with another request (" + form + ")"}
 	}
+	after := RetryAfter(h, time.Now()) // not a success's: read only here
 	switch {
 	case wire.Replayed(h):
 		return Decision{Verdict: Rejected, Reason: reason + " replayed from the server's store: its answer for the key"}

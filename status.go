@@ -141,7 +141,7 @@ func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, ht
 		return Status{}, fmt.Errorf("GET %s: %w", u, err)
 	}
 	defer resp.Body.Close()
-	body, truncated, err := readBody(resp.Body, q.MaxResponseBytes)
+	body, truncated, err := readBody(resp.Body, q.MaxResponseBytes, resp.ContentLength)
 	if err != nil {
 		return Status{}, fmt.Errorf("HTTP %d, reading the body: %w", resp.StatusCode, err)
 	}
@@ -265,7 +265,7 @@ func (replayStatus) CheckStatus(ctx context.Context, q StatusQuery) (Status, err
 		return Status{}, err
 	}
 	defer resp.Body.Close()
-	body, cut, err := readBody(resp.Body, q.MaxResponseBytes)
+	body, cut, err := readBody(resp.Body, q.MaxResponseBytes, resp.ContentLength)
 	d := q.Classify(Attempt{Response: resp, Body: body, Err: err, Written: true})
 	stored := &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body, Replayed: wire.Replayed(resp.Header)}
 	switch d.Verdict {
@@ -278,7 +278,21 @@ func (replayStatus) CheckStatus(ctx context.Context, q StatusQuery) (Status, err
 }
 
 // readBody reads at most limit bytes and reports whether there was more.
-func readBody(r io.Reader, limit int64) ([]byte, bool, error) {
+//
+// size is the body's length when the response says it (Content-Length),
+// or -1: a body of known size within limit is read into a buffer of its
+// size, not into io.ReadAll's 512 bytes and up.
+func readBody(r io.Reader, limit, size int64) ([]byte, bool, error) {
+	if size >= 0 && size <= limit {
+		b := make([]byte, size)
+		n, err := io.ReadFull(r, b)
+		if err == io.EOF {
+			// No body at all (a HEAD's answer): a body cut short of its
+			// Content-Length is the transport's io.ErrUnexpectedEOF.
+			err = nil
+		}
+		return b[:n], false, err
+	}
 	b, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if int64(len(b)) > limit {
 		return b[:limit], true, err

@@ -1,0 +1,51 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+	"github.com/idemkit/idem/postgres/internal/pgtest"
+)
+
+// TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation: the
+// liveness transaction stays open for the worker's life, so it must hold
+// no snapshot (backend_xmin NULL) or VACUUM keeps every dead row of the
+// database from the worker's start on. A role or database whose
+// default_transaction_isolation is repeatable read or serializable (set
+// here for the pool's sessions, as ALTER ROLE ... SET would) would make
+// the transaction's first snapshot last until it ends.
+func TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			schema := pgtest.Schema(t)
+			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+			require.NoError(t, err)
+			cfg.MaxConns = 3
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			j := openOn(t, pool, schema)
+			unregister, err := j.Register(ctx, "worker")
+			require.NoError(t, err)
+			defer unregister()
+			waitLivenessHeld(t, schema, "worker")
+			var pid int32
+			require.NoError(t, pgtest.Pool(t).QueryRow(ctx, livenessLocks(schema, "l.pid"), pgschema.Ident(schema)+".owners", "worker").Scan(&pid))
+			// Other sessions' writes go on meanwhile, as a fleet's do.
+			createRecords(t, j, 3)
+			var xmin *string
+			var state string
+			require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+				`SELECT backend_xmin::text, state FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&xmin, &state))
+			assert.Equal(t, "idle in transaction", state)
+			assert.Nil(t, xmin, "the liveness transaction holds a snapshot: VACUUM is held back for as long as the worker lives")
+		})
+	}
+}

@@ -233,7 +233,8 @@ func (j *Journal) reserveSession(owner string) error {
 // transaction keeps its server session bound to this connection, directly
 // or through any pooler: when either ends, both do, and the lock with
 // them. The transaction writes nothing and holds no snapshot once its
-// statement ends (read committed), so it holds back neither VACUUM nor
+// statement ends (read committed, set for it whatever the session's
+// default), so it holds back neither VACUUM nor
 // any other session; only idle_in_transaction_session_timeout would end
 // it, which the transaction turns off for itself.
 func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pgxpool.Conn, error) {
@@ -242,10 +243,18 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
 	var locked bool
-	_, err = conn.Exec(ctx, `BEGIN`)
+	// Read committed whatever the session's default_transaction_isolation:
+	// a repeatable read or serializable transaction keeps its first
+	// snapshot until it ends, and this one ends with the worker.
+	_, err = conn.Exec(ctx, `BEGIN ISOLATION LEVEL READ COMMITTED`)
 	if err == nil {
+		// In the simple protocol: the extended protocol's unnamed portal
+		// outlives its statement until the next statement or the end of
+		// the transaction, and with it the snapshot it ran on, so the
+		// open transaction would hold back VACUUM (backend_xmin) for the
+		// worker's life.
 		err = conn.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '0', true) IS NOT NULL
-			AND pg_try_advisory_xact_lock($1, $2)`, j.livenessClass(), id).Scan(&locked)
+			AND pg_try_advisory_xact_lock($1, $2)`, pgx.QueryExecModeSimpleProtocol, j.livenessClass(), id).Scan(&locked)
 	}
 	if err != nil {
 		if conn.Conn().IsClosed() && ctx.Err() == nil {

@@ -15,13 +15,15 @@ import (
 // TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation: the
 // liveness transaction stays open for the worker's life, so it must hold
 // no snapshot (backend_xmin NULL) or VACUUM keeps every dead row of the
-// database from the worker's start on. A role or database whose
-// default_transaction_isolation is repeatable read or serializable (set
-// here for the pool's sessions, as ALTER ROLE ... SET would) would make
-// the transaction's first snapshot last until it ends.
+// database from the worker's start on. Two things held one: the extended
+// protocol's unnamed portal, which keeps its statement's snapshot until
+// the next statement (whatever the isolation), and a role or database
+// whose default_transaction_isolation is repeatable read or serializable
+// (set here for the pool's sessions, as ALTER ROLE ... SET would), which
+// keeps the transaction's first snapshot until it ends.
 func TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation(t *testing.T) {
 	t.Parallel()
-	for _, level := range []string{"repeatable read", "serializable"} {
+	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {
 			schema := pgtest.Schema(t)
 			cfg, err := pgxpool.ParseConfig(pgtest.DSN())

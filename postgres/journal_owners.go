@@ -243,10 +243,7 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
 	var locked bool
-	// Read committed whatever the session's default_transaction_isolation:
-	// a repeatable read or serializable transaction keeps its first
-	// snapshot until it ends, and this one ends with the worker.
-	_, err = conn.Exec(ctx, `BEGIN ISOLATION LEVEL READ COMMITTED`)
+	_, err = conn.Exec(ctx, beginTx)
 	if err == nil {
 		// In the simple protocol: the extended protocol's unnamed portal
 		// outlives its statement until the next statement or the end of

@@ -2,12 +2,17 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
@@ -48,6 +53,60 @@ func TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation(t *testin
 				`SELECT backend_xmin::text, state FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&xmin, &state))
 			assert.Equal(t, "idle in transaction", state)
 			assert.Nil(t, xmin, "the liveness transaction holds a snapshot: VACUUM is held back for as long as the worker lives")
+		})
+	}
+}
+
+// TestClaimsRaceWhateverTheDefaultIsolation: workers that claim at once
+// take different operations and never fail for it (FOR UPDATE SKIP LOCKED
+// at read committed). A role or database whose default isolation is
+// repeatable read or serializable must not turn the race into errors
+// ("could not serialize access"): the journal's transactions set their
+// own level.
+func TestClaimsRaceWhateverTheDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			schema := pgtest.Schema(t)
+			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+			require.NoError(t, err)
+			cfg.MaxConns = 4
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			j := openOn(t, pool, schema, postgres.WithoutLiveness())
+			const n = 60
+			createRecords(t, j, n)
+			var mu sync.Mutex
+			claimed := map[string]bool{}
+			var errs []error
+			var wg sync.WaitGroup
+			for w := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						recs, err := j.Claim(ctx, idem.ClaimRequest{Owner: fmt.Sprintf("w%d", w), Limit: 2, Lease: time.Hour})
+						mu.Lock()
+						if err != nil {
+							errs = append(errs, err)
+						}
+						for _, r := range recs {
+							assert.False(t, claimed[r.Key], "claimed twice: %s", r.Key)
+							claimed[r.Key] = true
+						}
+						done := len(claimed) == n || len(errs) > 20
+						mu.Unlock()
+						if done {
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			assert.Empty(t, errs)
+			assert.Len(t, claimed, n)
 		})
 	}
 }

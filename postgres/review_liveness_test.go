@@ -15,6 +15,8 @@ import (
 	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
+	"github.com/idemkit/idem/server"
+	"github.com/idemkit/idem/server/storetest"
 )
 
 // TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation: the
@@ -107,6 +109,25 @@ func TestClaimsRaceWhateverTheDefaultIsolation(t *testing.T) {
 			wg.Wait()
 			assert.Empty(t, errs)
 			assert.Len(t, claimed, n)
+		})
+	}
+}
+
+// TestStoreWhateverTheDefaultIsolation: the store's conformance suite on
+// sessions whose default isolation is repeatable read or serializable, as
+// a role or database setting makes it.
+func TestStoreWhateverTheDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+			require.NoError(t, err)
+			cfg.MaxConns = 4
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close) // after the suite's parallel tests
+			storetest.Run(t, func(t *testing.T) server.Store { return openStoreIn(t, pool, pgtest.Schema(t)) })
 		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgproxy"
 	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 	"github.com/idemkit/idem/server"
@@ -130,4 +131,74 @@ func TestStoreWhateverTheDefaultIsolation(t *testing.T) {
 			storetest.Run(t, func(t *testing.T) server.Store { return openStoreIn(t, pool, pgtest.Schema(t)) })
 		})
 	}
+}
+
+// TestGraceDoesNotCountTheDatabasesDowntime: worker-a's liveness session
+// is cut and worker-b finds its lock free, which starts worker-a's grace;
+// at once the database crashes, and stays down longer than the grace.
+// When it is back, worker-a, alive all along, has been without its lock
+// for a few milliseconds while the database was up: worker-b, judging
+// before worker-a has reconnected, must not take worker-a's operation.
+// The database's downtime is nobody's absence: no worker could hold a
+// lock then.
+func TestGraceDoesNotCountTheDatabasesDowntime(t *testing.T) {
+	t.Parallel()
+	db := pgtest.StartServer(t)
+	proxy, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", db.Port()))
+	require.NoError(t, err)
+	defer proxy.Close()
+	viaProxy := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", proxy.Addr())
+	const grace = 2 * time.Second
+	ja, err := postgres.OpenJournal(ctx, checkedPool(t, viaProxy))
+	require.NoError(t, err)
+	defer ja.Close()
+	jb, err := postgres.OpenJournal(ctx, checkedPool(t, db.DSN()), postgres.LivenessGrace(grace))
+	require.NoError(t, err)
+	defer jb.Close()
+	observer := checkedPool(t, db.DSN())
+	keys := createRecords(t, jb, 1)
+	unregister, err := ja.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer unregister()
+	_, err = ja.Acquire(ctx, keys[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+
+	// worker-a's session is cut, and it cannot reconnect for now.
+	proxy.Refuse(time.Hour)
+	proxy.CutAll()
+	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "within the grace")
+	var marked bool
+	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(ja.Schema())+`.owners WHERE name = 'worker-a'`).Scan(&marked))
+	require.True(t, marked, "worker-b found worker-a's lock free")
+
+	// The database crashes at once, and is down for longer than the grace.
+	db.Crash()
+	time.Sleep(grace + time.Second)
+	db.Start()
+
+	// worker-b judges before worker-a has its session back.
+	got, err = claimAfterRestart(t, jb)
+	require.NoError(t, err)
+	assert.Empty(t, got, "worker-a was without its lock for milliseconds while the database was up, and is taken for dead")
+	proxy.Refuse(0)
+	waitUntil(t, "worker-a to hold its lock again", func() bool { return ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
+}
+
+// claimAfterRestart claims for worker-b once its pool reaches the
+// restarted database (a statement on a connection the restart ended
+// fails once).
+func claimAfterRestart(t *testing.T, j *postgres.Journal) ([]idem.Record, error) {
+	t.Helper()
+	var got []idem.Record
+	var err error
+	for range 5 {
+		got, err = j.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+		if err == nil {
+			break
+		}
+	}
+	return got, err
 }

@@ -71,8 +71,18 @@ func (q *queries) ownerQueries(s string) {
 	// milliseconds. Those whose lock is free and that carry no mark for
 	// their session get one; a row another transaction holds is left
 	// unmarked this time (a mark only starts the grace).
+	//
+	// A mark made before the server last began to take connections (a
+	// restart, a crash's recovery, a promotion) counts from then: while
+	// the database was down no owner could hold a lock, and its downtime
+	// is nobody's absence. The server runs its launchers (autovacuum's,
+	// logical replication's) once it takes connections as a primary;
+	// without them, its postmaster's start bounds it.
 	q.judge = `WITH ` + held + `,
-		o AS MATERIALIZED (SELECT id, name, session, lost_session, lost_at, ended_at,
+		up AS MATERIALIZED (SELECT (extract(epoch FROM greatest(pg_postmaster_start_time(),
+			(SELECT max(backend_start) FROM pg_stat_activity
+				WHERE backend_type IN ('autovacuum launcher', 'logical replication launcher')))) * 1000)::bigint AS at),
+		o AS MATERIALIZED (SELECT id, name, session, lost_session, greatest(lost_at, (SELECT at FROM up)) AS lost_at, ended_at,
 			id::oid IN (SELECT objid FROM held) AS live, ` + dbMillis + ` AS now
 			FROM ` + owners + ` WHERE name = ANY($2)),
 		marked AS (UPDATE ` + owners + ` u SET lost_session = u.session, lost_at = o.now FROM o

@@ -202,3 +202,60 @@ func claimAfterRestart(t *testing.T, j *postgres.Journal) ([]idem.Record, error)
 	}
 	return got, err
 }
+
+// TestGraceDoesNotCountAFailoversDowntime is
+// TestGraceDoesNotCountTheDatabasesDowntime across a fail-over: the mark
+// that worker-b made on the primary reached the synchronous standby,
+// which is promoted longer than the grace after the primary crashed.
+func TestGraceDoesNotCountAFailoversDowntime(t *testing.T) {
+	t.Parallel()
+	primary, standby, dsn := failoverPair(t, true)
+	var proxies []*pgproxy.Proxy
+	hosts := ""
+	for _, s := range []*pgtest.Server{primary, standby} {
+		p, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", s.Port()))
+		require.NoError(t, err)
+		defer p.Close()
+		proxies = append(proxies, p)
+		if hosts != "" {
+			hosts += ","
+		}
+		hosts += p.Addr().String()
+	}
+	viaProxy := "postgres://postgres@" + hosts + "/postgres?sslmode=disable&target_session_attrs=read-write"
+	const grace = 2 * time.Second
+	ja, err := postgres.OpenJournal(ctx, checkedPool(t, viaProxy))
+	require.NoError(t, err)
+	defer ja.Close()
+	jb, err := postgres.OpenJournal(ctx, checkedPool(t, dsn), postgres.LivenessGrace(grace))
+	require.NoError(t, err)
+	defer jb.Close()
+	observer := checkedPool(t, dsn)
+	keys := createRecords(t, jb, 1)
+	unregister, err := ja.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer unregister()
+	_, err = ja.Acquire(ctx, keys[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+
+	for _, p := range proxies {
+		p.Refuse(time.Hour)
+		p.CutAll()
+	}
+	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "within the grace")
+
+	primary.Crash()
+	time.Sleep(grace + time.Second)
+	standby.Promote()
+
+	got, err = claimAfterRestart(t, jb)
+	require.NoError(t, err)
+	assert.Empty(t, got, "worker-a was without its lock for milliseconds while a primary was up, and is taken for dead")
+	for _, p := range proxies {
+		p.Refuse(0)
+	}
+	waitUntil(t, "worker-a to hold its lock again", func() bool { return ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
+}

@@ -259,3 +259,39 @@ func TestGraceDoesNotCountAFailoversDowntime(t *testing.T) {
 	}
 	waitUntil(t, "worker-a to hold its lock again", func() bool { return ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
 }
+
+// TestLiveWorkerWhoseLivenessConnectionGoesSilentKeepsItsOperation: the
+// liveness session idles for the worker's life, the connection most
+// exposed to a NAT or firewall that forgets idle connections and then
+// drops their packets silently. The server's TCP keepalive gives up on
+// such a session and ends it, freeing the lock, while the worker's side
+// hears nothing: no error, no end, for as long as its own keepalive
+// takes (pgx's: 5 minutes idle, then probes). The worker must notice
+// within the grace and take its lock again, or it is taken for dead.
+func TestLiveWorkerWhoseLivenessConnectionGoesSilentKeepsItsOperation(t *testing.T) {
+	t.Parallel()
+	proxy, poolA := proxiedPool(t)
+	schema := pgtest.Schema(t)
+	ja := openOn(t, poolA, schema)
+	const grace = 5 * time.Second // worker-a's own is the default, 2 s
+	jb := openOn(t, pgtest.Pool(t), schema, postgres.LivenessGrace(grace))
+	keys := createRecords(t, jb, 1)
+	unregister, err := ja.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer unregister()
+	_, err = ja.Acquire(ctx, keys[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+
+	pids := livenessPIDs(t, schema, "worker-a")
+	require.Len(t, pids, 1)
+	require.True(t, proxy.Blackhole(uint32(pids[0])))
+	waitUntil(t, "the server to end worker-a's liveness session", func() bool { return !livenessHeld(t, schema, "worker-a") })
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "within the grace")
+	time.Sleep(grace)
+	got, err = jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	assert.Empty(t, got, "worker-a, alive, did not notice its silent liveness connection within the grace, and is taken for dead")
+	assert.True(t, livenessHeld(t, schema, "worker-a"), "worker-a holds its lock again")
+}

@@ -319,15 +319,20 @@ const (
 // LivenessGrace.
 func (j *Journal) watch(ctx context.Context, r *registration, conn *pgxpool.Conn) {
 	defer close(r.done)
+	every := j.pingEvery()
 	for {
 		// Nothing listens on this session: the wait returns when the
-		// session ends (or the watcher is stopped).
-		err := conn.Conn().PgConn().WaitForNotification(ctx)
+		// session ends (or the watcher is stopped), or once it has idled
+		// for every, when the server is asked whether it is still there.
+		wctx, cancel := context.WithTimeout(ctx, every)
+		err := conn.Conn().PgConn().WaitForNotification(wctx)
+		idle := wctx.Err() != nil
+		cancel()
 		if ctx.Err() != nil {
 			r.conn = conn
 			return
 		}
-		if err == nil {
+		if err == nil || (idle && ping(ctx, conn, every) == nil) {
 			continue
 		}
 		dropConn(conn)
@@ -335,6 +340,26 @@ func (j *Journal) watch(ctx context.Context, r *registration, conn *pgxpool.Conn
 			return
 		}
 	}
+}
+
+// pingEvery is how long the liveness session idles before the watcher
+// asks the server whether it is still there, and how long it waits for
+// the answer: a quarter of the grace, so that a session the server ended
+// unheard (its TCP keepalive gave up on a connection that a NAT or a
+// firewall forgot, and drops silently) is taken again on a new one well
+// within it. The client's own TCP keepalive would take minutes. The
+// traffic also keeps such a connection from being forgotten.
+func (j *Journal) pingEvery() time.Duration {
+	return min(max(j.grace/4, 100*time.Millisecond), 5*time.Second)
+}
+
+// ping runs an empty statement on the liveness session, within d: it
+// takes no snapshot, and an answer says the session and its lock live.
+func ping(ctx context.Context, conn *pgxpool.Conn, d time.Duration) error {
+	pctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	_, err := conn.Conn().PgConn().Exec(pctx, "").ReadAll()
+	return err
 }
 
 // retake takes r's lock on a new session, trying until it can or ctx ends.

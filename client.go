@@ -651,6 +651,34 @@ func (c *Client) leave(key string) {
 func (c *Client) adopt(key string, l Lease) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.adoptLocked(key, l)
+}
+
+// adoptUndriven is adopt for Resume, which drives no call's flight: it
+// also leaves rec to a call of this client that is on its operation
+// already. Such a call holds the flight from before its create until its
+// driver ends, and, between its create's commit and its driver, it holds
+// the lease without holding the key: adopting it then, and releasing it
+// on finding the flight, would release the lease the call sends under.
+func (c *Client) adoptUndriven(rec Record) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, running := c.flights[scopeID{rec.Scope, rec.ID}]; running {
+		return false
+	}
+	return c.adoptLocked(rec.Key, rec.Lease)
+}
+
+// driving reports whether a call of this client is on the operation of
+// rec.
+func (c *Client) driving(rec Record) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, running := c.flights[scopeID{rec.Scope, rec.ID}]
+	return running
+}
+
+func (c *Client) adoptLocked(key string, l Lease) bool {
 	_, held := c.held[key]
 	_, left := c.left[key]
 	if held || !left || l.Owner != c.owner {

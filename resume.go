@@ -492,7 +492,7 @@ func (r *resumer) adoptLeft(ctx context.Context, n int, dueBy time.Time) ([]Reco
 			c.forget(key)
 		case !rec.Lease.Held(now) || !r.inScope(rec) || rec.NextAttemptAt.After(dueBy):
 			// A lapsed lease is claimed as any other.
-		case c.adopt(key, rec.Lease):
+		case c.adoptUndriven(rec):
 			out = append(out, rec)
 		}
 	}
@@ -571,7 +571,8 @@ func (r *resumer) look(ctx context.Context) (survey, error) {
 		_, taken := r.unsettled[keyHash(rec.Key)]
 		r.mu.Unlock()
 		switch {
-		case rec.Lease.Held(now) && rec.Lease.Owner == r.c.owner && !r.c.holds(rec.Key) && !rec.NextAttemptAt.After(now):
+		case rec.Lease.Held(now) && rec.Lease.Owner == r.c.owner && !r.c.holds(rec.Key) && !r.c.driving(rec) &&
+			!rec.NextAttemptAt.After(now):
 			// Due, as a claim would take it: a backoff or a server's
 			// Retry-After is kept.
 			s.own = append(s.own, rec)

@@ -1,5 +1,7 @@
 package postgres
 
+import "github.com/jackc/pgx/v5"
+
 // How a write of the journal or the store is committed. Each write sets
 // synchronous_commit for its own transaction only (set_config with
 // is_local), inside a statement of the transaction, so that it costs no
@@ -20,6 +22,18 @@ const (
 	// commitDeferred returns once committed, before the WAL flush.
 	commitDeferred = `SELECT set_config('synchronous_commit', 'off', true)`
 )
+
+// beginTx begins each transaction of the journal's at read committed,
+// whatever the session's default_transaction_isolation (which a role or a
+// database may set to repeatable read or serializable): claims race with
+// FOR UPDATE SKIP LOCKED and fenced writes re-check their row, which at a
+// stronger level fail with "could not serialize access" instead, and the
+// liveness transaction, open for the worker's life, would keep its first
+// snapshot, and VACUUM's horizon with it, until the worker ends.
+const beginTx = `BEGIN ISOLATION LEVEL READ COMMITTED`
+
+// readCommitted is beginTx for pgx's BeginTx.
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 
 // commitLevel is the statement that sets a transaction's commit level:
 // commitDurable when any of its writes must be on disk before it returns.

@@ -52,7 +52,10 @@
 // off for itself. A session may also end while its worker lives on (an
 // administrator's pg_terminate_backend, a restart of the database, a
 // pooler closing the connection): the journal watches the session and
-// takes the lock again on a new one at once. So a free lock makes its
+// takes the lock again on a new one at once; it asks the server on the
+// idle session every quarter of its LivenessGrace, so that a session ended
+// unheard (a NAT or firewall that drops the connection silently) is taken
+// again too. So a free lock makes its
 // owner gone only once it has stayed free for LivenessGrace (2 s by
 // default, on the database's clock); Claim and
 // Acquire then take its leases, before they lapse. Every judgement is made

@@ -458,7 +458,7 @@ func (j *Journal) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 		return err
 	}
 	defer conn.Release()
-	tx, err := conn.Begin(ctx)
+	tx, err := conn.BeginTx(ctx, readCommitted) // see beginTx
 	if err != nil {
 		return err
 	}
@@ -674,7 +674,7 @@ func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
 	total := 0
 	for {
 		var ids []int64
-		err := pgx.BeginFunc(ctx, j.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginTxFunc(ctx, j.pool, readCommitted, func(tx pgx.Tx) error {
 			ids = ids[:0]
 			rows, err := tx.Query(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
 				SELECT id FROM `+j.q.operations+` WHERE state IN (4, 5, 7) AND updated_at < $1 ORDER BY id LIMIT $2)

@@ -71,8 +71,18 @@ func (q *queries) ownerQueries(s string) {
 	// milliseconds. Those whose lock is free and that carry no mark for
 	// their session get one; a row another transaction holds is left
 	// unmarked this time (a mark only starts the grace).
+	//
+	// A mark made before the server last began to take connections (a
+	// restart, a crash's recovery, a promotion) counts from then: while
+	// the database was down no owner could hold a lock, and its downtime
+	// is nobody's absence. The server runs its launchers (autovacuum's,
+	// logical replication's) once it takes connections as a primary;
+	// without them, its postmaster's start bounds it.
 	q.judge = `WITH ` + held + `,
-		o AS MATERIALIZED (SELECT id, name, session, lost_session, lost_at, ended_at,
+		up AS MATERIALIZED (SELECT (extract(epoch FROM greatest(pg_postmaster_start_time(),
+			(SELECT max(backend_start) FROM pg_stat_activity
+				WHERE backend_type IN ('autovacuum launcher', 'logical replication launcher')))) * 1000)::bigint AS at),
+		o AS MATERIALIZED (SELECT id, name, session, lost_session, greatest(lost_at, (SELECT at FROM up)) AS lost_at, ended_at,
 			id::oid IN (SELECT objid FROM held) AS live, ` + dbMillis + ` AS now
 			FROM ` + owners + ` WHERE name = ANY($2)),
 		marked AS (UPDATE ` + owners + ` u SET lost_session = u.session, lost_at = o.now FROM o
@@ -233,7 +243,8 @@ func (j *Journal) reserveSession(owner string) error {
 // transaction keeps its server session bound to this connection, directly
 // or through any pooler: when either ends, both do, and the lock with
 // them. The transaction writes nothing and holds no snapshot once its
-// statement ends (read committed), so it holds back neither VACUUM nor
+// statement ends (read committed, set for it whatever the session's
+// default), so it holds back neither VACUUM nor
 // any other session; only idle_in_transaction_session_timeout would end
 // it, which the transaction turns off for itself.
 func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pgxpool.Conn, error) {
@@ -242,10 +253,15 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
 	var locked bool
-	_, err = conn.Exec(ctx, `BEGIN`)
+	_, err = conn.Exec(ctx, beginTx)
 	if err == nil {
+		// In the simple protocol: the extended protocol's unnamed portal
+		// outlives its statement until the next statement or the end of
+		// the transaction, and with it the snapshot it ran on, so the
+		// open transaction would hold back VACUUM (backend_xmin) for the
+		// worker's life.
 		err = conn.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '0', true) IS NOT NULL
-			AND pg_try_advisory_xact_lock($1, $2)`, j.livenessClass(), id).Scan(&locked)
+			AND pg_try_advisory_xact_lock($1, $2)`, pgx.QueryExecModeSimpleProtocol, j.livenessClass(), id).Scan(&locked)
 	}
 	if err != nil {
 		if conn.Conn().IsClosed() && ctx.Err() == nil {
@@ -303,15 +319,20 @@ const (
 // LivenessGrace.
 func (j *Journal) watch(ctx context.Context, r *registration, conn *pgxpool.Conn) {
 	defer close(r.done)
+	every := j.pingEvery()
 	for {
 		// Nothing listens on this session: the wait returns when the
-		// session ends (or the watcher is stopped).
-		err := conn.Conn().PgConn().WaitForNotification(ctx)
+		// session ends (or the watcher is stopped), or once it has idled
+		// for every, when the server is asked whether it is still there.
+		wctx, cancel := context.WithTimeout(ctx, every)
+		err := conn.Conn().PgConn().WaitForNotification(wctx)
+		idle := wctx.Err() != nil
+		cancel()
 		if ctx.Err() != nil {
 			r.conn = conn
 			return
 		}
-		if err == nil {
+		if err == nil || (idle && ping(ctx, conn, every) == nil) {
 			continue
 		}
 		dropConn(conn)
@@ -319,6 +340,26 @@ func (j *Journal) watch(ctx context.Context, r *registration, conn *pgxpool.Conn
 			return
 		}
 	}
+}
+
+// pingEvery is how long the liveness session idles before the watcher
+// asks the server whether it is still there, and how long it waits for
+// the answer: a quarter of the grace, so that a session the server ended
+// unheard (its TCP keepalive gave up on a connection that a NAT or a
+// firewall forgot, and drops silently) is taken again on a new one well
+// within it. The client's own TCP keepalive would take minutes. The
+// traffic also keeps such a connection from being forgotten.
+func (j *Journal) pingEvery() time.Duration {
+	return min(max(j.grace/4, 100*time.Millisecond), 5*time.Second)
+}
+
+// ping runs an empty statement on the liveness session, within d: it
+// takes no snapshot, and an answer says the session and its lock live.
+func ping(ctx context.Context, conn *pgxpool.Conn, d time.Duration) error {
+	pctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	_, err := conn.Conn().PgConn().Exec(pctx, "").ReadAll()
+	return err
 }
 
 // retake takes r's lock on a new session, trying until it can or ctx ends.

@@ -288,6 +288,17 @@ func isUniqueViolation(err error) (string, bool) {
 	return "", false
 }
 
+// isSerializationFailure reports PostgreSQL's "could not serialize
+// access" (SQLSTATE 40001): a statement that ran at repeatable read or
+// serializable, the session's default where a role or database sets it,
+// into a row another transaction changed since its snapshot. Rolled back,
+// it changed nothing; run again, it takes a new snapshot, as read
+// committed would have.
+func isSerializationFailure(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "40001"
+}
+
 func nullMillisPtr(t time.Time) *int64 {
 	if t.IsZero() {
 		return nil

@@ -289,7 +289,7 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 
 	// Round trip 1: begin, and read and lock what the writes touch.
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue(beginTx)
 	// Outcomes only: committed before Update returns, flushed within
 	// wal_writer_delay (see Journal). Anything else waits for the flush,
 	// whatever the session's default.
@@ -562,7 +562,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	slices.SortFunc(updates, func(a, b *update) int { return cmp.Compare(a.r.key, b.r.key) })
 
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue(beginTx)
 	b.Queue(commitLevel(durable))
 	ids := map[string]int64{}
 	if len(creates) > 0 {

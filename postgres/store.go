@@ -216,11 +216,13 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 		default:
 			return server.ClaimResult{Entry: e}, nil
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if !errors.Is(err, pgx.ErrNoRows) && !isSerializationFailure(err) {
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		}
 		// Another request replaced, took over, renewed or deleted the
-		// entry between the two statements: look again.
+		// entry between the two statements (or while the replacement ran,
+		// at a session's default isolation above read committed): look
+		// again.
 	}
 	return server.ClaimResult{}, fmt.Errorf("postgres store in schema %q: claim of a key that changed under it %d times in a row; retry the request",
 		s.schema, claimRounds)

@@ -3,6 +3,7 @@ package postgres
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"strconv"
 	"strings"
 
 	"github.com/idemkit/idem/postgres/internal/pgschema"
@@ -37,6 +38,17 @@ import (
 // claimed again in between, by a quicker request, the token it then
 // inserts is older than that one's, and unique all the same. Fencing needs
 // uniqueness only.)
+//
+// A sequence alone is unique in one history of the database only.
+// PostgreSQL logs a sequence 32 values ahead of what it hands out, and a
+// standby promoted after an asynchronous fail-over starts from the last
+// log it received: the values the old primary handed out after that go
+// out again. A handler still running on such a token (its key lost with
+// the fail-over, and claimed again by a retry) would have its late
+// Complete or Release applied to the new holder's lock. So a token
+// carries the server's timeline, which every promotion increments, above
+// the sequence's value: a token drawn after a promotion is greater than
+// any drawn before it, on any server of the old timeline.
 //
 // Version 2 moved version 1's text columns, keyed by (scope, key), to
 // bytes keyed by id; the rows are kept.
@@ -111,11 +123,20 @@ type storeQueries struct {
 	release, renew, get, sweep        string
 }
 
+// storeTokenShift is how far a token's timeline is shifted left: the
+// sequence keeps 2^48 values (a million claims a second for 8 years), the
+// timeline 15 bits.
+const storeTokenShift = 48
+
 func newStoreQueries(schema string) storeQueries {
 	table := pgschema.Ident(schema) + ".store_entries"
 	// nextval takes the sequence's name as text: quote it as an identifier,
 	// then as a string literal.
 	tokens := storeLiteral(pgschema.Ident(schema) + ".store_tokens")
+	// A token is the server's timeline above the sequence's value (see
+	// storeTokenShift).
+	token := `((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint << ` +
+		strconv.Itoa(storeTokenShift) + `) | nextval(` + tokens + `))`
 	// One completion, its row found by its primary key: a batch sends one
 	// per entry, in one transaction. A single UPDATE joined to unnest
 	// would leave the way to the rows to the planner, and the generic plan
@@ -134,7 +155,7 @@ func newStoreQueries(schema string) storeQueries {
 		// NOTHING neither locks nor writes a row in the way, so a claim
 		// that finds its key taken (a replay, a 409) writes nothing.
 		insert: `INSERT INTO ` + table + ` (id, scope, key, fingerprint, method, path, state, token, created_at, locked_at, expires_at)
-			SELECT v.id, v.scope, v.key, v.fingerprint, v.method, v.path, 1, nextval(` + tokens + `), v.now, v.now, v.expires_at
+			SELECT v.id, v.scope, v.key, v.fingerprint, v.method, v.path, 1, ` + token + `, v.now, v.now, v.expires_at
 			FROM (` + commitDurable + `) AS d,
 				unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bytea[], $5::bytea[], $6::bytea[], $7::bigint[], $8::bigint[])
 				WITH ORDINALITY AS v(id, scope, key, fingerprint, method, path, now, expires_at, i)
@@ -144,7 +165,7 @@ func newStoreQueries(schema string) storeQueries {
 		// An expired entry: replaced by a new one, if it is still expired
 		// once its row is locked.
 		replace: `UPDATE ` + table + ` AS e SET fingerprint = $2, method = $3, path = $4, state = 1,
-				token = nextval(` + tokens + `), created_at = $5, locked_at = $5, expires_at = $6,
+				token = ` + token + `, created_at = $5, locked_at = $5, expires_at = $6,
 				resp_status = NULL, resp_header = NULL, resp_body = NULL
 			FROM (` + commitDurable + `) AS d
 			WHERE e.id = $1 AND e.expires_at <= $5
@@ -153,7 +174,7 @@ func newStoreQueries(schema string) storeQueries {
 		// once its row is locked (PostgreSQL evaluates the condition again
 		// on the newest version of a row it waited for, so of many
 		// concurrent take-overs one wins).
-		takeOver: `UPDATE ` + table + ` AS e SET token = nextval(` + tokens + `), locked_at = $3,
+		takeOver: `UPDATE ` + table + ` AS e SET token = ` + token + `, locked_at = $3,
 				expires_at = GREATEST(e.expires_at, $4)
 			FROM (` + commitDurable + `) AS d
 			WHERE e.id = $1 AND e.state = 1 AND e.fingerprint = $2

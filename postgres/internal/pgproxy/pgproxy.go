@@ -91,6 +91,30 @@ func (p *Proxy) CutBackend(pid uint32) bool {
 	return found
 }
 
+// Blackhole ends the server's side of the session whose server process
+// is pid, as a server does whose TCP keepalive gave up on a client behind
+// a network that drops packets silently (a NAT or firewall that forgot
+// the connection), while the client's side stays open and hears nothing
+// more: what it sends is dropped, and nothing comes back, until it gives
+// up itself. It reports whether there was such a session.
+func (p *Proxy) Blackhole(pid uint32) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	found := false
+	for s := range p.sessions {
+		if s.backendPID() == pid {
+			s.mu.Lock()
+			s.silent = true
+			if s.server != nil {
+				_ = s.server.Close()
+			}
+			s.mu.Unlock()
+			found = true
+		}
+	}
+	return found
+}
+
 // BackendPIDs returns the server process of every open session whose
 // startup has named one, for CutBackend.
 func (p *Proxy) BackendPIDs() []uint32 {
@@ -273,6 +297,7 @@ type session struct {
 	server     net.Conn
 	cutDone    bool
 	pid        uint32
+	silent     bool   // blackholed: the server's side is closed, the client's hears nothing
 	fault      *Fault // fired: dropping the server's messages
 	waitFor    int    // the ReadyForQuery that ends the fault's pipeline (count of syncs sent)
 	syncs      int    // Syncs and Queries sent to the server
@@ -284,6 +309,12 @@ func (s *session) backendPID() uint32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pid
+}
+
+func (s *session) isSilent() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.silent
 }
 
 func (s *session) cut() {
@@ -306,7 +337,9 @@ func (s *session) run() {
 	go func() {
 		defer wg.Done()
 		s.fromServer()
-		s.cut()
+		if !s.isSilent() {
+			s.cut()
+		}
 	}()
 	s.fromClient()
 	s.cut()
@@ -443,6 +476,9 @@ func (s *session) fromClient() {
 				s.fault = f
 				s.mu.Unlock()
 			}
+		}
+		if s.isSilent() {
+			continue
 		}
 		ends := msg[0] == 'S' || msg[0] == 'Q'
 		s.mu.Lock()

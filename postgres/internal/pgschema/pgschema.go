@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -130,7 +131,19 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string, kind Kind) 
 	if errors.As(err, &pe) && pe.Code == readOnlyTransaction {
 		return readOnly(kind.Name, schema, err)
 	}
+	if statementPooler(err) {
+		return fmt.Errorf("postgres %s in schema %q: the pool reaches the database through a pooler in statement mode, "+
+			"which refuses the transactions the %s needs: give its pool a pooler in transaction or session mode "+
+			"(PgBouncer's pool_mode = transaction): %w", kind.Name, schema, kind.Name, err)
+	}
 	return err
+}
+
+// statementPooler reports PgBouncer's refusal of a transaction in
+// statement pooling mode.
+func statementPooler(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "08P01" && strings.Contains(pe.Message, "statement pooling mode")
 }
 
 // Version returns the version of kind's tables in schema, 0 when there are

@@ -9,6 +9,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -41,6 +42,13 @@ const bouncerPoolSize = 2
 // until it accepts connections. A test is skipped, saying what to install,
 // only where the pgbouncer program is absent (.ci/run installs it).
 func StartBouncer(t testing.TB) *Bouncer {
+	t.Helper()
+	return StartBouncerWith(t)
+}
+
+// StartBouncerWith is StartBouncer with settings of the [pgbouncer]
+// section ("pool_mode = statement", say) that replace the defaults.
+func StartBouncerWith(t testing.TB, settings ...string) *Bouncer {
 	t.Helper()
 	exe, err := exec.LookPath("pgbouncer")
 	if err != nil {
@@ -75,7 +83,8 @@ default_pool_size = %d
 max_client_conn = 500
 ignore_startup_parameters = extra_float_digits
 logfile = %s
-`, up.Database, up.Host, up.Port, up.Database, b.port, filepath.Join(dir, "userlist.txt"), up.User, bouncerPoolSize, filepath.Join(dir, "log"))
+%s
+`, up.Database, up.Host, up.Port, up.Database, b.port, filepath.Join(dir, "userlist.txt"), up.User, bouncerPoolSize, filepath.Join(dir, "log"), strings.Join(settings, "\n"))
 	for name, text := range map[string]string{"userlist.txt": users, "pgbouncer.ini": ini} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
 			t.Fatal(err)

@@ -1,0 +1,297 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgproxy"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+	"github.com/idemkit/idem/postgres/internal/pgtest"
+	"github.com/idemkit/idem/server"
+	"github.com/idemkit/idem/server/storetest"
+)
+
+// TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation: the
+// liveness transaction stays open for the worker's life, so it must hold
+// no snapshot (backend_xmin NULL) or VACUUM keeps every dead row of the
+// database from the worker's start on. Two things held one: the extended
+// protocol's unnamed portal, which keeps its statement's snapshot until
+// the next statement (whatever the isolation), and a role or database
+// whose default_transaction_isolation is repeatable read or serializable
+// (set here for the pool's sessions, as ALTER ROLE ... SET would), which
+// keeps the transaction's first snapshot until it ends.
+func TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			schema := pgtest.Schema(t)
+			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+			require.NoError(t, err)
+			cfg.MaxConns = 3
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			j := openOn(t, pool, schema)
+			unregister, err := j.Register(ctx, "worker")
+			require.NoError(t, err)
+			defer unregister()
+			waitLivenessHeld(t, schema, "worker")
+			var pid int32
+			require.NoError(t, pgtest.Pool(t).QueryRow(ctx, livenessLocks(schema, "l.pid"), pgschema.Ident(schema)+".owners", "worker").Scan(&pid))
+			// Other sessions' writes go on meanwhile, as a fleet's do.
+			createRecords(t, j, 3)
+			var xmin *string
+			var state string
+			require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+				`SELECT backend_xmin::text, state FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&xmin, &state))
+			assert.Equal(t, "idle in transaction", state)
+			assert.Nil(t, xmin, "the liveness transaction holds a snapshot: VACUUM is held back for as long as the worker lives")
+		})
+	}
+}
+
+// TestClaimsRaceWhateverTheDefaultIsolation: workers that claim at once
+// take different operations and never fail for it (FOR UPDATE SKIP LOCKED
+// at read committed). A role or database whose default isolation is
+// repeatable read or serializable must not turn the race into errors
+// ("could not serialize access"): the journal's transactions set their
+// own level.
+func TestClaimsRaceWhateverTheDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			schema := pgtest.Schema(t)
+			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+			require.NoError(t, err)
+			cfg.MaxConns = 4
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			j := openOn(t, pool, schema, postgres.WithoutLiveness())
+			const n = 60
+			createRecords(t, j, n)
+			var mu sync.Mutex
+			claimed := map[string]bool{}
+			var errs []error
+			var wg sync.WaitGroup
+			for w := range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						recs, err := j.Claim(ctx, idem.ClaimRequest{Owner: fmt.Sprintf("w%d", w), Limit: 2, Lease: time.Hour})
+						mu.Lock()
+						if err != nil {
+							errs = append(errs, err)
+						}
+						for _, r := range recs {
+							assert.False(t, claimed[r.Key], "claimed twice: %s", r.Key)
+							claimed[r.Key] = true
+						}
+						done := len(claimed) == n || len(errs) > 20
+						mu.Unlock()
+						if done {
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			assert.Empty(t, errs)
+			assert.Len(t, claimed, n)
+		})
+	}
+}
+
+// TestStoreWhateverTheDefaultIsolation: the store's conformance suite on
+// sessions whose default isolation is repeatable read or serializable, as
+// a role or database setting makes it.
+func TestStoreWhateverTheDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"repeatable read", "serializable"} {
+		t.Run(level, func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+			require.NoError(t, err)
+			cfg.MaxConns = 4
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close) // after the suite's parallel tests
+			storetest.Run(t, func(t *testing.T) server.Store { return openStoreIn(t, pool, pgtest.Schema(t)) })
+		})
+	}
+}
+
+// TestGraceDoesNotCountTheDatabasesDowntime: worker-a's liveness session
+// is cut and worker-b finds its lock free, which starts worker-a's grace;
+// at once the database crashes, and stays down longer than the grace.
+// When it is back, worker-a, alive all along, has been without its lock
+// for a few milliseconds while the database was up: worker-b, judging
+// before worker-a has reconnected, must not take worker-a's operation.
+// The database's downtime is nobody's absence: no worker could hold a
+// lock then.
+func TestGraceDoesNotCountTheDatabasesDowntime(t *testing.T) {
+	t.Parallel()
+	db := pgtest.StartServer(t)
+	proxy, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", db.Port()))
+	require.NoError(t, err)
+	defer proxy.Close()
+	viaProxy := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", proxy.Addr())
+	const grace = 2 * time.Second
+	ja, err := postgres.OpenJournal(ctx, checkedPool(t, viaProxy))
+	require.NoError(t, err)
+	defer ja.Close()
+	jb, err := postgres.OpenJournal(ctx, checkedPool(t, db.DSN()), postgres.LivenessGrace(grace))
+	require.NoError(t, err)
+	defer jb.Close()
+	observer := checkedPool(t, db.DSN())
+	keys := createRecords(t, jb, 1)
+	unregister, err := ja.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer unregister()
+	_, err = ja.Acquire(ctx, keys[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+
+	// worker-a's session is cut, and it cannot reconnect for now.
+	proxy.Refuse(time.Hour)
+	proxy.CutAll()
+	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "within the grace")
+	var marked bool
+	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(ja.Schema())+`.owners WHERE name = 'worker-a'`).Scan(&marked))
+	require.True(t, marked, "worker-b found worker-a's lock free")
+
+	// The database crashes at once, and is down for longer than the grace.
+	db.Crash()
+	time.Sleep(grace + time.Second)
+	db.Start()
+
+	// worker-b judges before worker-a has its session back.
+	got, err = claimAfterRestart(t, jb)
+	require.NoError(t, err)
+	assert.Empty(t, got, "worker-a was without its lock for milliseconds while the database was up, and is taken for dead")
+	proxy.Refuse(0)
+	waitUntil(t, "worker-a to hold its lock again", func() bool { return ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
+}
+
+// claimAfterRestart claims for worker-b once its pool reaches the
+// restarted database (a statement on a connection the restart ended
+// fails once).
+func claimAfterRestart(t *testing.T, j *postgres.Journal) ([]idem.Record, error) {
+	t.Helper()
+	var got []idem.Record
+	var err error
+	for range 5 {
+		got, err = j.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+		if err == nil {
+			break
+		}
+	}
+	return got, err
+}
+
+// TestGraceDoesNotCountAFailoversDowntime is
+// TestGraceDoesNotCountTheDatabasesDowntime across a fail-over: the mark
+// that worker-b made on the primary reached the synchronous standby,
+// which is promoted longer than the grace after the primary crashed.
+func TestGraceDoesNotCountAFailoversDowntime(t *testing.T) {
+	t.Parallel()
+	primary, standby, dsn := failoverPair(t, true)
+	var proxies []*pgproxy.Proxy
+	hosts := ""
+	for _, s := range []*pgtest.Server{primary, standby} {
+		p, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", s.Port()))
+		require.NoError(t, err)
+		defer p.Close()
+		proxies = append(proxies, p)
+		if hosts != "" {
+			hosts += ","
+		}
+		hosts += p.Addr().String()
+	}
+	viaProxy := "postgres://postgres@" + hosts + "/postgres?sslmode=disable&target_session_attrs=read-write"
+	const grace = 2 * time.Second
+	ja, err := postgres.OpenJournal(ctx, checkedPool(t, viaProxy))
+	require.NoError(t, err)
+	defer ja.Close()
+	jb, err := postgres.OpenJournal(ctx, checkedPool(t, dsn), postgres.LivenessGrace(grace))
+	require.NoError(t, err)
+	defer jb.Close()
+	observer := checkedPool(t, dsn)
+	keys := createRecords(t, jb, 1)
+	unregister, err := ja.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer unregister()
+	_, err = ja.Acquire(ctx, keys[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+
+	for _, p := range proxies {
+		p.Refuse(time.Hour)
+		p.CutAll()
+	}
+	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "within the grace")
+
+	primary.Crash()
+	time.Sleep(grace + time.Second)
+	standby.Promote()
+
+	got, err = claimAfterRestart(t, jb)
+	require.NoError(t, err)
+	assert.Empty(t, got, "worker-a was without its lock for milliseconds while a primary was up, and is taken for dead")
+	for _, p := range proxies {
+		p.Refuse(0)
+	}
+	waitUntil(t, "worker-a to hold its lock again", func() bool { return ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
+}
+
+// TestLiveWorkerWhoseLivenessConnectionGoesSilentKeepsItsOperation: the
+// liveness session idles for the worker's life, the connection most
+// exposed to a NAT or firewall that forgets idle connections and then
+// drops their packets silently. The server's TCP keepalive gives up on
+// such a session and ends it, freeing the lock, while the worker's side
+// hears nothing: no error, no end, for as long as its own keepalive
+// takes (pgx's: 5 minutes idle, then probes). The worker must notice
+// within the grace and take its lock again, or it is taken for dead.
+func TestLiveWorkerWhoseLivenessConnectionGoesSilentKeepsItsOperation(t *testing.T) {
+	t.Parallel()
+	proxy, poolA := proxiedPool(t)
+	schema := pgtest.Schema(t)
+	ja := openOn(t, poolA, schema)
+	const grace = 5 * time.Second // worker-a's own is the default, 2 s
+	jb := openOn(t, pgtest.Pool(t), schema, postgres.LivenessGrace(grace))
+	keys := createRecords(t, jb, 1)
+	unregister, err := ja.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	defer unregister()
+	_, err = ja.Acquire(ctx, keys[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+
+	pids := livenessPIDs(t, schema, "worker-a")
+	require.Len(t, pids, 1)
+	require.True(t, proxy.Blackhole(uint32(pids[0])))
+	waitUntil(t, "the server to end worker-a's liveness session", func() bool { return !livenessHeld(t, schema, "worker-a") })
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "within the grace")
+	time.Sleep(grace)
+	got, err = jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	assert.Empty(t, got, "worker-a, alive, did not notice its silent liveness connection within the grace, and is taken for dead")
+	assert.True(t, livenessHeld(t, schema, "worker-a"), "worker-a holds its lock again")
+}

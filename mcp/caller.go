@@ -185,6 +185,11 @@ type sessionTransport struct {
 
 	mu sync.Mutex
 	cs *mcp.ClientSession
+	// closing counts the dropped sessions being closed: go-sdk's Close
+	// waits for the calls still pending on the session, which may run
+	// as long as their tools, so it runs beside the next calls, and
+	// close waits for it.
+	closing sync.WaitGroup
 }
 
 func (t *sessionTransport) session(ctx context.Context) (*mcp.ClientSession, error) {
@@ -201,24 +206,34 @@ func (t *sessionTransport) session(ctx context.Context) (*mcp.ClientSession, err
 	return cs, nil
 }
 
-// broken drops cs, so that the next call opens a new session.
+// broken drops cs, so that the next call opens a new session at once,
+// and closes it without holding up the calls that follow.
 func (t *sessionTransport) broken(cs *mcp.ClientSession) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.cs == cs {
-		_ = cs.Close()
+	dropped := t.cs == cs
+	if dropped {
 		t.cs = nil
+		t.closing.Add(1)
+	}
+	t.mu.Unlock()
+	if dropped {
+		go func() {
+			defer t.closing.Done()
+			_ = cs.Close()
+		}()
 	}
 }
 
 func (t *sessionTransport) close() error {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.cs == nil {
-		return nil
-	}
-	err := t.cs.Close()
+	cs := t.cs
 	t.cs = nil
+	t.mu.Unlock()
+	var err error
+	if cs != nil {
+		err = cs.Close()
+	}
+	t.closing.Wait()
 	return err
 }
 

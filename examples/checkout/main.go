@@ -66,12 +66,9 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	journalPath := filepath.Join(tmp, "ops.db")
-	if *journalFlag != "" {
-		journalPath = *journalFlag
-		if _, err := os.Stat(journalPath); err == nil {
-			return fmt.Errorf("journal %s already exists: the demo starts from an empty journal; name a new file", journalPath)
-		}
+	journalPath, err := demo.JournalPath(tmp, "ops.db", *journalFlag)
+	if err != nil {
+		return err
 	}
 
 	shop, err := demo.StartShop(tmp)

@@ -72,14 +72,15 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	journalPath := filepath.Join(tmp, "ops.db")
-	if *journalFlag != "" {
-		if journalPath, err = filepath.Abs(*journalFlag); err != nil {
+	flagPath := *journalFlag
+	if flagPath != "" {
+		if flagPath, err = filepath.Abs(flagPath); err != nil {
 			return err
 		}
-		if _, err := os.Stat(journalPath); err == nil {
-			return fmt.Errorf("journal %s already exists: the demo starts from an empty journal; name a new file", journalPath)
-		}
+	}
+	journalPath, err := demo.JournalPath(tmp, "ops.db", flagPath)
+	if err != nil {
+		return err
 	}
 
 	shop, err := demo.StartShop(tmp)

@@ -205,10 +205,20 @@ func (j *Journal) Close() error {
 // refuses it.
 func (j *Journal) enterWrite(ctx context.Context) (func(), error) {
 	if j.readOnly {
-		return nil, fmt.Errorf("%s: %w: the journal was opened ReadOnly; open it without ReadOnly to write", j.where(), ErrReadOnly)
+		return nil, openedReadOnly{where: j.where()}
 	}
 	return j.enter(ctx)
 }
+
+// openedReadOnly is a ReadOnly journal's refusal of a write: it matches
+// ErrReadOnly, whose own message speaks of the database instead.
+type openedReadOnly struct{ where string }
+
+func (e openedReadOnly) Error() string {
+	return e.where + ": the journal was opened ReadOnly and refuses writes: open it without ReadOnly to write"
+}
+
+func (e openedReadOnly) Is(target error) bool { return target == ErrReadOnly }
 
 // reader is a pool or a transaction, for statements that only read.
 type reader interface {

@@ -151,7 +151,9 @@ func TestReadOnlyJournal(t *testing.T) {
 				"Register": func() error { _, err := j.Register(ctx, "w"); return err },
 			}
 			for name, write := range writes {
-				assert.ErrorIs(t, write(), postgres.ErrReadOnly, name)
+				err := write()
+				assert.ErrorIs(t, err, postgres.ErrReadOnly, name)
+				assert.ErrorContains(t, err, "opened ReadOnly", name)
 			}
 			after, err := w.History(ctx, rec.Key)
 			require.NoError(t, err)

@@ -31,7 +31,8 @@
 // apart, and WithoutMigration then refuses tables that are missing or
 // older (ErrNotMigrated). Another program's operations table is refused
 // (idem.ErrNotJournal), and so is a newer journal (idem.ErrSchemaTooNew),
-// changing nothing.
+// changing nothing. ReadOnly opens a journal to read it only (idem ls):
+// each read in a transaction begun READ ONLY, every write refused.
 //
 // Claims. Claim selects due operations FOR UPDATE SKIP LOCKED: workers
 // claiming at once take different operations and never wait for each

@@ -81,6 +81,7 @@ type Journal struct {
 	maxBatch int
 	onCommit func(idem.CommitInfo) // OnCommit's, or nil
 	liveness bool
+	readOnly bool          // ReadOnly: reads in READ ONLY transactions, writes refused
 	grace    time.Duration // LivenessGrace
 	clock    *dbClock      // the database server's: see the package documentation
 
@@ -140,24 +141,28 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 		if err := MigrateJournal(ctx, pool, cfg.schema); err != nil {
 			return nil, err
 		}
-	} else {
-		v, err := pgschema.Version(ctx, pool, cfg.schema, journalKind)
-		if err != nil {
-			return nil, err
-		}
-		if want := len(journalKind.Migrations); v != want {
-			return nil, notMigrated("journal", cfg.schema, v, want, "MigrateJournal")
-		}
 	}
 	var ownersOID uint32
-	if err := pool.QueryRow(ctx, `SELECT $1::regclass::oid`, pgschema.Ident(cfg.schema)+".owners").Scan(&ownersOID); err != nil {
-		return nil, classify(ctx, err)
-	}
 	clock := newDBClock()
-	if err := clock.refresh(ctx, pool); err != nil {
+	err := readOn(ctx, pool, cfg.readOnly, func(q reader) error {
+		if !cfg.migrate {
+			v, err := pgschema.Version(ctx, q, cfg.schema, journalKind)
+			if err != nil {
+				return err
+			}
+			if want := len(journalKind.Migrations); v != want {
+				return notMigrated("journal", cfg.schema, v, want, "MigrateJournal")
+			}
+		}
+		if err := q.QueryRow(ctx, `SELECT $1::regclass::oid`, pgschema.Ident(cfg.schema)+".owners").Scan(&ownersOID); err != nil {
+			return err
+		}
+		return clock.refresh(ctx, q)
+	})
+	if err != nil {
 		return nil, classify(ctx, err)
 	}
-	j := &Journal{ownersOID: ownersOID, pool: pool, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
+	j := &Journal{ownersOID: ownersOID, pool: pool, readOnly: cfg.readOnly, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
 		liveness: cfg.liveness, grace: cfg.grace, onCommit: cfg.onCommit, clock: clock, q: newQueries(cfg.schema),
 		mine: map[string]*registration{}, copies: map[string]rowCopy{}}
 	return j, nil
@@ -194,6 +199,50 @@ func (j *Journal) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// enterWrite is enter for a method that writes: a ReadOnly journal
+// refuses it.
+func (j *Journal) enterWrite(ctx context.Context) (func(), error) {
+	if j.readOnly {
+		return nil, openedReadOnly{where: j.where()}
+	}
+	return j.enter(ctx)
+}
+
+// openedReadOnly is a ReadOnly journal's refusal of a write: it matches
+// ErrReadOnly, whose own message speaks of the database instead.
+type openedReadOnly struct{ where string }
+
+func (e openedReadOnly) Error() string {
+	return e.where + ": the journal was opened ReadOnly and refuses writes: open it without ReadOnly to write"
+}
+
+func (e openedReadOnly) Is(target error) bool { return target == ErrReadOnly }
+
+// reader is a pool or a transaction, for statements that only read.
+type reader interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// readOnlyTx is how a ReadOnly journal begins the transaction of each
+// read: READ ONLY, so that the server refuses a write; at read committed,
+// whatever the session's default (see beginTx).
+var readOnlyTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadOnly}
+
+// read runs fn, which reads, on the pool; on a ReadOnly journal, in a
+// transaction begun READ ONLY. fn consumes the rows it queries.
+func (j *Journal) read(ctx context.Context, fn func(q reader) error) error {
+	return readOn(ctx, j.pool, j.readOnly, fn)
+}
+
+// readOn is read on pool, before the journal exists.
+func readOn(ctx context.Context, pool *pgxpool.Pool, readOnly bool, fn func(q reader) error) error {
+	if !readOnly {
+		return fn(pool)
+	}
+	return pgx.BeginTxFunc(ctx, pool, readOnlyTx, func(tx pgx.Tx) error { return fn(tx) })
 }
 
 func (j *Journal) enter(ctx context.Context) (func(), error) {
@@ -291,7 +340,11 @@ func (j *Journal) readOne(ctx context.Context, what, query string, args ...any) 
 	}
 	defer done()
 	off := j.off()
-	_, rec, err := scanRecord(j.pool.QueryRow(ctx, query, args...))
+	var rec idem.Record
+	err = j.read(ctx, func(q reader) (err error) {
+		_, rec, err = scanRecord(q.QueryRow(ctx, query, args...))
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, journal.NotFound(what)
 	}
@@ -305,7 +358,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 	if err := journal.CheckClaimRequest(req); err != nil {
 		return nil, err
 	}
-	done, err := j.enter(ctx)
+	done, err := j.enterWrite(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -405,7 +458,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 // committed without waiting for the WAL's flush (a lost renewal only lets
 // a lease lapse sooner).
 func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease time.Duration) (int, error) {
-	done, err := j.enter(ctx)
+	done, err := j.enterWrite(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -472,7 +525,7 @@ func (j *Journal) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // Sync implements idem.Journal: a commit with synchronous_commit on flushes
 // the WAL up to it, and with it every commit made before without waiting.
 func (j *Journal) Sync(ctx context.Context) error {
-	done, err := j.enter(ctx)
+	done, err := j.enterWrite(ctx)
 	if err != nil {
 		return err
 	}
@@ -547,7 +600,9 @@ func (j *Journal) rowID(ctx context.Context, key string) (int64, error) {
 	}
 	defer done()
 	var id int64
-	err = j.pool.QueryRow(ctx, `SELECT id FROM `+j.q.operations+` WHERE key = $1`, key).Scan(&id)
+	err = j.read(ctx, func(q reader) error {
+		return q.QueryRow(ctx, `SELECT id FROM `+j.q.operations+` WHERE key = $1`, key).Scan(&id)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, journal.CursorNotFound(key)
 	}
@@ -565,23 +620,30 @@ func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, a
 	if !f.CreatedBefore.IsZero() {
 		created = wire.Millis(f.CreatedBefore.Add(off))
 	}
-	rows, err := j.pool.Query(ctx, `SELECT `+recordColumns+` FROM `+j.q.operations+`
-		WHERE id > $1 AND ($2 = '' OR scope = $2) AND (cardinality($3::smallint[]) = 0 OR state = ANY($3))
-		AND ($4::bigint = 0 OR created_at < $4) ORDER BY id LIMIT `+fmt.Sprint(listPage), after, f.Scope, states, created)
+	var page []idem.Record
+	var id int64
+	err = j.read(ctx, func(q reader) error {
+		page, id = nil, 0
+		rows, err := q.Query(ctx, `SELECT `+recordColumns+` FROM `+j.q.operations+`
+			WHERE id > $1 AND ($2 = '' OR scope = $2) AND (cardinality($3::smallint[]) = 0 OR state = ANY($3))
+			AND ($4::bigint = 0 OR created_at < $4) ORDER BY id LIMIT `+fmt.Sprint(listPage), after, f.Scope, states, created)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var rec idem.Record
+			if id, rec, err = scanRecord(rows); err != nil {
+				return err
+			}
+			page = append(page, shiftRecord(rec, -off))
+		}
+		return rows.Err()
+	})
 	if err != nil {
 		return nil, 0, j.fail(ctx, "listing operations", err)
 	}
-	defer rows.Close()
-	var page []idem.Record
-	var id int64
-	for rows.Next() {
-		var rec idem.Record
-		if id, rec, err = scanRecord(rows); err != nil {
-			return nil, 0, err
-		}
-		page = append(page, shiftRecord(rec, -off))
-	}
-	return page, id, j.fail(ctx, "listing operations", rows.Err())
+	return page, id, nil
 }
 
 // Count implements idem.Journal.
@@ -591,24 +653,31 @@ func (j *Journal) Count(ctx context.Context) ([]idem.Count, error) {
 		return nil, err
 	}
 	defer done()
-	rows, err := j.pool.Query(ctx, `SELECT scope, state, count(*), min(created_at) FROM `+j.q.operations+`
-		GROUP BY scope, state ORDER BY scope, state`)
+	var out []idem.Count
+	err = j.read(ctx, func(q reader) error {
+		out = nil
+		rows, err := q.Query(ctx, `SELECT scope, state, count(*), min(created_at) FROM `+j.q.operations+`
+			GROUP BY scope, state ORDER BY scope, state`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c idem.Count
+			var state int16
+			var n, oldest int64
+			if err := rows.Scan(&c.Scope, &state, &n, &oldest); err != nil {
+				return err
+			}
+			c.State, c.N, c.Oldest = idem.State(state), int(n), wire.FromMillis(oldest).Add(-j.off())
+			out = append(out, c)
+		}
+		return rows.Err()
+	})
 	if err != nil {
 		return nil, j.fail(ctx, "counting operations", err)
 	}
-	defer rows.Close()
-	var out []idem.Count
-	for rows.Next() {
-		var c idem.Count
-		var state int16
-		var n, oldest int64
-		if err := rows.Scan(&c.Scope, &state, &n, &oldest); err != nil {
-			return nil, err
-		}
-		c.State, c.N, c.Oldest = idem.State(state), int(n), wire.FromMillis(oldest).Add(-j.off())
-		out = append(out, c)
-	}
-	return out, j.fail(ctx, "counting operations", rows.Err())
+	return out, nil
 }
 
 // History implements idem.Journal.
@@ -618,43 +687,50 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		return nil, err
 	}
 	defer done()
-	var id int64
-	if err := j.pool.QueryRow(ctx, `SELECT id FROM `+j.q.operations+` WHERE key = $1`, key).Scan(&id); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, journal.NotFound("key " + key)
+	var out []idem.Event
+	err = j.read(ctx, func(q reader) error {
+		out = nil
+		var id int64
+		if err := q.QueryRow(ctx, `SELECT id FROM `+j.q.operations+` WHERE key = $1`, key).Scan(&id); err != nil {
+			return err
 		}
-		return nil, j.fail(ctx, "the history of operation "+key, err)
+		rows, err := q.Query(ctx, `SELECT version, at, kind, detail, from_state, to_state, attempt, status, error, owner
+			FROM `+j.q.table("events")+` WHERE op = $1 ORDER BY version`, id)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var ev idem.Event
+			var at int64
+			var kind int16
+			var from *int16
+			var to int16
+			var attempt int32
+			var status *int32
+			var detail, msg, owner *string
+			if err := rows.Scan(&ev.Version, &at, &kind, &detail, &from, &to, &attempt, &status, &msg, &owner); err != nil {
+				return err
+			}
+			ev.At, ev.Kind, ev.To, ev.Attempt = wire.FromMillis(at).Add(-j.off()), idem.EventKind(kind), idem.State(to), int(attempt)
+			if from != nil {
+				ev.From = idem.State(*from)
+			}
+			if status != nil {
+				ev.StatusCode = int(*status)
+			}
+			ev.Detail, ev.Error, ev.Owner = deref(detail), deref(msg), deref(owner)
+			out = append(out, ev)
+		}
+		return rows.Err()
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, journal.NotFound("key " + key)
 	}
-	rows, err := j.pool.Query(ctx, `SELECT version, at, kind, detail, from_state, to_state, attempt, status, error, owner
-		FROM `+j.q.table("events")+` WHERE op = $1 ORDER BY version`, id)
 	if err != nil {
 		return nil, j.fail(ctx, "the history of operation "+key, err)
 	}
-	defer rows.Close()
-	var out []idem.Event
-	for rows.Next() {
-		var ev idem.Event
-		var at int64
-		var kind int16
-		var from *int16
-		var to int16
-		var attempt int32
-		var status *int32
-		var detail, msg, owner *string
-		if err := rows.Scan(&ev.Version, &at, &kind, &detail, &from, &to, &attempt, &status, &msg, &owner); err != nil {
-			return nil, err
-		}
-		ev.At, ev.Kind, ev.To, ev.Attempt = wire.FromMillis(at).Add(-j.off()), idem.EventKind(kind), idem.State(to), int(attempt)
-		if from != nil {
-			ev.From = idem.State(*from)
-		}
-		if status != nil {
-			ev.StatusCode = int(*status)
-		}
-		ev.Detail, ev.Error, ev.Owner = deref(detail), deref(msg), deref(owner)
-		out = append(out, ev)
-	}
-	return out, j.fail(ctx, "the history of operation "+key, rows.Err())
+	return out, nil
 }
 
 // pruneChunk is how many records Prune deletes per transaction.
@@ -666,7 +742,7 @@ const pruneChunk = 500
 // transaction the delete of its operation had waited for, which a single
 // statement's snapshot would not.
 func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
-	done, err := j.enter(ctx)
+	done, err := j.enterWrite(ctx)
 	if err != nil {
 		return 0, err
 	}

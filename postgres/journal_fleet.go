@@ -20,32 +20,37 @@ type Owner struct {
 
 // Owners returns the workers an operator of the fleet needs to see: those
 // alive, and those gone whose leases active operations still carry,
-// oldest registration first. It only reads (a read-only session may call
-// it) and takes no lock; under WithoutLiveness no worker is known alive.
+// oldest registration first. It only reads (a ReadOnly journal, or a
+// read-only session, may call it) and takes no lock; under
+// WithoutLiveness no worker is known alive.
 func (j *Journal) Owners(ctx context.Context) ([]Owner, error) {
 	done, err := j.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	rows, err := j.pool.Query(ctx, `SELECT o.name, o.registered_at, $2::bool AND EXISTS (SELECT 1 FROM pg_locks l
-			WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			AND l.classid = $1::bigint::oid AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted) AS alive
-		FROM `+j.q.table("owners")+` o
-		WHERE o.name IN (SELECT lease_owner FROM `+j.q.table("operations")+` WHERE state IN (1, 2, 3) AND lease_owner IS NOT NULL)
-		OR EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'
-			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid = $1::bigint::oid
-			AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted)
-		ORDER BY o.registered_at, o.id`, int64(j.ownersOID), j.liveness)
-	if err != nil {
-		return nil, j.fail(ctx, "listing owners", err)
-	}
-	owners, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Owner, error) {
-		var o Owner
-		var at int64
-		err := row.Scan(&o.Name, &at, &o.Alive)
-		o.RegisteredAt = wire.FromMillis(at)
-		return o, err
+	var owners []Owner
+	err = j.read(ctx, func(q reader) error {
+		rows, err := q.Query(ctx, `SELECT o.name, o.registered_at, $2::bool AND EXISTS (SELECT 1 FROM pg_locks l
+				WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+				AND l.classid = $1::bigint::oid AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted) AS alive
+			FROM `+j.q.table("owners")+` o
+			WHERE o.name IN (SELECT lease_owner FROM `+j.q.table("operations")+` WHERE state IN (1, 2, 3) AND lease_owner IS NOT NULL)
+			OR EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'
+				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid = $1::bigint::oid
+				AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted)
+			ORDER BY o.registered_at, o.id`, int64(j.ownersOID), j.liveness)
+		if err != nil {
+			return err
+		}
+		owners, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Owner, error) {
+			var o Owner
+			var at int64
+			err := row.Scan(&o.Name, &at, &o.Alive)
+			o.RegisteredAt = wire.FromMillis(at)
+			return o, err
+		})
+		return err
 	})
 	return owners, j.fail(ctx, "listing owners", err)
 }

@@ -135,7 +135,7 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	if err := checkOwnerName(owner); err != nil {
 		return nil, err
 	}
-	done, err := j.enter(ctx)
+	done, err := j.enterWrite(ctx)
 	if err != nil {
 		return nil, err
 	}

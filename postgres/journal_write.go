@@ -72,7 +72,7 @@ const batchTimeout = 30 * time.Second
 // goroutine then commits them at once, on a connection of its own, while
 // the first batch runs (see secondBatch).
 func (j *Journal) write(ctx context.Context, w *writeReq) error {
-	done, err := j.enter(ctx)
+	done, err := j.enterWrite(ctx)
 	if err != nil {
 		return err
 	}

@@ -29,8 +29,9 @@ var ErrReadOnly = pgschema.ErrReadOnly
 type Option func(*options)
 
 type options struct {
-	schema  string
-	migrate bool
+	schema   string
+	migrate  bool
+	readOnly bool
 
 	// The journal's.
 	maxBody  int
@@ -78,6 +79,23 @@ func Schema(name string) Option { return func(o *options) { o.schema = name } }
 // them: for teams that migrate separately, with MigrateJournal and
 // MigrateStore.
 func WithoutMigration() Option { return func(o *options) { o.migrate = false } }
+
+// ReadOnly opens the journal for reading only, as an operator's tool does
+// (idem ls, idem ui): it is not migrated (as WithoutMigration), each of
+// its reads runs in a transaction begun READ ONLY, so that the server
+// refuses any write a statement of it would make, and its methods that
+// write fail with ErrReadOnly without reaching the database. A
+// transaction's access mode holds behind a pooler in transaction mode,
+// where a session's default_transaction_read_only does not: PgBouncer
+// refuses it as a startup parameter, and a SET of it would stay with
+// whichever server session ran it, for the pooler's other clients.
+// Journal only.
+func ReadOnly() Option {
+	return func(o *options) {
+		o.readOnly, o.migrate = true, false
+		o.journalOnly = append(o.journalOnly, "ReadOnly")
+	}
+}
 
 // MaxBodySize sets the largest request body the journal accepts. Defaults
 // to idem.DefaultMaxBodySize (1 MiB). Journal only.

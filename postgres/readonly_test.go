@@ -3,13 +3,16 @@ package postgres_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
@@ -77,4 +80,98 @@ func TestStoreWithoutMigrationOnAReadOnlyDatabaseIsRefused(t *testing.T) {
 	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
 	require.NoError(t, err, "a journal may be read through a read-only pool")
 	_ = j.Close()
+}
+
+// A ReadOnly journal reads what a journal reads, directly and behind a
+// transaction pooler (where a session's default_transaction_read_only
+// cannot be had: PgBouncer refuses it as a startup parameter), and
+// refuses every write with ErrReadOnly, changing nothing. It does not
+// migrate, and the server itself refuses a write that one of its reads
+// would make: here reading the operations table inserts a row, through a
+// view that calls a function that does.
+func TestReadOnlyJournal(t *testing.T) {
+	t.Parallel()
+	for name, pool := range map[string]func(t *testing.T) *pgxpool.Pool{
+		"direct": func(t *testing.T) *pgxpool.Pool { return pgtest.Pool(t) },
+		"pooler": func(t *testing.T) *pgxpool.Pool { return bouncerPool(t, pgtest.StartBouncer(t)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pool := pool(t)
+			schema := pgtest.Schema(t)
+			_, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.ReadOnly())
+			require.ErrorIs(t, err, postgres.ErrNotMigrated, "a ReadOnly journal does not migrate")
+
+			w := openOn(t, pgtest.Pool(t), schema)
+			rec, _, err := w.Create(ctx, newRecord("s"))
+			require.NoError(t, err)
+			j := openOn(t, pool, schema, postgres.ReadOnly())
+			got, err := j.Get(ctx, rec.Key)
+			require.NoError(t, err)
+			assert.Equal(t, rec.ID, got.ID)
+			_, err = j.Lookup(ctx, "s", rec.ID)
+			require.NoError(t, err)
+			n := 0
+			for _, err := range j.List(ctx, idem.Filter{}) {
+				require.NoError(t, err)
+				n++
+			}
+			assert.Equal(t, 1, n)
+			counts, err := j.Count(ctx)
+			require.NoError(t, err)
+			assert.Len(t, counts, 1)
+			hist, err := j.History(ctx, rec.Key)
+			require.NoError(t, err)
+			assert.Len(t, hist, 1)
+			_, err = j.History(ctx, "no-such-key")
+			assert.ErrorIs(t, err, idem.ErrNotFound)
+			_, err = j.Owners(ctx)
+			require.NoError(t, err)
+
+			writes := map[string]func() error{
+				"Create": func() error { _, _, err := j.Create(ctx, newRecord("s")); return err },
+				"Update": func() error {
+					r := got
+					r.State = idem.StateCanceled
+					_, err := j.Update(ctx, r, idem.Durable, idem.Event{Kind: idem.EventOperator})
+					return err
+				},
+				"Acquire": func() error { _, err := j.Acquire(ctx, rec.Key, "w", time.Minute); return err },
+				"Release": func() error { return j.Release(ctx, rec.Key, idem.Lease{Owner: "w"}) },
+				"Claim": func() error {
+					_, err := j.Claim(ctx, idem.ClaimRequest{Owner: "w", Lease: time.Minute, Limit: 1})
+					return err
+				},
+				"Renew": func() error {
+					_, err := j.Renew(ctx, map[string]idem.Lease{rec.Key: {Owner: "w"}}, time.Minute)
+					return err
+				},
+				"Sync":     func() error { return j.Sync(ctx) },
+				"Prune":    func() error { _, err := j.Prune(ctx, time.Now().Add(time.Hour)); return err },
+				"Register": func() error { _, err := j.Register(ctx, "w"); return err },
+			}
+			for name, write := range writes {
+				err := write()
+				assert.ErrorIs(t, err, postgres.ErrReadOnly, name)
+				assert.ErrorContains(t, err, "opened ReadOnly", name)
+			}
+			after, err := w.History(ctx, rec.Key)
+			require.NoError(t, err)
+			assert.Equal(t, hist, after, "nothing was written")
+
+			s := pgschema.Ident(schema)
+			_, err = pgtest.Pool(t).Exec(ctx, `ALTER TABLE `+s+`.operations RENAME TO operations_rows;
+				CREATE TABLE `+s+`.written (n int);
+				CREATE FUNCTION `+s+`.note_read() RETURNS boolean LANGUAGE sql VOLATILE AS 'INSERT INTO `+s+`.written VALUES (1); SELECT true';
+				CREATE VIEW `+s+`.operations AS SELECT * FROM `+s+`.operations_rows WHERE `+s+`.note_read()`)
+			require.NoError(t, err)
+			_, err = j.Get(ctx, rec.Key)
+			var pe *pgconn.PgError
+			require.ErrorAs(t, err, &pe)
+			assert.Equal(t, "25006", pe.Code, "read_only_sql_transaction: %v", err)
+			var written int
+			require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+s+`.written`).Scan(&written))
+			assert.Zero(t, written)
+		})
+	}
 }

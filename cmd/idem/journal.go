@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
@@ -120,9 +121,12 @@ const connectTimeout = 10 * time.Second
 
 // postgresPool opens a pool on the DSN, the password taken from the DSN,
 // $PGPASSWORD, the .pgpass file (as pgx reads them), or the environment
-// variable --password-env names; a reading command's sessions are
-// read-only, so that no statement of it can write. It checks that the
-// server answers.
+// variable --password-env names, and checks that the server answers. A
+// reading command's sessions are not made read-only: a transaction pooler
+// (PgBouncer in transaction mode, as a fleet has) refuses
+// default_transaction_read_only as a startup parameter, and would not keep
+// a session's setting from one transaction to the next. Its reads run in
+// transactions begun READ ONLY instead (postgres.ReadOnly, readOnly).
 func postgresPool(ctx context.Context, e *env, a access) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(e.journal)
 	if err != nil {
@@ -138,8 +142,12 @@ func postgresPool(ctx context.Context, e *env, a access) (*pgxpool.Pool, error) 
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
 	}
-	if a == reading {
-		cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	if u, err := url.Parse(e.journal); err == nil && !u.Query().Has("default_query_exec_mode") {
+		// pgx's default prepares each statement once per session, under
+		// a name: behind a transaction pooler (PgBouncer before 1.21) the
+		// next transaction's server session lacks it, or holds another
+		// run's. A command's few statements gain nothing from it.
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
 	cfg.MaxConns = 8
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -148,11 +156,43 @@ func postgresPool(ctx context.Context, e *env, a access) (*pgxpool.Pool, error) 
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		// pgx reports each address it tried on a line of its own.
-		why := strings.Join(strings.Fields(err.Error()), " ")
-		return nil, fmt.Errorf("PostgreSQL journal %s: cannot connect: %s; check the host, port, database, user and password", e.journalName(), why)
+		return nil, fmt.Errorf("PostgreSQL journal %s: %s", e.journalName(), connectError(err))
 	}
 	return pool, nil
+}
+
+// connectError says why a connection failed, and what to check: the
+// server's (or pooler's) refusal says what it refused, and the advice
+// follows it; without one, the server was not reached.
+func connectError(err error) string {
+	// pgx reports each address it tried on a line of its own.
+	why := strings.Join(strings.Fields(err.Error()), " ")
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return fmt.Sprintf("cannot connect: %s; check the host and port, and that the server runs", why)
+	}
+	advice := "check the database, user and password, and the settings in the URL"
+	switch {
+	case strings.Contains(pe.Message, "startup parameter"):
+		// PgBouncer's "unsupported startup parameter: NAME": a setting in
+		// the URL's query that pgx sends at connection.
+		advice = "remove that setting from the URL, or list it in the pooler's ignore_startup_parameters"
+	case pe.Code == "28P01" || pe.Code == "28000": // invalid_password, invalid_authorization_specification
+		advice = "check the user and password ($PGPASSWORD, ~/.pgpass, --password-env)"
+	case pe.Code == "3D000": // invalid_catalog_name
+		advice = "check the database named in the URL"
+	case pe.Code == "53300": // too_many_connections
+		advice = "the server has no connection to spare: try again later, or through the fleet's pooler"
+	}
+	return fmt.Sprintf("cannot connect: the server refused the connection: %s; %s", why, advice)
+}
+
+// readOnly runs fn in a transaction begun READ ONLY, so that the server
+// refuses any write of it, behind a transaction pooler too: for the
+// command's own statements, which read (the journal's own are
+// postgres.ReadOnly's).
+func readOnly(ctx context.Context, pool *pgxpool.Pool, fn func(tx pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, fn)
 }
 
 // openPostgres opens the journal in the schema --schema names (default
@@ -166,7 +206,11 @@ func openPostgres(ctx context.Context, e *env, a access) (*openJournal, error) {
 		pool.Close()
 		return nil, err
 	}
-	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(e.schema()), postgres.WithoutMigration())
+	opts := []postgres.Option{postgres.Schema(e.schema()), postgres.WithoutMigration()}
+	if a == reading {
+		opts = append(opts, postgres.ReadOnly())
+	}
+	j, err := postgres.OpenJournal(ctx, pool, opts...)
 	if errors.Is(err, postgres.ErrNotMigrated) {
 		pool.Close()
 		return nil, fmt.Errorf("PostgreSQL journal %s is older than this build's: run 'idem --journal %s --schema %s migrate' first",
@@ -185,7 +229,10 @@ func openPostgres(ctx context.Context, e *env, a access) (*openJournal, error) {
 func checkPostgresJournal(ctx context.Context, e *env, pool *pgxpool.Pool) error {
 	var exists bool
 	table := pgx.Identifier{e.schema(), "operations"}.Sanitize()
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
+	err := readOnly(ctx, pool, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists)
+	})
+	if err != nil {
 		return fmt.Errorf("PostgreSQL journal %s: %v", e.journalName(), err)
 	}
 	if !exists {

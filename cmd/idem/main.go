@@ -33,7 +33,9 @@
 //
 // The commands that only read (ls, show, stats, and ui without
 // --allow-writes) never write: an SQLite journal is opened read-only, a
-// PostgreSQL one in read-only sessions, and a journal of an older schema
+// PostgreSQL one with each statement in a transaction begun READ ONLY
+// (which holds behind a transaction pooler, where a read-only session
+// cannot be had), and a journal of an older schema
 // is refused with the command that migrates it (idem migrate) instead of
 // being migrated.
 //

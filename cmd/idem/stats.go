@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/operator"
 )
@@ -71,8 +73,10 @@ func journalStats(ctx context.Context, e *env, j *openJournal, counts []idem.Cou
 		return s, nil
 	}
 	s.Journal = e.journalName()
-	err = j.pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'`, j.pg.Schema()).Scan(&s.SizeBytes)
+	err = readOnly(ctx, j.pool, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+			JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'`, j.pg.Schema()).Scan(&s.SizeBytes)
+	})
 	return s, err
 }
 

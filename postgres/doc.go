@@ -114,8 +114,11 @@
 // received is lost: an intent with it (the operation is forgotten, and a
 // Do with the same ID journals a new intent, under a new key unless keys
 // are deterministic), and a key of the store (a retry with it runs the
-// handler again). The README's "When one machine is not enough" has the
-// whole account.
+// handler again). Either way no live worker is taken for dead: a worker
+// found without its liveness lock before the promotion is judged afresh
+// on the new primary, and has the whole LivenessGrace to take its lock
+// there, whatever the privileges of the journal's role. The README's
+// "When one machine is not enough" has the whole account.
 //
 // # The server store
 //

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -69,6 +70,13 @@ func startHolder(t *testing.T, schema, owner string, lease time.Duration, livene
 // environment (IDEM_TEST_POSTGRES: the database it reaches, say).
 func startHolderWith(t *testing.T, env []string, schema, owner string, lease time.Duration, liveness bool, keys ...string) func() {
 	t.Helper()
+	return startHolderOn(t, pgtest.Pool(t), env, schema, owner, lease, liveness, keys...)
+}
+
+// startHolderOn is startHolderWith for a child whose database is not the
+// tests' shared one: it reads the child's leases through observer.
+func startHolderOn(t *testing.T, observer *pgxpool.Pool, env []string, schema, owner string, lease time.Duration, liveness bool, keys ...string) func() {
+	t.Helper()
 	env = append(append(env, childJournalEnv(schema, liveness)...), holderOwner+"="+owner,
 		holderKeys+"="+strings.Join(keys, ","), holderLease+"="+lease.String())
 	p := startChild(t, "holder", owner, nil, env...)
@@ -76,7 +84,7 @@ func startHolderWith(t *testing.T, env []string, schema, owner string, lease tim
 	deadline := time.Now().Add(time.Minute)
 	for {
 		var held int
-		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgschema.Ident(schema)+
+		require.NoError(t, observer.QueryRow(ctx, `SELECT count(*) FROM `+pgschema.Ident(schema)+
 			`.operations WHERE lease_owner = $1`, owner).Scan(&held))
 		if held == len(keys) {
 			break

@@ -85,6 +85,13 @@ var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migration
 	// its registration.
 	`ALTER TABLE owners ADD COLUMN session bigint NOT NULL DEFAULT 0, ADD COLUMN lost_session bigint,
 		ADD COLUMN lost_at bigint, ADD COLUMN ended_at bigint;`,
+	// 5: the server's timeline when the mark was made (lost_timeline): a
+	// mark made before a promotion counts for nothing on the promoted
+	// standby, whose timeline is the next (see journal_owners.go). Marks
+	// of version 4 have none, and count for nothing: the grace of an
+	// owner found without its lock when the journal is migrated starts
+	// again at the next judgement.
+	`ALTER TABLE owners ADD COLUMN lost_timeline bigint;`,
 }}
 
 // recordColumns are the columns scanRecord reads, in its order.

@@ -260,6 +260,102 @@ func TestGraceDoesNotCountAFailoversDowntime(t *testing.T) {
 	waitUntil(t, "worker-a to hold its lock again", func() bool { return ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
 }
 
+// TestLiveWorkerIsNotTakenForDeadAcrossAFailoverWithoutStatsPrivilege is
+// TestGraceDoesNotCountAFailoversDowntime with the journals' role an
+// ordinary login role, without pg_read_all_stats: it reads no other
+// backend's row of pg_stat_activity, so it cannot see when the promoted
+// standby began to take connections as a primary, only when its
+// postmaster started, long before. worker-a, a process of its own holding
+// an operation, is cut off from both servers and worker-b finds its lock
+// free on the primary; the mark reaches the synchronous standby, which is
+// promoted longer than the grace after the primary crashed. worker-b,
+// judging on the new primary before worker-a has its lock back, must
+// leave worker-a's operation; then worker-a takes its lock on the new
+// primary. Once worker-a is SIGKILLed, its operation is taken, a grace
+// later.
+func TestLiveWorkerIsNotTakenForDeadAcrossAFailoverWithoutStatsPrivilege(t *testing.T) {
+	t.Parallel()
+	primary, standby, dsn := failoverPair(t, true)
+	const role, schema = "idem_worker", "idem"
+	admin := checkedPool(t, primary.DSN())
+	_, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN; GRANT CREATE ON DATABASE postgres TO `+role)
+	require.NoError(t, err)
+	admin.Close()
+	var proxies []*pgproxy.Proxy
+	hosts := ""
+	for _, s := range []*pgtest.Server{primary, standby} {
+		p, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", s.Port()))
+		require.NoError(t, err)
+		defer p.Close()
+		proxies = append(proxies, p)
+		if hosts != "" {
+			hosts += ","
+		}
+		hosts += p.Addr().String()
+	}
+	viaProxy := "postgres://" + role + "@" + hosts + "/postgres?sslmode=disable&target_session_attrs=read-write"
+	direct := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		role, primary.Port(), standby.Port())
+	const grace = 2 * time.Second
+	poolB := checkedPool(t, direct)
+	jb := openOn(t, poolB, schema, postgres.LivenessGrace(grace))
+	var privileged bool
+	require.NoError(t, poolB.QueryRow(ctx, `SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')`).Scan(&privileged))
+	require.False(t, privileged, "the journals' role reads every row of pg_stat_activity")
+	observer := checkedPool(t, dsn)
+	keys := createRecords(t, jb, 1)
+	kill := startHolderOn(t, observer, []string{"IDEM_TEST_POSTGRES=" + viaProxy}, schema, "worker-a", time.Hour, true, keys...)
+	session := func() (n int64) {
+		require.NoError(t, observer.QueryRow(ctx, `SELECT session FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&n))
+		return n
+	}
+	before := session()
+
+	for _, p := range proxies {
+		p.Refuse(time.Hour)
+		p.CutAll()
+	}
+	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, schema, "worker-a") })
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "within the grace")
+	var marked bool
+	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&marked))
+	require.True(t, marked, "worker-b found worker-a's lock free")
+
+	primary.Crash()
+	time.Sleep(grace + time.Second) // the fail-over takes longer than the grace
+	standby.Promote()
+
+	// worker-b judges on the new primary before worker-a has its lock back.
+	got, err = claimAfterRestart(t, jb)
+	require.NoError(t, err)
+	require.Empty(t, got, "worker-a was without its lock for milliseconds while the new primary was up, and is taken for dead")
+	for _, p := range proxies {
+		p.Refuse(0)
+	}
+	// Its lock, and the new session it took it in (written just after).
+	waitUntil(t, "worker-a to hold its lock on the new primary", func() bool {
+		return ownerLockHeld(t, observer, schema, "worker-a") && session() > before
+	})
+	got, err = jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "worker-a lives")
+
+	// Gone for good: its operation is taken once its lock has stayed free
+	// for the grace, whatever its lease had to run.
+	killed := time.Now()
+	kill()
+	got, at := claimUntil(t, jb, "worker-b", 1)
+	require.Len(t, got, 1)
+	assert.Equal(t, keys[0], got[0].Key)
+	assert.GreaterOrEqual(t, at.Sub(killed), grace, "taken before worker-a's lock had been free for the grace")
+	evs, err := jb.History(ctx, keys[0])
+	require.NoError(t, err)
+	assert.Equal(t, "taken over from worker-a: its owner is gone", evs[len(evs)-1].Detail)
+	t.Logf("the killed worker's operation was taken %v after SIGKILL (grace %v)", at.Sub(killed).Round(time.Millisecond), grace)
+}
+
 // TestLiveWorkerWhoseLivenessConnectionGoesSilentKeepsItsOperation: the
 // liveness session idles for the worker's life, the connection most
 // exposed to a NAT or firewall that forgets idle connections and then

@@ -128,6 +128,12 @@ type storeQueries struct {
 // timeline 15 bits.
 const storeTokenShift = 48
 
+// serverTimeline is the server's timeline, which every promotion
+// increments: the first eight hex digits of the name of the WAL file it
+// writes, which any role may read. It fails on a standby, where nothing
+// that reads it runs.
+const serverTimeline = `('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint`
+
 func newStoreQueries(schema string) storeQueries {
 	table := pgschema.Ident(schema) + ".store_entries"
 	// nextval takes the sequence's name as text: quote it as an identifier,
@@ -135,8 +141,7 @@ func newStoreQueries(schema string) storeQueries {
 	tokens := storeLiteral(pgschema.Ident(schema) + ".store_tokens")
 	// A token is the server's timeline above the sequence's value (see
 	// storeTokenShift).
-	token := `((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint << ` +
-		strconv.Itoa(storeTokenShift) + `) | nextval(` + tokens + `))`
+	token := `((` + serverTimeline + ` << ` + strconv.Itoa(storeTokenShift) + `) | nextval(` + tokens + `))`
 	// One completion, its row found by its primary key: a batch sends one
 	// per entry, in one transaction. A single UPDATE joined to unnest
 	// would leave the way to the rows to the planner, and the generic plan

@@ -3,8 +3,10 @@ package idem
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"iter"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -44,10 +46,100 @@ type MemoryJournal struct {
 type scopeID struct{ scope, id string }
 
 type memEntry struct {
-	seq     int64 // insertion order, for List
-	rec     Record
-	gen     uint64 // counts the writes of rec, for Update's compare-and-swap
-	history []Event
+	seq int64 // insertion order, for List
+	// rec is the record, but for its Response's Header, which respHeader
+	// holds (see packedHeader).
+	rec        Record
+	respHeader packedHeader
+	gen        uint64 // counts the writes of rec, for Update's compare-and-swap
+	history    []Event
+}
+
+// copyOf returns a copy of rec, e's record or one the rules made of it
+// (sharing its Response), whose response header is packed.
+func copyOf(rec Record, packed packedHeader) Record {
+	out := journal.CloneRecord(rec)
+	if out.Response != nil {
+		out.Response.Header = packed.header()
+	}
+	return out
+}
+
+// packedHeader is a stored response's header in one byte slice: the count
+// of names and of values, then each name and its values, each a length and
+// its bytes (a value count of 0 is a nil slice, n+1 otherwise). A journal
+// that keeps every record keeps every header: as a map, it is a few
+// objects with pointers (the map, its table, the values' array) that every
+// garbage collection marks; as bytes, one that none scans.
+type packedHeader []byte
+
+func packHeader(h http.Header) packedHeader {
+	if len(h) == 0 {
+		return nil
+	}
+	size, values := 4, 0
+	for k, vs := range h {
+		size += len(k) + 2 + len(vs)
+		for _, v := range vs {
+			size += len(v) + 1
+		}
+		values += len(vs)
+	}
+	p := make([]byte, 0, size)
+	p = binary.AppendUvarint(p, uint64(len(h)))
+	p = binary.AppendUvarint(p, uint64(values))
+	for k, vs := range h {
+		p = binary.AppendUvarint(p, uint64(len(k)))
+		p = append(p, k...)
+		if vs == nil {
+			p = append(p, 0)
+			continue
+		}
+		p = binary.AppendUvarint(p, uint64(len(vs))+1)
+		for _, v := range vs {
+			p = binary.AppendUvarint(p, uint64(len(v)))
+			p = append(p, v...)
+		}
+	}
+	return p
+}
+
+// header returns a new http.Header with p's names and values: three
+// allocations (the map, the values' array, one string they all share).
+func (p packedHeader) header() http.Header {
+	if len(p) == 0 {
+		return nil
+	}
+	s := string(p)
+	i := 0
+	next := func() int {
+		v, n := binary.Uvarint(p[i:])
+		i += n
+		return int(v)
+	}
+	str := func() string {
+		n := next()
+		i += n
+		return s[i-n : i]
+	}
+	names, values := next(), next()
+	h := make(http.Header, names)
+	vals := make([]string, values)
+	for range names {
+		k := str()
+		n := next()
+		if n == 0 {
+			h[k] = nil
+			continue
+		}
+		vs := vals[: n-1 : n-1]
+		vals = vals[n-1:]
+		for j := range vs {
+			vs[j] = str()
+		}
+		h[k] = vs
+	}
+	return h
 }
 
 // set stores rec as e's record.
@@ -118,12 +210,12 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 		return Record{}, false, err
 	}
 	if e, ok := m.byOp[scopeID{rec.Scope, rec.ID}]; ok {
-		existing := e.rec
+		existing, packed := e.rec, e.respHeader
 		m.mu.Unlock()
 		if existing.Fingerprint != rec.Fingerprint {
-			return journal.CloneRecord(existing), false, journal.FingerprintMismatch(existing)
+			return copyOf(existing, packed), false, journal.FingerprintMismatch(existing)
 		}
-		return journal.CloneRecord(existing), false, nil
+		return copyOf(existing, packed), false, nil
 	}
 	if _, ok := m.byKey[out.Key]; ok {
 		m.mu.Unlock()
@@ -150,14 +242,15 @@ func (m *MemoryJournal) Get(ctx context.Context, key string) (Record, error) {
 	}
 	e, ok := m.byKey[key]
 	var rec Record
+	var packed packedHeader
 	if ok {
-		rec = e.rec
+		rec, packed = e.rec, e.respHeader
 	}
 	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound("key " + key)
 	}
-	return journal.CloneRecord(rec), nil
+	return copyOf(rec, packed), nil
 }
 
 // Lookup implements Journal.
@@ -167,14 +260,15 @@ func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 	}
 	e, ok := m.byOp[scopeID{scope, id}]
 	var rec Record
+	var packed packedHeader
 	if ok {
-		rec = e.rec
+		rec, packed = e.rec, e.respHeader
 	}
 	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound(scope + "/" + id)
 	}
-	return journal.CloneRecord(rec), nil
+	return copyOf(rec, packed), nil
 }
 
 // Update implements Journal. Durability is ignored: nothing is durable here.
@@ -183,7 +277,11 @@ func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, wh
 	if err != nil {
 		return Record{}, err
 	}
-	return journal.CloneRecord(out), nil
+	out = journal.CloneRecord(out)
+	if out.Response != nil {
+		out.Response.Header = cloneHeaderOf(rec.Response)
+	}
+	return out, nil
 }
 
 // updateShared is the client's Update (see createRecord): the record it
@@ -202,11 +300,29 @@ func (m *MemoryJournal) updateShared(ctx context.Context, rec Record, d Durabili
 	return out, nil
 }
 
+// cloneHeaderOf returns a copy of r's header.
+func cloneHeaderOf(r *Response) http.Header {
+	if r == nil || len(r.Header) == 0 {
+		return nil
+	}
+	return r.Header.Clone()
+}
+
 // update stores rec's write and returns the stored record, which the
-// caller must copy before handing it on.
+// caller must copy before handing it on, and whose Response, if any, has
+// no Header: rec's is the one stored (packed).
 func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
 	if err := journal.CheckDurability(d); err != nil {
 		return Record{}, err
+	}
+	// The rules copy the rest of the response; its header is packed here,
+	// not copied into a map.
+	var packed packedHeader
+	if rec.Response != nil && rec.Response.Header != nil {
+		packed = packHeader(rec.Response.Header)
+		resp := *rec.Response
+		resp.Header = nil
+		rec.Response = &resp
 	}
 	for {
 		if err := m.lock(ctx); err != nil {
@@ -223,6 +339,7 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 			out, ev, err := journal.ApplyUpdate(e.rec, rec, m.now(), why, m.ownerGone)
 			if err == nil {
 				e.set(out)
+				e.respHeader = packed
 				e.history = append(e.history, ev)
 			}
 			m.mu.Unlock()
@@ -246,6 +363,7 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 			continue // written (or pruned) meanwhile: judge the write again
 		}
 		e.set(out)
+		e.respHeader = packed
 		e.history = append(e.history, ev)
 		m.mu.Unlock()
 		return out, nil
@@ -280,7 +398,7 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 		}
 		e.set(rec)
 		e.history = append(e.history, ev)
-		out = append(out, journal.CloneRecord(rec))
+		out = append(out, copyOf(rec, e.respHeader))
 	}
 	return out, nil
 }
@@ -297,11 +415,11 @@ func (m *MemoryJournal) Acquire(ctx context.Context, key, owner string, lease ti
 	}
 	rec, ev, err := journal.ApplyClaim(e.rec, owner, lease, m.now(), m.ownerGone)
 	if err != nil {
-		return journal.CloneRecord(e.rec), err
+		return copyOf(e.rec, e.respHeader), err
 	}
 	e.set(rec)
 	e.history = append(e.history, ev)
-	return journal.CloneRecord(rec), nil
+	return copyOf(rec, e.respHeader), nil
 }
 
 // Renew implements Journal.
@@ -404,7 +522,7 @@ func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 		slices.SortFunc(match, func(a, b *memEntry) int { return cmp.Compare(a.seq, b.seq) })
 		recs := make([]Record, len(match))
 		for i, e := range match {
-			recs[i] = journal.CloneRecord(e.rec)
+			recs[i] = copyOf(e.rec, e.respHeader)
 		}
 		m.mu.Unlock()
 		for _, r := range recs {

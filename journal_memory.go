@@ -47,25 +47,30 @@ type scopeID struct{ scope, id string }
 
 type memEntry struct {
 	seq int64 // insertion order, for List
-	// rec is the record, but for its Response's Header, which respHeader
-	// holds (see packedHeader).
+	// rec is the record, but for its request's Header and its Response's,
+	// which header and respHeader hold (see packedHeader).
 	rec        Record
+	header     packedHeader
 	respHeader packedHeader
 	gen        uint64 // counts the writes of rec, for Update's compare-and-swap
 	history    []Event
 }
 
 // copyOf returns a copy of rec, e's record or one the rules made of it
-// (sharing its Response), whose response header is packed.
-func copyOf(rec Record, packed packedHeader) Record {
+// (sharing its request and Response), whose headers are packed.
+func copyOf(rec Record, header, resp packedHeader) Record {
 	out := journal.CloneRecord(rec)
+	out.Header = header.header()
 	if out.Response != nil {
-		out.Response.Header = packed.header()
+		out.Response.Header = resp.header()
 	}
 	return out
 }
 
-// packedHeader is a stored response's header in one byte slice: the count
+// copy returns a copy of e's record. The caller holds m.mu.
+func (e *memEntry) copy() Record { return copyOf(e.rec, e.header, e.respHeader) }
+
+// packedHeader is a stored request's or response's header in one byte slice: the count
 // of names and of values, then each name and its values, each a length and
 // its bytes (a value count of 0 is a nil slice, n+1 otherwise). A journal
 // that keeps every record keeps every header: as a map, it is a few
@@ -210,12 +215,12 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 		return Record{}, false, err
 	}
 	if e, ok := m.byOp[scopeID{rec.Scope, rec.ID}]; ok {
-		existing, packed := e.rec, e.respHeader
+		existing := e.copy()
 		m.mu.Unlock()
 		if existing.Fingerprint != rec.Fingerprint {
-			return copyOf(existing, packed), false, journal.FingerprintMismatch(existing)
+			return existing, false, journal.FingerprintMismatch(existing)
 		}
-		return copyOf(existing, packed), false, nil
+		return existing, false, nil
 	}
 	if _, ok := m.byKey[out.Key]; ok {
 		m.mu.Unlock()
@@ -225,7 +230,9 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 	// Room for the outcome's event: a call that goes right writes two.
 	history := make([]Event, 1, 2)
 	history[0] = ev
-	e := &memEntry{seq: m.seq, rec: out, history: history}
+	stored := out
+	stored.Header = nil
+	e := &memEntry{seq: m.seq, rec: stored, header: packHeader(out.Header), history: history}
 	m.byKey[out.Key] = e
 	m.byOp[scopeID{out.Scope, out.ID}] = e
 	m.mu.Unlock()
@@ -242,15 +249,15 @@ func (m *MemoryJournal) Get(ctx context.Context, key string) (Record, error) {
 	}
 	e, ok := m.byKey[key]
 	var rec Record
-	var packed packedHeader
+	var header, resp packedHeader
 	if ok {
-		rec, packed = e.rec, e.respHeader
+		rec, header, resp = e.rec, e.header, e.respHeader
 	}
 	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound("key " + key)
 	}
-	return copyOf(rec, packed), nil
+	return copyOf(rec, header, resp), nil
 }
 
 // Lookup implements Journal.
@@ -260,24 +267,25 @@ func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 	}
 	e, ok := m.byOp[scopeID{scope, id}]
 	var rec Record
-	var packed packedHeader
+	var header, resp packedHeader
 	if ok {
-		rec, packed = e.rec, e.respHeader
+		rec, header, resp = e.rec, e.header, e.respHeader
 	}
 	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound(scope + "/" + id)
 	}
-	return copyOf(rec, packed), nil
+	return copyOf(rec, header, resp), nil
 }
 
 // Update implements Journal. Durability is ignored: nothing is durable here.
 func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
-	out, err := m.update(ctx, rec, d, why)
+	out, header, err := m.update(ctx, rec, d, why)
 	if err != nil {
 		return Record{}, err
 	}
 	out = journal.CloneRecord(out)
+	out.Header = header.header()
 	if out.Response != nil {
 		out.Response.Header = cloneHeaderOf(rec.Response)
 	}
@@ -288,10 +296,13 @@ func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, wh
 // returns shares its request with the stored one, and its Response is
 // rec's own (the stored one is a copy of it).
 func (m *MemoryJournal) updateShared(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
-	out, err := m.update(ctx, rec, d, why)
+	out, _, err := m.update(ctx, rec, d, why)
 	if err != nil {
 		return Record{}, err
 	}
+	// The request is the client's record's, as stored: its header is the
+	// one the client has.
+	out.Header = rec.Header
 	if out.Response != nil && rec.Response != nil {
 		resp := *out.Response
 		resp.Header, resp.Body = rec.Response.Header, rec.Response.Body
@@ -310,10 +321,11 @@ func cloneHeaderOf(r *Response) http.Header {
 
 // update stores rec's write and returns the stored record, which the
 // caller must copy before handing it on, and whose Response, if any, has
-// no Header: rec's is the one stored (packed).
-func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
+// no Header: rec's is the one stored (packed); nor has its request, whose
+// Header update returns packed.
+func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, why Event) (Record, packedHeader, error) {
 	if err := journal.CheckDurability(d); err != nil {
-		return Record{}, err
+		return Record{}, nil, err
 	}
 	// The rules copy the rest of the response; its header is packed here,
 	// not copied into a map.
@@ -326,12 +338,12 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 	}
 	for {
 		if err := m.lock(ctx); err != nil {
-			return Record{}, err
+			return Record{}, nil, err
 		}
 		e, ok := m.byKey[rec.Key]
 		if !ok {
 			m.mu.Unlock()
-			return Record{}, journal.NotFound("key " + rec.Key)
+			return Record{}, nil, journal.NotFound("key " + rec.Key)
 		}
 		if rec.Lease.Owner == "" {
 			// An unleased write's rules ask whether the lease's owner
@@ -344,19 +356,19 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 			}
 			m.mu.Unlock()
 			if err != nil {
-				return Record{}, err
+				return Record{}, nil, err
 			}
-			return out, nil
+			return out, e.header, nil
 		}
 		stored, gen := e.rec, e.gen
 		m.mu.Unlock()
 		// A leased write's rules need nothing but the stored record.
 		out, ev, err := journal.ApplyUpdate(stored, rec, m.now(), why, nil)
 		if err != nil {
-			return Record{}, err
+			return Record{}, nil, err
 		}
 		if err := m.lock(ctx); err != nil {
-			return Record{}, err
+			return Record{}, nil, err
 		}
 		if m.byKey[rec.Key] != e || e.gen != gen {
 			m.mu.Unlock()
@@ -365,8 +377,9 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 		e.set(out)
 		e.respHeader = packed
 		e.history = append(e.history, ev)
+		header := e.header
 		m.mu.Unlock()
-		return out, nil
+		return out, header, nil
 	}
 }
 
@@ -398,7 +411,7 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 		}
 		e.set(rec)
 		e.history = append(e.history, ev)
-		out = append(out, copyOf(rec, e.respHeader))
+		out = append(out, copyOf(rec, e.header, e.respHeader))
 	}
 	return out, nil
 }
@@ -415,11 +428,11 @@ func (m *MemoryJournal) Acquire(ctx context.Context, key, owner string, lease ti
 	}
 	rec, ev, err := journal.ApplyClaim(e.rec, owner, lease, m.now(), m.ownerGone)
 	if err != nil {
-		return copyOf(e.rec, e.respHeader), err
+		return e.copy(), err
 	}
 	e.set(rec)
 	e.history = append(e.history, ev)
-	return copyOf(rec, e.respHeader), nil
+	return copyOf(rec, e.header, e.respHeader), nil
 }
 
 // Renew implements Journal.
@@ -522,7 +535,7 @@ func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 		slices.SortFunc(match, func(a, b *memEntry) int { return cmp.Compare(a.seq, b.seq) })
 		recs := make([]Record, len(match))
 		for i, e := range match {
-			recs[i] = copyOf(e.rec, e.respHeader)
+			recs[i] = e.copy()
 		}
 		m.mu.Unlock()
 		for _, r := range recs {

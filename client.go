@@ -219,15 +219,12 @@ type Client struct {
 	unregister func() error // ends the owner's registration with the journal
 	observed   bool         // Config.Hooks follow calls
 
-	// callCtx is canceled when calls in progress must stop (Close, or the
-	// end of Shutdown's context); bgCtx stops the lease renewer, last.
-	callCtx    context.Context
-	cancelCall context.CancelFunc
-	bgCtx      context.Context
-	cancelBG   context.CancelFunc
-	calls      sync.WaitGroup // calls in progress
-	bg         sync.WaitGroup // the lease renewer and the background resumer
-	closing    chan struct{}  // closed when Close or Shutdown begins
+	// bgCtx stops the lease renewer, last.
+	bgCtx    context.Context
+	cancelBG context.CancelFunc
+	calls    sync.WaitGroup // calls in progress
+	bg       sync.WaitGroup // the lease renewer and the background resumer
+	closing  chan struct{}  // closed when Close or Shutdown begins
 
 	mu       sync.Mutex
 	closed   bool
@@ -238,6 +235,13 @@ type Client struct {
 	// leased to it: the call ended on a journal error (a write whose answer
 	// was lost). See adopt.
 	left map[string]struct{}
+	// cancels are the calls in progress, by the number enter gave them:
+	// interrupt cancels them when they must stop (Close, or the end of
+	// Shutdown's context). A map under mu, which enter takes anyway, costs
+	// a call less than tying its context to one of the client's
+	// (context.AfterFunc: two allocations, and a lock every call shares).
+	cancels  map[uint64]context.CancelFunc
+	lastCall uint64
 }
 
 // New checks cfg and returns a client. It starts one goroutine, which
@@ -246,7 +250,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Journal == nil {
 		return nil, fmt.Errorf("%w: Config.Journal is nil; open one with idem.OpenSQLite", ErrInvalidConfig)
 	}
-	c := &Client{cfg: cfg, journal: cfg.Journal, flights: map[scopeID]*flight{}, held: map[string]Lease{}, left: map[string]struct{}{},
+	c := &Client{cfg: cfg, journal: cfg.Journal, flights: map[scopeID]*flight{}, held: map[string]Lease{}, left: map[string]struct{}{}, cancels: map[uint64]context.CancelFunc{},
 		closing: make(chan struct{}), shutdown: make(chan struct{}), observed: cfg.Hooks.observed()}
 	if cfg.BaseURL != "" {
 		u, err := url.Parse(cfg.BaseURL)
@@ -344,7 +348,6 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("idem: registering this client with the journal: %w", err)
 	}
 	c.unregister = unregister
-	c.callCtx, c.cancelCall = context.WithCancel(context.Background())
 	c.bgCtx, c.cancelBG = context.WithCancel(context.Background())
 	c.bg.Add(1)
 	go c.renewLeases()
@@ -582,10 +585,9 @@ func (c *Client) Shutdown(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		err = ctx.Err()
-		c.cancelCall()
+		c.interrupt()
 		<-done
 	}
-	c.cancelCall()
 	c.cancelBG()
 	c.bg.Wait()
 	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -601,17 +603,45 @@ func (c *Client) Shutdown(ctx context.Context) error {
 }
 
 // enter registers a call in progress and ties ctx to the client's life:
-// Close cancels it and waits for the call to return.
-func (c *Client) enter(ctx context.Context) (context.Context, func(), error) {
+// Close cancels it and waits for the call to return (exit).
+func (c *Client) enter(ctx context.Context) (context.Context, callExit, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, nil, ErrClientClosed
+		return nil, callExit{}, ErrClientClosed
 	}
 	c.calls.Add(1)
 	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(c.callCtx, cancel)
-	return ctx, func() { stop(); cancel(); c.calls.Done() }, nil
+	c.lastCall++
+	c.cancels[c.lastCall] = cancel
+	return ctx, callExit{c, c.lastCall, cancel}, nil
+}
+
+// callExit ends a call enter registered: a value, not a closure, so that
+// it costs no allocation.
+type callExit struct {
+	c      *Client
+	id     uint64
+	cancel context.CancelFunc
+}
+
+func (e callExit) done() {
+	e.c.mu.Lock()
+	delete(e.c.cancels, e.id)
+	e.c.mu.Unlock()
+	e.cancel()
+	e.c.calls.Done()
+}
+
+// interrupt cancels the calls in progress. Close and Shutdown call it once
+// no call may start (closed).
+func (c *Client) interrupt() {
+	c.mu.Lock()
+	cancels := slices.Collect(maps.Values(c.cancels))
+	c.mu.Unlock()
+	for _, cancel := range cancels {
+		cancel()
+	}
 }
 
 // hold records that this client drives the operation key under lease l, so
@@ -809,11 +839,11 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, done, err := c.enter(ctx)
+	ctx, exit, err := c.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer exit.done()
 	key, err := c.mintKey(p.scope, p.id)
 	if err != nil {
 		return nil, err
@@ -847,11 +877,11 @@ func (c *Client) createFailed(existing Record, err error) error {
 // Lookup returns what the journal holds for (scope, id); an empty scope
 // means Config.Scope. It returns ErrNotFound when nothing is journaled.
 func (c *Client) Lookup(ctx context.Context, scope, id string) (Record, error) {
-	ctx, done, err := c.enter(ctx)
+	ctx, exit, err := c.enter(ctx)
 	if err != nil {
 		return Record{}, err
 	}
-	defer done()
+	defer exit.done()
 	if scope == "" {
 		scope = c.cfg.Scope
 	}
@@ -897,11 +927,11 @@ func (c *Client) Cancel(ctx context.Context, key string) error {
 // settle applies an operator's change with a durable compare-and-swap,
 // re-reading on a concurrent change.
 func (c *Client) settle(ctx context.Context, key string, change func(*Record) error, detail string) error {
-	ctx, done, err := c.enter(ctx)
+	ctx, exit, err := c.enter(ctx)
 	if err != nil {
 		return err
 	}
-	defer done()
+	defer exit.done()
 	for {
 		rec, err := c.journal.Get(ctx, key)
 		if err != nil {
@@ -985,11 +1015,11 @@ func (c *Client) endFlight(op scopeID, f *flight) {
 // drives another request (fingerprint) or was refused one, runs fn itself
 // once the leader is done: the journal then answers it.
 func (c *Client) run(ctx context.Context, scope, id, fingerprint string, fn func(context.Context) (*Result, error)) (*Result, error) {
-	ctx, done, err := c.enter(ctx)
+	ctx, exit, err := c.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer exit.done()
 	op := scopeID{scope, id}
 	for {
 		f, leader := c.startFlight(op, fingerprint)

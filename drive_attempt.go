@@ -36,8 +36,11 @@ type round struct {
 	d   *driver
 	ctx context.Context
 	cur atomic.Pointer[attempt]
-	// rc sends the round's attempts: a field, not an allocation of its own.
-	rc retryablehttp.Client
+	// rc sends the round's attempts, trace counts their writes and op is
+	// their requests' context: fields, not allocations of their own.
+	rc    retryablehttp.Client
+	trace httptrace.ClientTrace
+	op    opCtx
 
 	// last is the last attempt that finished.
 	last *attempt
@@ -107,18 +110,21 @@ func (rd *round) run(req *retryablehttp.Request) (*attempt, error) {
 // that records whether (and how often) the request was written.
 func (rd *round) request() (*retryablehttp.Request, error) {
 	d := rd.d
-	trace := &httptrace.ClientTrace{WroteHeaders: func() {
-		if a := rd.cur.Load(); a != nil {
-			a.wrote()
-		}
-	}}
-	ctx := d.operationContext(httptrace.WithClientTrace(rd.ctx, trace), false)
+	rd.trace.WroteHeaders = rd.wroteHeaders
+	ctx := d.withOperation(&rd.op, httptrace.WithClientTrace(rd.ctx, &rd.trace), false)
 	req, err := retryablehttp.NewRequestWithContext(ctx, d.rec.Method, d.rec.URL, d.rec.Body)
 	if err != nil {
 		return nil, fmt.Errorf("idem: building the journaled request: %w", err)
 	}
 	d.setHeaders(req.Header)
 	return req, nil
+}
+
+// wroteHeaders is the trace's WroteHeaders: the current attempt's.
+func (rd *round) wroteHeaders() {
+	if a := rd.cur.Load(); a != nil {
+		a.wrote()
+	}
 }
 
 // setHeaders sets the journaled headers and the key, in the record's form.
@@ -315,15 +321,42 @@ func OperationFrom(ctx context.Context) (OperationInfo, bool) {
 	return info, ok
 }
 
-// operationContext is the context of a request of the operation: it says
-// which for Authorize, and carries the slot for the request Authorize
-// prepared before the attempt was journaled (see preauthorize).
-func (d *driver) operationContext(ctx context.Context, statusCheck bool) context.Context {
+// withOperation makes oc the context of a request of the operation, on
+// parent: it says which for Authorize, and carries the slot for the request
+// Authorize prepared before the attempt was journaled (see preauthorize).
+// It returns oc.
+func (d *driver) withOperation(oc *opCtx, parent context.Context, statusCheck bool) context.Context {
+	*oc = opCtx{Context: parent, info: OperationInfo{Key: d.rec.Key, Scope: d.rec.Scope, ID: d.rec.ID, StatusCheck: statusCheck}}
 	if d.c.cfg.Authorize != nil {
 		// Without Authorize, nothing is prepared: no slot, no cost.
-		ctx = context.WithValue(ctx, preauthKey{}, &preauth{})
+		oc.slot = &preauth{}
 	}
-	return context.WithValue(ctx, operationKey{}, OperationInfo{Key: d.rec.Key, Scope: d.rec.Scope, ID: d.rec.ID, StatusCheck: statusCheck})
+	return oc
+}
+
+// opCtx carries a request's operation (OperationFrom) and, with Authorize,
+// its preauth slot: both values in one context, which a round keeps in
+// itself, rather than a context.WithValue each and the operation boxed.
+// Everything else is the parent's: a context derived from it (the
+// transport's, AttemptTimeout's) is canceled with the parent's, as the
+// context package does for its own (it finds the parent's cancelCtx
+// through Value).
+type opCtx struct {
+	context.Context
+	info OperationInfo
+	slot *preauth
+}
+
+func (c *opCtx) Value(key any) any {
+	switch key.(type) {
+	case operationKey:
+		return c.info
+	case preauthKey:
+		if c.slot != nil {
+			return c.slot
+		}
+	}
+	return c.Context.Value(key)
 }
 
 // preauth holds what Config.Authorize made of an attempt's request, run

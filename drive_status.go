@@ -182,7 +182,7 @@ func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 	replay := req.Context().Value(replayKey{}) != nil
 	a := &attempt{}
 	trace := &httptrace.ClientTrace{WroteHeaders: a.wrote}
-	ctx := d.operationContext(httptrace.WithClientTrace(req.Context(), trace), !replay)
+	ctx := d.withOperation(&opCtx{}, httptrace.WithClientTrace(req.Context(), trace), !replay)
 	req = req.WithContext(ctx)
 	d.form.set(req.Header, d.rec.Key)
 	if replay {

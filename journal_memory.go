@@ -3,8 +3,10 @@ package idem
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"iter"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -44,10 +46,105 @@ type MemoryJournal struct {
 type scopeID struct{ scope, id string }
 
 type memEntry struct {
-	seq     int64 // insertion order, for List
-	rec     Record
-	gen     uint64 // counts the writes of rec, for Update's compare-and-swap
-	history []Event
+	seq int64 // insertion order, for List
+	// rec is the record, but for its request's Header and its Response's,
+	// which header and respHeader hold (see packedHeader).
+	rec        Record
+	header     packedHeader
+	respHeader packedHeader
+	gen        uint64 // counts the writes of rec, for Update's compare-and-swap
+	history    []Event
+}
+
+// copyOf returns a copy of rec, e's record or one the rules made of it
+// (sharing its request and Response), whose headers are packed.
+func copyOf(rec Record, header, resp packedHeader) Record {
+	out := journal.CloneRecord(rec)
+	out.Header = header.header()
+	if out.Response != nil {
+		out.Response.Header = resp.header()
+	}
+	return out
+}
+
+// copy returns a copy of e's record. The caller holds m.mu.
+func (e *memEntry) copy() Record { return copyOf(e.rec, e.header, e.respHeader) }
+
+// packedHeader is a stored request's or response's header in one byte slice: the count
+// of names and of values, then each name and its values, each a length and
+// its bytes (a value count of 0 is a nil slice, n+1 otherwise). A journal
+// that keeps every record keeps every header: as a map, it is a few
+// objects with pointers (the map, its table, the values' array) that every
+// garbage collection marks; as bytes, one that none scans.
+type packedHeader []byte
+
+func packHeader(h http.Header) packedHeader {
+	if len(h) == 0 {
+		return nil
+	}
+	size, values := 4, 0
+	for k, vs := range h {
+		size += len(k) + 2 + len(vs)
+		for _, v := range vs {
+			size += len(v) + 1
+		}
+		values += len(vs)
+	}
+	p := make([]byte, 0, size)
+	p = binary.AppendUvarint(p, uint64(len(h)))
+	p = binary.AppendUvarint(p, uint64(values))
+	for k, vs := range h {
+		p = binary.AppendUvarint(p, uint64(len(k)))
+		p = append(p, k...)
+		if vs == nil {
+			p = append(p, 0)
+			continue
+		}
+		p = binary.AppendUvarint(p, uint64(len(vs))+1)
+		for _, v := range vs {
+			p = binary.AppendUvarint(p, uint64(len(v)))
+			p = append(p, v...)
+		}
+	}
+	return p
+}
+
+// header returns a new http.Header with p's names and values: three
+// allocations (the map, the values' array, one string they all share).
+func (p packedHeader) header() http.Header {
+	if len(p) == 0 {
+		return nil
+	}
+	s := string(p)
+	i := 0
+	next := func() int {
+		v, n := binary.Uvarint(p[i:])
+		i += n
+		return int(v)
+	}
+	str := func() string {
+		n := next()
+		i += n
+		return s[i-n : i]
+	}
+	names, values := next(), next()
+	h := make(http.Header, names)
+	vals := make([]string, values)
+	for range names {
+		k := str()
+		n := next()
+		if n == 0 {
+			h[k] = nil
+			continue
+		}
+		vs := vals[: n-1 : n-1]
+		vals = vals[n-1:]
+		for j := range vs {
+			vs[j] = str()
+		}
+		h[k] = vs
+	}
+	return h
 }
 
 // set stores rec as e's record.
@@ -118,12 +215,12 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 		return Record{}, false, err
 	}
 	if e, ok := m.byOp[scopeID{rec.Scope, rec.ID}]; ok {
-		existing := e.rec
+		existing := e.copy()
 		m.mu.Unlock()
 		if existing.Fingerprint != rec.Fingerprint {
-			return journal.CloneRecord(existing), false, journal.FingerprintMismatch(existing)
+			return existing, false, journal.FingerprintMismatch(existing)
 		}
-		return journal.CloneRecord(existing), false, nil
+		return existing, false, nil
 	}
 	if _, ok := m.byKey[out.Key]; ok {
 		m.mu.Unlock()
@@ -133,7 +230,9 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 	// Room for the outcome's event: a call that goes right writes two.
 	history := make([]Event, 1, 2)
 	history[0] = ev
-	e := &memEntry{seq: m.seq, rec: out, history: history}
+	stored := out
+	stored.Header = nil
+	e := &memEntry{seq: m.seq, rec: stored, header: packHeader(out.Header), history: history}
 	m.byKey[out.Key] = e
 	m.byOp[scopeID{out.Scope, out.ID}] = e
 	m.mu.Unlock()
@@ -150,14 +249,15 @@ func (m *MemoryJournal) Get(ctx context.Context, key string) (Record, error) {
 	}
 	e, ok := m.byKey[key]
 	var rec Record
+	var header, resp packedHeader
 	if ok {
-		rec = e.rec
+		rec, header, resp = e.rec, e.header, e.respHeader
 	}
 	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound("key " + key)
 	}
-	return journal.CloneRecord(rec), nil
+	return copyOf(rec, header, resp), nil
 }
 
 // Lookup implements Journal.
@@ -167,33 +267,42 @@ func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 	}
 	e, ok := m.byOp[scopeID{scope, id}]
 	var rec Record
+	var header, resp packedHeader
 	if ok {
-		rec = e.rec
+		rec, header, resp = e.rec, e.header, e.respHeader
 	}
 	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound(scope + "/" + id)
 	}
-	return journal.CloneRecord(rec), nil
+	return copyOf(rec, header, resp), nil
 }
 
 // Update implements Journal. Durability is ignored: nothing is durable here.
 func (m *MemoryJournal) Update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
-	out, err := m.update(ctx, rec, d, why)
+	out, header, err := m.update(ctx, rec, d, why)
 	if err != nil {
 		return Record{}, err
 	}
-	return journal.CloneRecord(out), nil
+	out = journal.CloneRecord(out)
+	out.Header = header.header()
+	if out.Response != nil {
+		out.Response.Header = cloneHeaderOf(rec.Response)
+	}
+	return out, nil
 }
 
 // updateShared is the client's Update (see createRecord): the record it
 // returns shares its request with the stored one, and its Response is
 // rec's own (the stored one is a copy of it).
 func (m *MemoryJournal) updateShared(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
-	out, err := m.update(ctx, rec, d, why)
+	out, _, err := m.update(ctx, rec, d, why)
 	if err != nil {
 		return Record{}, err
 	}
+	// The request is the client's record's, as stored: its header is the
+	// one the client has.
+	out.Header = rec.Header
 	if out.Response != nil && rec.Response != nil {
 		resp := *out.Response
 		resp.Header, resp.Body = rec.Response.Header, rec.Response.Body
@@ -202,20 +311,39 @@ func (m *MemoryJournal) updateShared(ctx context.Context, rec Record, d Durabili
 	return out, nil
 }
 
+// cloneHeaderOf returns a copy of r's header.
+func cloneHeaderOf(r *Response) http.Header {
+	if r == nil || len(r.Header) == 0 {
+		return nil
+	}
+	return r.Header.Clone()
+}
+
 // update stores rec's write and returns the stored record, which the
-// caller must copy before handing it on.
-func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, why Event) (Record, error) {
+// caller must copy before handing it on, and whose Response, if any, has
+// no Header: rec's is the one stored (packed); nor has its request, whose
+// Header update returns packed.
+func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, why Event) (Record, packedHeader, error) {
 	if err := journal.CheckDurability(d); err != nil {
-		return Record{}, err
+		return Record{}, nil, err
+	}
+	// The rules copy the rest of the response; its header is packed here,
+	// not copied into a map.
+	var packed packedHeader
+	if rec.Response != nil && rec.Response.Header != nil {
+		packed = packHeader(rec.Response.Header)
+		resp := *rec.Response
+		resp.Header = nil
+		rec.Response = &resp
 	}
 	for {
 		if err := m.lock(ctx); err != nil {
-			return Record{}, err
+			return Record{}, nil, err
 		}
 		e, ok := m.byKey[rec.Key]
 		if !ok {
 			m.mu.Unlock()
-			return Record{}, journal.NotFound("key " + rec.Key)
+			return Record{}, nil, journal.NotFound("key " + rec.Key)
 		}
 		if rec.Lease.Owner == "" {
 			// An unleased write's rules ask whether the lease's owner
@@ -223,32 +351,35 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 			out, ev, err := journal.ApplyUpdate(e.rec, rec, m.now(), why, m.ownerGone)
 			if err == nil {
 				e.set(out)
+				e.respHeader = packed
 				e.history = append(e.history, ev)
 			}
 			m.mu.Unlock()
 			if err != nil {
-				return Record{}, err
+				return Record{}, nil, err
 			}
-			return out, nil
+			return out, e.header, nil
 		}
 		stored, gen := e.rec, e.gen
 		m.mu.Unlock()
 		// A leased write's rules need nothing but the stored record.
 		out, ev, err := journal.ApplyUpdate(stored, rec, m.now(), why, nil)
 		if err != nil {
-			return Record{}, err
+			return Record{}, nil, err
 		}
 		if err := m.lock(ctx); err != nil {
-			return Record{}, err
+			return Record{}, nil, err
 		}
 		if m.byKey[rec.Key] != e || e.gen != gen {
 			m.mu.Unlock()
 			continue // written (or pruned) meanwhile: judge the write again
 		}
 		e.set(out)
+		e.respHeader = packed
 		e.history = append(e.history, ev)
+		header := e.header
 		m.mu.Unlock()
-		return out, nil
+		return out, header, nil
 	}
 }
 
@@ -280,7 +411,7 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 		}
 		e.set(rec)
 		e.history = append(e.history, ev)
-		out = append(out, journal.CloneRecord(rec))
+		out = append(out, copyOf(rec, e.header, e.respHeader))
 	}
 	return out, nil
 }
@@ -297,11 +428,11 @@ func (m *MemoryJournal) Acquire(ctx context.Context, key, owner string, lease ti
 	}
 	rec, ev, err := journal.ApplyClaim(e.rec, owner, lease, m.now(), m.ownerGone)
 	if err != nil {
-		return journal.CloneRecord(e.rec), err
+		return e.copy(), err
 	}
 	e.set(rec)
 	e.history = append(e.history, ev)
-	return journal.CloneRecord(rec), nil
+	return copyOf(rec, e.header, e.respHeader), nil
 }
 
 // Renew implements Journal.
@@ -404,7 +535,7 @@ func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 		slices.SortFunc(match, func(a, b *memEntry) int { return cmp.Compare(a.seq, b.seq) })
 		recs := make([]Record, len(match))
 		for i, e := range match {
-			recs[i] = journal.CloneRecord(e.rec)
+			recs[i] = e.copy()
 		}
 		m.mu.Unlock()
 		for _, r := range recs {

@@ -150,11 +150,11 @@ func ResumeWait() ResumeOption {
 // error is ctx's, or a journal error. Progress goes to
 // Config.OnResumeProgress after each operation and to the logger.
 func (c *Client) Resume(ctx context.Context, opts ...ResumeOption) (ResumeReport, error) {
-	ctx, done, err := c.enter(ctx)
+	ctx, exit, err := c.enter(ctx)
 	if err != nil {
 		return ResumeReport{}, err
 	}
-	defer done()
+	defer exit.done()
 	o := resumeOptions{scopes: c.cfg.ResumeScopes}
 	for _, opt := range opts {
 		opt(&o)

@@ -141,9 +141,20 @@ func TestStoreWhateverTheDefaultIsolation(t *testing.T) {
 // for a few milliseconds while the database was up: worker-b, judging
 // before worker-a has reconnected, must not take worker-a's operation.
 // The database's downtime is nobody's absence: no worker could hold a
-// lock then.
+// lock then. The database stops either at once, as a crash would (its
+// recovery empties the journal's unlogged server_up), or cleanly, which
+// keeps server_up as it was and moves the postmaster's start.
 func TestGraceDoesNotCountTheDatabasesDowntime(t *testing.T) {
 	t.Parallel()
+	for _, clean := range []bool{false, true} {
+		t.Run(map[bool]string{false: "crash", true: "clean stop"}[clean], func(t *testing.T) {
+			t.Parallel()
+			graceDoesNotCountTheDatabasesDowntime(t, clean)
+		})
+	}
+}
+
+func graceDoesNotCountTheDatabasesDowntime(t *testing.T, clean bool) {
 	db := pgtest.StartServer(t)
 	proxy, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", db.Port()))
 	require.NoError(t, err)
@@ -175,8 +186,12 @@ func TestGraceDoesNotCountTheDatabasesDowntime(t *testing.T) {
 	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(ja.Schema())+`.owners WHERE name = 'worker-a'`).Scan(&marked))
 	require.True(t, marked, "worker-b found worker-a's lock free")
 
-	// The database crashes at once, and is down for longer than the grace.
-	db.Crash()
+	// The database stops at once, and is down for longer than the grace.
+	if clean {
+		db.Stop()
+	} else {
+		db.Crash()
+	}
 	time.Sleep(grace + time.Second)
 	db.Start()
 

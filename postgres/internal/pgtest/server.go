@@ -97,6 +97,14 @@ func (s *Server) Crash() {
 	s.run(filepath.Join(s.bindir, "pg_ctl"), "stop", "-m", "immediate", "-w", "-D", s.data)
 }
 
+// Stop shuts the server down cleanly (pg_ctl stop -m fast): the backends
+// are ended, a shutdown checkpoint written, and the next start recovers
+// nothing.
+func (s *Server) Stop() {
+	s.t.Helper()
+	s.run(filepath.Join(s.bindir, "pg_ctl"), "stop", "-m", "fast", "-w", "-D", s.data)
+}
+
 // Restart crashes the server and starts it again.
 func (s *Server) Restart() {
 	s.t.Helper()

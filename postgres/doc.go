@@ -61,6 +61,10 @@
 // default, on the database's clock); Claim and
 // Acquire then take its leases, before they lapse. Every judgement is made
 // afresh: an owner found gone once and holding its lock again is alive.
+// The grace counts no time the database was down: it counts from when the
+// journal found the server up again at the earliest, after a restart or a
+// crash (one backend's included, after which PostgreSQL reinitialises
+// without a restart), whatever the privileges of the journal's role.
 // While a worker has no liveness session it keeps driving what it holds
 // under its leases, fenced by their epochs, and nobody takes those before
 // the leases lapse unless the worker stays without a session for the

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -290,4 +291,60 @@ func TestLivenessIsPerSchema(t *testing.T) {
 	got, err := other.Claim(ctx, idem.ClaimRequest{Owner: "worker-c", Limit: 1, Lease: time.Hour})
 	require.NoError(t, err)
 	require.Len(t, got, 1, "worker-b is gone, whatever lives in another schema")
+}
+
+// TestMarkDoesNotOutliveTheLockHeldAgain: a worker takes its lock again
+// before it records its new session, so for a moment its row still names
+// the session a mark was made for. worker-a, simulated by sessions that
+// take and let go of its lock, is found without it (a mark), takes it
+// again longer than the grace later, is judged alive while it holds it,
+// and loses it again before it could record the new session. The mark of
+// before counted the moments it held the lock as absence: the next
+// judgement must mark afresh, and take worker-a's operation only a grace
+// later.
+func TestMarkDoesNotOutliveTheLockHeldAgain(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Pool(t), pgtest.Schema(t)
+	const grace = 300 * time.Millisecond
+	jb := openOn(t, pool, schema, postgres.LivenessGrace(grace))
+	s := pgschema.Ident(schema)
+	var id int32
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.owners (name, registered_at, session) VALUES ('worker-a', 0, 1) RETURNING id`).Scan(&id))
+	keys := createRecords(t, jb, 1)
+	_, err := jb.Acquire(ctx, keys[0], "worker-a", time.Hour)
+	require.NoError(t, err)
+	// hold takes worker-a's liveness lock on a session of its own, and
+	// returns what ends that session.
+	hold := func() func() {
+		c, err := pgx.Connect(ctx, pgtest.DSN())
+		require.NoError(t, err)
+		_, err = c.Exec(ctx, `SELECT pg_advisory_lock($1::regclass::oid::bigint::int, $2)`, s+".owners", id)
+		require.NoError(t, err)
+		require.True(t, ownerLockHeld(t, pool, schema, "worker-a"))
+		return func() {
+			require.NoError(t, c.Close(ctx))
+			waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, pool, schema, "worker-a") })
+		}
+	}
+	claim := func() []idem.Record {
+		got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+		require.NoError(t, err)
+		return got
+	}
+	var marked bool
+	mark := `SELECT coalesce(lost_session = session, false) FROM ` + s + `.owners WHERE name = 'worker-a'`
+
+	require.Empty(t, claim(), "worker-a has a live lease, and no mark yet")
+	require.NoError(t, pool.QueryRow(ctx, mark).Scan(&marked))
+	require.True(t, marked, "worker-b found worker-a's lock free")
+	time.Sleep(2 * grace)
+	release := hold()
+	require.Empty(t, claim(), "worker-a holds its lock")
+	release() // before worker-a records its new session
+	require.Empty(t, claim(), "the mark made before worker-a held its lock again counted")
+	require.NoError(t, pool.QueryRow(ctx, mark).Scan(&marked))
+	require.True(t, marked, "worker-b marked worker-a afresh")
+	got, _ := claimUntil(t, jb, "worker-b", 1)
+	require.Len(t, got, 1)
+	assert.Equal(t, keys[0], got[0].Key)
 }

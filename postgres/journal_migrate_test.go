@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -83,47 +84,54 @@ func TestJournalMigratesFromVersion1(t *testing.T) {
 }
 
 // TestJournalMigratesFromVersion4: an owner that a journal of version 4
-// found without its lock an hour ago (a mark for its session, its lease
-// with an hour to run) is not taken for gone at once by the migrated
-// journal: the mark does not say on which timeline it was made, before a
-// promotion maybe, so it counts for nothing, and the judgement marks the
-// owner afresh on the server's timeline. The operation is taken once the
-// grace has passed from then.
+// or 5 found without its lock an hour ago (a mark for its session, on the
+// server's timeline at version 5, its lease with an hour to run) is not
+// taken for gone at once by the migrated journal: the mark may have been
+// made before a crash or a promotion that the journal cannot tell of, so
+// it counts from the migrated journal's first judgement at the earliest
+// (when it first found the server up, in the unlogged server_up). The
+// operation is taken once the grace has passed from then.
 func TestJournalMigratesFromVersion4(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Pool(t), pgtest.Schema(t)
-	require.NoError(t, postgres.MigrateJournalTo(ctx, pool, schema, 4))
-	s := pgschema.Ident(schema)
-	old := time.Now().Add(-time.Hour).UnixMilli()
-	_, err := pool.Exec(ctx, `
-		INSERT INTO `+s+`.owners (name, registered_at, session, lost_session, lost_at) VALUES ('worker-old', `+itoa(old)+`, 1, 1, `+itoa(old)+`);
-		INSERT INTO `+s+`.operations (key, scope, op_id, method, url, body, fingerprint, key_quoted, resends, state,
-			attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, created_at, updated_at, version)
-		VALUES ('k-held', 'shop', 'held', 'POST', 'http://x/orders', '\x7b7d', 'fp', false, 0, 1,
-			0, 0, 'worker-old', 1, `+itoa(time.Now().Add(time.Hour).UnixMilli())+`, `+itoa(old)+`, `+itoa(old)+`, 1);
-		INSERT INTO `+s+`.events (op, version, at, kind, to_state, attempt)
-		SELECT id, 1, created_at, 1, 1, 0 FROM `+s+`.operations WHERE key = 'k-held'`)
-	require.NoError(t, err)
+	for _, version := range []int{4, 5} {
+		t.Run(fmt.Sprint(version), func(t *testing.T) {
+			pool, schema := pgtest.Pool(t), pgtest.Schema(t)
+			require.NoError(t, postgres.MigrateJournalTo(ctx, pool, schema, version))
+			s := pgschema.Ident(schema)
+			old := time.Now().Add(-time.Hour).UnixMilli()
+			owner := `INSERT INTO ` + s + `.owners (name, registered_at, session, lost_session, lost_at) VALUES ('worker-old', ` + itoa(old) + `, 1, 1, ` + itoa(old) + `)`
+			if version == 5 {
+				owner = `INSERT INTO ` + s + `.owners (name, registered_at, session, lost_session, lost_at, lost_timeline)
+					VALUES ('worker-old', ` + itoa(old) + `, 1, 1, ` + itoa(old) + `, ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint)`
+			}
+			_, err := pool.Exec(ctx, owner+`;
+				INSERT INTO `+s+`.operations (key, scope, op_id, method, url, body, fingerprint, key_quoted, resends, state,
+					attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, created_at, updated_at, version)
+				VALUES ('k-held', 'shop', 'held', 'POST', 'http://x/orders', '\x7b7d', 'fp', false, 0, 1,
+					0, 0, 'worker-old', 1, `+itoa(time.Now().Add(time.Hour).UnixMilli())+`, `+itoa(old)+`, `+itoa(old)+`, 1);
+				INSERT INTO `+s+`.events (op, version, at, kind, to_state, attempt)
+				SELECT id, 1, created_at, 1, 1, 0 FROM `+s+`.operations WHERE key = 'k-held'`)
+			require.NoError(t, err)
 
-	const grace = 200 * time.Millisecond
-	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.LivenessGrace(grace))
-	require.NoError(t, err)
-	defer j.Close()
-	got, err := j.Claim(ctx, idem.ClaimRequest{Owner: "worker-new", Limit: 10, Lease: time.Hour})
-	require.NoError(t, err)
-	assert.Empty(t, got, "a mark of version 4 counted: the owner was taken for gone at the first judgement")
-	var timeline *int64
-	var lostAt int64
-	require.NoError(t, pool.QueryRow(ctx, `SELECT lost_timeline, lost_at FROM `+s+`.owners WHERE name = 'worker-old'`).Scan(&timeline, &lostAt))
-	assert.NotNil(t, timeline, "the new mark names the timeline")
-	assert.Greater(t, lostAt, old, "the owner is marked afresh")
+			const grace = 200 * time.Millisecond
+			j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.LivenessGrace(grace))
+			require.NoError(t, err)
+			defer j.Close()
+			var persistence string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT relpersistence::text FROM pg_class WHERE oid = $1::regclass`, s+".server_up").Scan(&persistence))
+			assert.Equal(t, "u", persistence, "server_up is not unlogged: a crash recovery would not empty it")
+			got, err := j.Claim(ctx, idem.ClaimRequest{Owner: "worker-new", Limit: 10, Lease: time.Hour})
+			require.NoError(t, err)
+			assert.Empty(t, got, "a mark of version %d counted from when it was made: the owner was taken for gone at the first judgement", version)
 
-	got, _ = claimUntil(t, j, "worker-new", 1)
-	require.Len(t, got, 1)
-	assert.Equal(t, "k-held", got[0].Key)
-	h, err := j.History(ctx, "k-held")
-	require.NoError(t, err)
-	assert.Equal(t, "taken over from worker-old: its owner is gone", h[len(h)-1].Detail)
+			got, _ = claimUntil(t, j, "worker-new", 1)
+			require.Len(t, got, 1)
+			assert.Equal(t, "k-held", got[0].Key)
+			h, err := j.History(ctx, "k-held")
+			require.NoError(t, err)
+			assert.Equal(t, "taken over from worker-old: its owner is gone", h[len(h)-1].Detail)
+		})
+	}
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

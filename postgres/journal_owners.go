@@ -32,12 +32,12 @@ import (
 // ended its registration (ended_at), or when its lock has stayed free, in
 // one and the same session, for the journal's LivenessGrace on the
 // database's clock. The first journal to find the lock free marks the
-// owner lost in the session it read, on the server's timeline
-// (lost_session, lost_timeline, lost_at); each session the owner takes
-// increments session, and each promotion of a standby the timeline, either
-// of which voids the mark. Nothing of the judgement is kept in memory: an
-// owner found gone once is judged afresh the next time, and an owner whose
-// lock is held again is alive.
+// owner lost in the session it read (lost_session, lost_at); each session
+// the owner takes increments session, which voids the mark, and a journal
+// that finds the lock held clears it. A mark counts from when the server
+// was last found up at the earliest (server_up, see judge). Nothing of the
+// judgement is kept in memory: an owner found gone once is judged afresh
+// the next time, and an owner whose lock is held again is alive.
 //
 // The order of reads and writes is what makes the mark sound. An owner
 // takes its lock, then increments session. A judgement reads the owners'
@@ -71,39 +71,41 @@ func (q *queries) ownerQueries(s string) {
 	q.endOwner = `UPDATE ` + owners + ` SET ended_at = ` + dbMillis + ` WHERE id = $1`
 	// The owners among $2 that are gone, with LivenessGrace $3 in
 	// milliseconds. Those whose lock is free and that carry no mark for
-	// their session on this timeline get one; a row another transaction
-	// holds is left unmarked this time (a mark only starts the grace).
+	// their session get one; those whose lock is held lose theirs. A row
+	// another transaction holds is left as it is this time (a mark only
+	// starts the grace; a mark left on a live owner is voided by the
+	// session it records next, or cleared by the next judgement).
+	//
+	// A mark is cleared when the lock is found held because the owner
+	// takes its lock before it records its new session: should it lose
+	// the lock again in between, a mark of the session before would
+	// count the time it held it as absence.
 	//
 	// While the database is down no owner can hold a lock: its downtime is
 	// nobody's absence, and a mark made before it counts from when the
-	// server last began to take connections. Within one timeline, the
-	// postmaster's start bounds a restart, and any role may read it. A
-	// postmaster that reinitialises after a backend's crash keeps its
-	// start, but runs its launchers (autovacuum's, logical replication's)
-	// again once it takes connections, and their backend_start bounds
-	// that for a role that may read other backends' rows of
-	// pg_stat_activity (pg_read_all_stats); to any other role their rows
-	// say nothing. A promotion starts a new timeline, and a mark of
-	// another timeline counts for nothing: the first judgement on the
-	// promoted standby marks afresh, so the grace counts from a moment the
-	// new primary took connections, whatever the role. (The standby's
-	// postmaster started long before: a mark replicated from the old
-	// primary, counted from then, would take a live worker at the first
-	// judgement, before it could take its lock on the new primary.)
+	// server was last found up at the earliest. A clean restart moves the
+	// postmaster's start, which any role may read. A crash recovery
+	// (after an immediate stop, or after one backend's crash, when the
+	// postmaster reinitialises and keeps its start) empties the unlogged
+	// table server_up, and a promoted standby has it empty; the first
+	// judgement to find it empty writes the database's time in it, in the
+	// same statement. (The judgement that would find it empty when another
+	// has just filled it, unseen by its snapshot, takes now.) So the grace
+	// counts from a moment the server took connections, whatever the role
+	// and however it came back.
 	q.judge = `WITH ` + held + `,
-		up AS MATERIALIZED (SELECT (extract(epoch FROM greatest(pg_postmaster_start_time(),
-			(SELECT max(backend_start) FROM pg_stat_activity
-				WHERE backend_type IN ('autovacuum launcher', 'logical replication launcher')))) * 1000)::bigint AS at,
-			` + serverTimeline + ` AS timeline),
-		o AS MATERIALIZED (SELECT id, name, session, ended_at,
-			lost_session = session AND lost_timeline = (SELECT timeline FROM up) AS lost,
+		began AS (INSERT INTO ` + s + `.server_up (id, at) VALUES (1, ` + dbMillis + `) ON CONFLICT (id) DO NOTHING RETURNING at),
+		up AS MATERIALIZED (SELECT greatest((extract(epoch FROM pg_postmaster_start_time()) * 1000)::bigint,
+			coalesce((SELECT at FROM began), (SELECT at FROM ` + s + `.server_up WHERE id = 1), ` + dbMillis + `)) AS at),
+		o AS MATERIALIZED (SELECT id, name, session, ended_at, lost_session = session AS lost,
 			greatest(lost_at, (SELECT at FROM up)) AS lost_at,
 			id::oid IN (SELECT objid FROM held) AS live, ` + dbMillis + ` AS now
 			FROM ` + owners + ` WHERE name = ANY($2)),
-		marked AS (UPDATE ` + owners + ` u SET lost_session = u.session, lost_timeline = (SELECT timeline FROM up), lost_at = o.now
+		marked AS (UPDATE ` + owners + ` u SET lost_session = CASE WHEN o.live THEN NULL ELSE u.session END,
+			lost_at = CASE WHEN o.live THEN NULL ELSE o.now END
 			FROM o WHERE u.id = o.id AND u.id IN (SELECT x.id FROM ` + owners + ` x JOIN o ON x.id = o.id
-				WHERE NOT o.live AND o.ended_at IS NULL AND x.session = o.session
-				AND (x.lost_session IS DISTINCT FROM x.session OR x.lost_timeline IS DISTINCT FROM (SELECT timeline FROM up))
+				WHERE CASE WHEN o.live THEN x.lost_session IS NOT NULL
+					ELSE o.ended_at IS NULL AND x.session = o.session AND x.lost_session IS DISTINCT FROM x.session END
 				FOR UPDATE OF x SKIP LOCKED))
 		SELECT name FROM o WHERE NOT live AND (ended_at IS NOT NULL
 			OR (CASE WHEN lost THEN lost_at ELSE now END) <= now - $3)`

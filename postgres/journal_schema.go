@@ -92,6 +92,15 @@ var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migration
 	// owner found without its lock when the journal is migrated starts
 	// again at the next judgement.
 	`ALTER TABLE owners ADD COLUMN lost_timeline bigint;`,
+	// 6: when the journal first found the server up (server_up, one row,
+	// the database's clock), which a liveness mark counts from at the
+	// earliest (see journal_owners.go). The table is unlogged: PostgreSQL
+	// empties it at every crash recovery, a backend's crash included, and
+	// a promoted standby has it empty. A promotion is thus covered too, and
+	// lost_timeline goes: a mark of version 5 counts from the first
+	// judgement after the migration at the earliest.
+	`CREATE UNLOGGED TABLE server_up (id integer PRIMARY KEY CHECK (id = 1), at bigint NOT NULL);
+	ALTER TABLE owners DROP COLUMN lost_timeline;`,
 }}
 
 // recordColumns are the columns scanRecord reads, in its order.

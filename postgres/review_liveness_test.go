@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -140,9 +141,20 @@ func TestStoreWhateverTheDefaultIsolation(t *testing.T) {
 // for a few milliseconds while the database was up: worker-b, judging
 // before worker-a has reconnected, must not take worker-a's operation.
 // The database's downtime is nobody's absence: no worker could hold a
-// lock then.
+// lock then. The database stops either at once, as a crash would (its
+// recovery empties the journal's unlogged server_up), or cleanly, which
+// keeps server_up as it was and moves the postmaster's start.
 func TestGraceDoesNotCountTheDatabasesDowntime(t *testing.T) {
 	t.Parallel()
+	for _, clean := range []bool{false, true} {
+		t.Run(map[bool]string{false: "crash", true: "clean stop"}[clean], func(t *testing.T) {
+			t.Parallel()
+			graceDoesNotCountTheDatabasesDowntime(t, clean)
+		})
+	}
+}
+
+func graceDoesNotCountTheDatabasesDowntime(t *testing.T, clean bool) {
 	db := pgtest.StartServer(t)
 	proxy, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", db.Port()))
 	require.NoError(t, err)
@@ -174,8 +186,12 @@ func TestGraceDoesNotCountTheDatabasesDowntime(t *testing.T) {
 	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(ja.Schema())+`.owners WHERE name = 'worker-a'`).Scan(&marked))
 	require.True(t, marked, "worker-b found worker-a's lock free")
 
-	// The database crashes at once, and is down for longer than the grace.
-	db.Crash()
+	// The database stops at once, and is down for longer than the grace.
+	if clean {
+		db.Stop()
+	} else {
+		db.Crash()
+	}
 	time.Sleep(grace + time.Second)
 	db.Start()
 
@@ -336,6 +352,93 @@ func TestLiveWorkerIsNotTakenForDeadAcrossAFailoverWithoutStatsPrivilege(t *test
 	}
 	// Its lock, and the new session it took it in (written just after).
 	waitUntil(t, "worker-a to hold its lock on the new primary", func() bool {
+		return ownerLockHeld(t, observer, schema, "worker-a") && session() > before
+	})
+	got, err = jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "worker-a lives")
+
+	// Gone for good: its operation is taken once its lock has stayed free
+	// for the grace, whatever its lease had to run.
+	killed := time.Now()
+	kill()
+	got, at := claimUntil(t, jb, "worker-b", 1)
+	require.Len(t, got, 1)
+	assert.Equal(t, keys[0], got[0].Key)
+	assert.GreaterOrEqual(t, at.Sub(killed), grace, "taken before worker-a's lock had been free for the grace")
+	evs, err := jb.History(ctx, keys[0])
+	require.NoError(t, err)
+	assert.Equal(t, "taken over from worker-a: its owner is gone", evs[len(evs)-1].Detail)
+	t.Logf("the killed worker's operation was taken %v after SIGKILL (grace %v)", at.Sub(killed).Round(time.Millisecond), grace)
+}
+
+// TestLiveWorkerIsNotTakenForDeadAcrossABackendCrashWithoutStatsPrivilege
+// is TestGraceDoesNotCountTheDatabasesDowntime for the crash of one
+// backend, with the journals' role an ordinary login role, without
+// pg_read_all_stats. PostgreSQL then ends every backend and reinitialises
+// without a restart (restart_after_crash): pg_postmaster_start_time()
+// stays, and such a role reads nothing else of when the server began to
+// take connections again. worker-a, a process of its own holding an
+// operation, is cut off, and worker-b finds its lock free and marks it;
+// then a backend is SIGKILLed, and the server takes no connection for
+// longer than the grace (its postmaster held, as a long recovery would).
+// worker-b, judging before worker-a has its lock back, must leave its
+// operation; once worker-a is SIGKILLed, the operation is taken a grace
+// later.
+func TestLiveWorkerIsNotTakenForDeadAcrossABackendCrashWithoutStatsPrivilege(t *testing.T) {
+	t.Parallel()
+	db := pgtest.StartServer(t)
+	const role, schema = "idem_worker", "idem"
+	observer := checkedPool(t, db.DSN())
+	_, err := observer.Exec(ctx, `CREATE ROLE `+role+` LOGIN; GRANT CREATE ON DATABASE postgres TO `+role)
+	require.NoError(t, err)
+	proxy, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", db.Port()))
+	require.NoError(t, err)
+	defer proxy.Close()
+	viaProxy := "postgres://" + role + "@" + proxy.Addr().String() + "/postgres?sslmode=disable"
+	const grace = 2 * time.Second
+	poolB := checkedPool(t, fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", role, db.Port()))
+	jb := openOn(t, poolB, schema, postgres.LivenessGrace(grace))
+	var privileged bool
+	require.NoError(t, poolB.QueryRow(ctx, `SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')`).Scan(&privileged))
+	require.False(t, privileged, "the journals' role reads every row of pg_stat_activity")
+	keys := createRecords(t, jb, 1)
+	kill := startHolderOn(t, observer, []string{"IDEM_TEST_POSTGRES=" + viaProxy}, schema, "worker-a", time.Hour, true, keys...)
+	session := func() (n int64) {
+		require.NoError(t, observer.QueryRow(ctx, `SELECT session FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&n))
+		return n
+	}
+	before := session()
+
+	proxy.Refuse(time.Hour)
+	proxy.CutAll()
+	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, schema, "worker-a") })
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "within the grace")
+	var marked bool
+	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&marked))
+	require.True(t, marked, "worker-b found worker-a's lock free")
+
+	// One backend crashes, and the server takes no connection for longer
+	// than the grace.
+	victim, err := pgx.Connect(ctx, db.DSN())
+	require.NoError(t, err)
+	var pid int32
+	var started time.Time
+	require.NoError(t, victim.QueryRow(ctx, `SELECT pg_backend_pid(), pg_postmaster_start_time()`).Scan(&pid, &started))
+	db.CrashBackend(int(pid), grace+time.Second)
+	_ = victim.Close(ctx)
+
+	// worker-b judges before worker-a has its session back.
+	got, err = claimAfterRestart(t, jb)
+	require.NoError(t, err)
+	var restarted time.Time
+	require.NoError(t, observer.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&restarted))
+	require.True(t, restarted.Equal(started), "the postmaster restarted (%v, was %v): not a reinitialisation", restarted, started)
+	require.Empty(t, got, "worker-a was without its lock for milliseconds while the server took connections, and is taken for dead")
+	proxy.Refuse(0)
+	waitUntil(t, "worker-a to hold its lock again", func() bool {
 		return ownerLockHeld(t, observer, schema, "worker-a") && session() > before
 	})
 	got, err = jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Server is a PostgreSQL server of a test's own, for a test that crashes
@@ -95,6 +97,14 @@ func (s *Server) Crash() {
 	s.run(filepath.Join(s.bindir, "pg_ctl"), "stop", "-m", "immediate", "-w", "-D", s.data)
 }
 
+// Stop shuts the server down cleanly (pg_ctl stop -m fast): the backends
+// are ended, a shutdown checkpoint written, and the next start recovers
+// nothing.
+func (s *Server) Stop() {
+	s.t.Helper()
+	s.run(filepath.Join(s.bindir, "pg_ctl"), "stop", "-m", "fast", "-w", "-D", s.data)
+}
+
 // Restart crashes the server and starts it again.
 func (s *Server) Restart() {
 	s.t.Helper()
@@ -108,16 +118,63 @@ func (s *Server) Log() string {
 	return string(b)
 }
 
-// stop ends the server, if it runs, by the PID in its postmaster.pid, and
-// waits for it to exit.
-func (s *Server) stop() {
+// CrashBackend kills one backend of the server, pid, with SIGKILL, as a
+// crash of that process would: the postmaster then ends every other
+// backend and reinitialises, recovering from the WAL, without a restart
+// (restart_after_crash) and so keeping its start time. The postmaster is
+// held (SIGSTOP) for hold before it sees the crash, so that the server
+// takes no connection for at least that long, as a long recovery would.
+// CrashBackend returns once the server accepts connections again.
+func (s *Server) CrashBackend(pid int, hold time.Duration) {
+	s.t.Helper()
+	postmaster := s.postmasterPID()
+	if postmaster <= 0 || pid == postmaster {
+		s.t.Fatalf("pgtest: CrashBackend(%d): not a backend of a running server (postmaster %d)", pid, postmaster)
+	}
+	logged := len(s.Log())
+	for _, k := range []struct {
+		pid int
+		sig syscall.Signal
+	}{{postmaster, syscall.SIGSTOP}, {pid, syscall.SIGKILL}} {
+		if err := syscall.Kill(k.pid, k.sig); err != nil {
+			_ = syscall.Kill(postmaster, syscall.SIGCONT)
+			s.t.Fatalf("pgtest: CrashBackend: %v to %d: %v", k.sig, k.pid, err)
+		}
+	}
+	time.Sleep(hold)
+	if err := syscall.Kill(postmaster, syscall.SIGCONT); err != nil {
+		s.t.Fatalf("pgtest: CrashBackend: SIGCONT to the postmaster %d: %v", postmaster, err)
+	}
+	// A connection the postmaster takes before it has seen the crash would
+	// say nothing of the reinitialisation: wait for its word first.
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(s.Log()[logged:], "reinitializing"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("pgtest: waited a minute for the postmaster to reinitialise\nserver log:\n%s", s.Log())
+		}
+	}
+	s.waitFor("the server to take connections after its reinitialisation", func(*pgx.Conn) (bool, error) { return true, nil })
+}
+
+// postmasterPID is the PID in the server's postmaster.pid, or 0 if the
+// server is not running.
+func (s *Server) postmasterPID() int {
 	b, err := os.ReadFile(filepath.Join(s.data, "postmaster.pid"))
 	if err != nil {
-		return // not running
+		return 0
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
 	if err != nil || pid <= 0 {
-		return
+		return 0
+	}
+	return pid
+}
+
+// stop ends the server, if it runs, by the PID in its postmaster.pid, and
+// waits for it to exit.
+func (s *Server) stop() {
+	pid := s.postmasterPID()
+	if pid <= 0 {
+		return // not running
 	}
 	_ = syscall.Kill(pid, syscall.SIGQUIT) // immediate shutdown: nothing to keep
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {

@@ -252,3 +252,31 @@ func TestWriteJournalV4Fixture(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "journal-v4.json"), b, 0o644))
 	fmt.Println("wrote", path)
 }
+
+// A terminal record's due time reads back as written, whether zero (stored
+// as -id since schema 5, so that settling writes one leaf of the due index
+// instead of two) or not, and a settled record is never claimed.
+func TestSQLiteSettledDueTimeReadsBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	j := openJournal(t, filepath.Join(t.TempDir(), "ops.db"))
+	for name, due := range map[string]time.Time{
+		"zero": {}, "set": time.UnixMilli(1_796_000_000_123), "before-1970": time.UnixMilli(-5000),
+	} {
+		rec, err := createInFlight(ctx, j, name)
+		require.NoError(t, err)
+		rec.State, rec.NextAttemptAt = idem.StateSucceeded, due
+		rec.Response = &idem.Response{StatusCode: 201}
+		_, err = j.Update(ctx, rec, idem.Deferred, idem.Event{Kind: idem.EventAnswer})
+		require.NoError(t, err)
+		got, err := j.Get(ctx, rec.Key)
+		require.NoError(t, err)
+		assert.True(t, due.Equal(got.NextAttemptAt), "%s: due %v, read %v", name, due, got.NextAttemptAt)
+	}
+	pending, _, err := j.Create(ctx, testRecord("default", "pending", []byte("x")))
+	require.NoError(t, err)
+	claimed, err := j.Claim(ctx, idem.ClaimRequest{Owner: "worker-2", Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1, "only the pending record is due")
+	assert.Equal(t, pending.Key, claimed[0].Key)
+}

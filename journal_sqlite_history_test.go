@@ -253,9 +253,8 @@ func TestWriteJournalV4Fixture(t *testing.T) {
 	fmt.Println("wrote", path)
 }
 
-// A terminal record's due time reads back as written, whether zero (stored
-// as -id since schema 5, so that settling writes one leaf of the due index
-// instead of two) or not, and a settled record is never claimed.
+// A terminal record's due time reads back as written, whether zero or
+// not, and a settled record is never claimed.
 func TestSQLiteSettledDueTimeReadsBack(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

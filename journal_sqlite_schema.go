@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -37,11 +36,7 @@ const journalAppID = 0x69646d6a
 //     next_attempt_at). It is not a partial index on the active states,
 //     which would be smaller: SQLite runs an UPDATE that moves a row out of
 //     a partial index through a temporary b-tree, allocated and freed on
-//     every settle, which costs more than the index's entries. A settled
-//     record's entry goes first among its state's (schema 5), next to
-//     the active entries it leaves, so that a settle writes one leaf of it;
-//   - the history of a Do answered at its first attempt is derived from
-//     its row (schema 5).
+//     every settle, which costs more than the index's entries.
 var journalSchema = []string{
 	`CREATE TABLE operations (
 		id               INTEGER PRIMARY KEY,
@@ -126,17 +121,14 @@ var journalSchema = []string{
 		WHERE id IN (SELECT op FROM responses);
 	DROP TABLE responses;`,
 
-	// 5: two things a Do wrote and no longer does, measured in
-	// BENCHMARKS.md ("Sixth speed session"). The history of an operation
-	// settled by its first update, when it is what the row implies
-	// (created in_flight, then answered by the same owner: a Do whose
-	// first attempt was answered), is not written but derived from the
-	// row (derivedHistory), which keeps the settler in lease_owner: two
-	// statements and the events leaf. And a terminal record's zero
-	// next_attempt_at is stored as -id (nextAttemptValue): a settle
-	// writes one leaf of the due index instead of two. The data needs no
-	// change; the version makes a build of schema 4, which would read
-	// such a record without its history and due at -id, refuse the file.
+	// 5: the history of an operation settled by its first update, when it
+	// is what the row implies (created in_flight, then answered by the
+	// same owner: a Do whose first attempt was answered), is not written
+	// but derived from the row (derivedHistory), which keeps the settler
+	// in lease_owner: two statements and one b-tree leaf fewer per Do,
+	// measured in BENCHMARKS.md ("Sixth speed session"). The data needs
+	// no change; the version makes a build of schema 4, which would read
+	// such a record without its history, refuse the file.
 	`SELECT 1;`,
 }
 
@@ -179,7 +171,7 @@ func scanRecord(s scanner) (int64, Record, error) {
 	r.Body = asBytes(v[7])
 	r.Fingerprint = fingerprintString(v[8])
 	r.State, r.Attempts = State(asInt(v[9])), int(asInt(v[10]))
-	r.NextAttemptAt = nextAttemptTime(asInt(v[0]), r.State, asInt(v[11]))
+	r.NextAttemptAt = wire.FromMillis(asInt(v[11]))
 	r.Lease = Lease{Owner: asString(v[12]), Epoch: asInt(v[13]), ExpiresAt: wire.FromMillis(asInt(v[14]))}
 	if r.State.Terminal() {
 		r.Lease.Owner = "" // the settler of a derived history (storeUpdate), not a lease
@@ -359,7 +351,7 @@ func (d *dict) writeRow(tx *sqlitefile.Tx, id int64, old, next Record, keeper st
 	set := `UPDATE operations SET state = ?, attempts = ?, next_attempt_at = ?, lease_owner = ?,
 		lease_epoch = ?, lease_expires_at = ?, last_error = ?, note = ?, updated_at = ?, expires_at = ?,
 		version = ?`
-	vals := []any{next.State, next.Attempts, nextAttemptValue(id, next), owner, next.Lease.Epoch,
+	vals := []any{next.State, next.Attempts, wire.Millis(next.NextAttemptAt), owner, next.Lease.Epoch,
 		wire.NullMillis(next.Lease.ExpiresAt), nullString(next.LastError), nullString(next.Note),
 		wire.Millis(next.UpdatedAt), wire.NullMillis(next.ExpiresAt), next.Version}
 	if next.TransportResends != old.TransportResends {
@@ -390,29 +382,6 @@ func (d *dict) writeRow(tx *sqlitefile.Tx, id int64, old, next Record, keeper st
 		}
 	}
 	return true, nil
-}
-
-// nextAttemptValue is how the row id stores next's NextAttemptAt. A
-// terminal record is never due: its zero time is stored as -id, so that
-// the entry settling moves it to in the due index (state, next_attempt_at)
-// is the first of its state, the newest first, next to the active states'
-// entries it leaves, rather than the last: one leaf of that index written
-// by a settle instead of two (schema 5). nextAttemptTime reads it back.
-func nextAttemptValue(id int64, next Record) int64 {
-	if next.State.Terminal() && next.NextAttemptAt.IsZero() {
-		return -id
-	}
-	return wire.Millis(next.NextAttemptAt)
-}
-
-// nextAttemptTime reads what nextAttemptValue stored in the row id. (A
-// terminal record due -id milliseconds before 1970 would read as never
-// due; the zero it had before schema 5 reads as zero.)
-func nextAttemptTime(id int64, state State, v int64) time.Time {
-	if v == -id && state.Terminal() {
-		return time.Time{}
-	}
-	return wire.FromMillis(v)
 }
 
 func sameResponse(a, b *Response) bool {

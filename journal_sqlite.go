@@ -51,8 +51,9 @@ type FileError = sqlitefile.Error
 // # Durability
 //
 // By default every commit that records an intent (Create, Claim, Acquire,
-// Update with Durable) returns only after SQLite has fsynced it
-// (synchronous=FULL; the setting is read back when the file is opened). A
+// Update with Durable) returns only after the WAL that holds it has been
+// fsynced (the file is opened with synchronous=FULL, read back; the
+// committer then commits at NORMAL and fsyncs the WAL itself). A
 // Deferred update returns once committed, before its fsync; it becomes
 // durable with the next durable commit or within the flush interval (1 s
 // by default). A Buffered update (a success recorded over in_flight)
@@ -372,14 +373,14 @@ func (j *SQLiteJournal) Update(ctx context.Context, rec Record, d Durability, wh
 		if err != nil {
 			return err
 		}
-		if err := j.dict.storeRecord(tx, id, stored, next); err != nil {
+		if _, err := j.dict.storeUpdate(tx, id, stored, next, ev, ""); err != nil {
 			return err
 		}
 		j.copies.put(id, next)
 		if !tx.Replay() { // a replayed write's caller has its answer
 			out = next
 		}
-		return j.dict.insertEvent(tx, id, ev)
+		return nil
 	})
 	if err == nil && out.State.Active() {
 		out = journal.CloneRecord(out) // kept by the copies: the caller gets its own
@@ -794,13 +795,22 @@ func (j *SQLiteJournal) History(ctx context.Context, key string) ([]Event, error
 	}
 	if len(out) == 0 {
 		// A record at its first version: its creation event is not
-		// written (Create), but derived from the record.
+		// written (Create), but derived from the record. A record settled
+		// by its first update may have both its events derived
+		// (storeUpdate), from the row and the settler it keeps.
+		var keeper sql.NullString
 		_, rec, err := scanRecord(j.db.Reader.QueryRowContext(ctx, selectRecord+` WHERE o.key = ?`, keyValue(key)))
+		if err == nil && rec.Version == 2 {
+			err = j.db.Reader.QueryRowContext(ctx, `SELECT (SELECT value FROM dict WHERE id = o.lease_owner)
+				FROM operations o WHERE o.key = ?`, keyValue(key)).Scan(&keeper)
+		}
 		if err != nil {
 			return nil, j.db.Classify(err)
 		}
 		if rec.Version == 1 {
 			out = append(out, journal.CreationEvent(rec))
+		} else if h, ok := derivedHistory(rec, keeper.String); ok {
+			out = append(out, h[:]...)
 		}
 	}
 	return out, nil

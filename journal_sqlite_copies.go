@@ -78,11 +78,7 @@ func (j *SQLiteJournal) updateFromCopy(tx *sqlitefile.Tx, id int64, old, next Re
 	if err != nil {
 		return false, err
 	}
-	wrote, err := j.dict.storeRecordIf(tx, id, old, next,
+	return j.dict.storeUpdate(tx, id, old, next, ev,
 		` AND version = ? AND lease_owner IS ? AND lease_epoch = ? AND lease_expires_at IS ?`,
 		old.Version, owner, old.Lease.Epoch, wire.NullMillis(old.Lease.ExpiresAt))
-	if err != nil || !wrote {
-		return false, err
-	}
-	return true, j.dict.insertEvent(tx, id, ev)
 }

@@ -71,7 +71,7 @@ func TestSQLiteMigratesASchema1Journal(t *testing.T) {
 		assert.Equal(t, rec.Link, got.Link, "schema 3 keeps the link")
 	}
 	require.NoError(t, j.Close())
-	assert.Equal(t, 4, userVersion(t, path), "the journal was migrated to the current schema (4)")
+	assert.Equal(t, 5, userVersion(t, path), "the journal was migrated to the current schema (5)")
 	openJournal(t, path) // and opens again as it is
 }
 

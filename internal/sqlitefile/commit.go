@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"time"
@@ -291,13 +292,25 @@ func (db *DB) runBatch(reqs []*writeReq) {
 		finish(nil)
 		return
 	}
-	writes := db.txWrites
+	writes, full := db.txWrites, db.txFull
 	err := db.commit()
+	if errors.Is(err, errNotSynced) {
+		// Committed: only the writes that wait for fsync failed.
+		for i, r := range reqs {
+			if r.mode != Durable && results[i] == nil {
+				reply(i, nil)
+			}
+		}
+	}
 	finish(err)
 	if err == nil && db.opts.OnCommit != nil {
-		db.opts.OnCommit(Commit{Writes: writes, Durable: db.syncFull || db.opts.SyncNormal, Duration: time.Since(start)})
+		db.opts.OnCommit(Commit{Writes: writes, Durable: full || db.opts.SyncNormal, Duration: time.Since(start)})
 	}
 }
+
+// errNotSynced marks a commit whose fsync failed: the transaction is
+// committed, but not known to be on disk.
+var errNotSynced = errors.New("committed, but the fsync of the WAL failed, so a power failure may take it back")
 
 // errTxFailed marks a failure that rolled back the whole transaction, not
 // just one write's savepoint.
@@ -332,19 +345,18 @@ func (db *DB) inSavepoint(tx *Tx, fn func(*Tx) error) error {
 // writes that a failed commit rolled back, so that a failure elsewhere
 // never undoes a buffered write while the process lives.
 //
-// The synchronous level is a property of the connection that SQLite
-// refuses to change inside a transaction, so it is chosen here for the
-// whole transaction: FULL makes COMMIT fsync the WAL (and with it every
-// earlier deferred commit), NORMAL does not. A transaction that may be left
-// open for buffered writes is begun FULL, since the next write to join it
-// may be durable.
+// Whether its commit waits for fsync is chosen here for the whole
+// transaction (full): a transaction that may be left open for buffered
+// writes is begun full, since the next write to join it may be durable.
+// The writer runs at synchronous=NORMAL throughout, and a full commit
+// fsyncs the WAL itself (see commit), rather than switching the connection
+// to FULL and back with a PRAGMA for each transaction (SQLite compiles
+// such a statement anew each time: two statements per operation).
 func (db *DB) beginTx(full bool) error {
-	if err := db.setSync(full); err != nil {
-		return err
-	}
 	if err := db.begin(); err != nil {
 		return err
 	}
+	db.txFull = full && !db.opts.SyncNormal
 	db.inTx, db.openedAt = true, time.Now()
 	replay := db.replay
 	db.replay = nil
@@ -370,49 +382,45 @@ func (db *DB) beginTx(full bool) error {
 	return nil
 }
 
-// setSync sets the writer's synchronous level, FULL or NORMAL, between
-// transactions. With SyncNormal it is always NORMAL.
-func (db *DB) setSync(full bool) error {
-	full = full && !db.opts.SyncNormal
-	if full == db.syncFull {
-		return nil
-	}
-	// Not a prepared statement: SQLite applies this pragma when it
-	// compiles it, so a prepared one would change nothing when run again.
-	level := "NORMAL"
-	if full {
-		level = "FULL"
-	}
-	if _, err := db.writer.ExecContext(batchCtx, "PRAGMA synchronous="+level); err != nil {
-		return db.classify(err)
-	}
-	db.syncFull = full
-	return nil
-}
-
-// commit commits the open transaction, at the synchronous level it was
-// begun with.
+// commit commits the open transaction, and waits for its fsync if it was
+// begun full.
+//
+// A full commit is what SQLite's synchronous=FULL makes of it, in two
+// steps: COMMIT at NORMAL writes the transaction's frames to the WAL
+// (and, when the WAL starts over after a checkpoint, writes and fsyncs
+// its new header first, as SQLite does at NORMAL), then syncWAL fsyncs
+// the WAL file, which FULL would have done inside COMMIT. One difference:
+// the transaction is visible to readers from COMMIT on, before its fsync,
+// as a deferred one is. If that fsync fails, the transaction stays
+// committed: the error says so, and the flusher tries the fsync again.
 func (db *DB) commit() error {
 	if _, err := db.ctl.commit.ExecContext(batchCtx); err != nil {
 		db.rollback()
 		return fmt.Errorf("commit: %w", db.classify(err))
 	}
-	db.inTx, db.carried, db.lingerArmed, db.txWrites = false, nil, false, 0
+	full := db.txFull
+	db.inTx, db.carried, db.lingerArmed, db.txWrites, db.txFull = false, nil, false, 0, false
 	db.buffered.Store(len(db.replay) > 0)
 	db.statsMu.Lock()
-	if db.syncFull || db.opts.SyncNormal {
+	if full || db.opts.SyncNormal {
 		db.stats.DurableCommits++
 	} else {
 		db.stats.DeferredCommits++
 	}
 	db.statsMu.Unlock()
-	if !db.syncFull && !db.opts.SyncNormal {
+	var err error
+	if full {
+		if err = db.syncWAL(); err != nil {
+			err = fmt.Errorf("idem %s %s: %w: %w", db.what, db.path, errNotSynced, err)
+		}
+	}
+	if (!full || err != nil) && !db.opts.SyncNormal {
 		select {
 		case db.dirty <- struct{}{}:
 		default:
 		}
 	}
-	return nil
+	return err
 }
 
 // begin starts an immediate transaction, waiting up to BusyTimeout for
@@ -488,16 +496,33 @@ func (db *DB) flushLoop() {
 }
 
 func (db *DB) flush() error {
-	f, err := os.Open(db.path + "-wal")
-	if err != nil {
-		return nil // no WAL: a checkpoint already moved everything and synced
-	}
-	err = f.Sync()
-	_ = f.Close()
+	err := db.syncWAL()
 	db.statsMu.Lock()
 	db.stats.Flushes++
 	db.statsMu.Unlock()
-	return db.classify(err)
+	return err
+}
+
+// syncWAL fsyncs the WAL file, through a descriptor kept open from its
+// first call until Close: SQLite deletes the WAL only when the file's last
+// connection closes, and the writer's stays open until Close, so the file
+// this descriptor names is the WAL for as long as it is used. When there
+// is no WAL yet there is nothing to sync.
+func (db *DB) syncWAL() error {
+	db.walMu.Lock()
+	defer db.walMu.Unlock()
+	if db.wal == nil {
+		f, err := os.Open(db.path + "-wal")
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return db.classify(err)
+		}
+		db.wal = f
+	}
+	db.walSyncs++
+	return db.classify(db.wal.Sync())
 }
 
 // Sync commits the buffered writes with fsync and makes every deferred

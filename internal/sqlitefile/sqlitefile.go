@@ -3,7 +3,9 @@
 // is created 0600; it is identified by its application_id and versioned by
 // its user_version, with migrations run on open; it runs in WAL mode with
 // synchronous=FULL unless the caller explicitly asks for NORMAL, and both
-// are read back after opening; one connection writes, through a group
+// are read back after opening (the committer then runs at NORMAL and
+// fsyncs the WAL itself after each commit that must be durable, as FULL
+// would have inside it); one connection writes, through a group
 // commit that also keeps the WAL bounded, while a pool of connections reads;
 // a flusher makes deferred writes durable.
 package sqlitefile
@@ -123,14 +125,14 @@ type DB struct {
 	Reader *sql.DB
 
 	// The group commit's queue. queueMu guards queue, leading and closed;
-	// the leader alone uses batch, syncFull, lastWALCheck and the writer.
-	queueMu  sync.Mutex
-	queue    []*writeReq
-	leading  bool
-	closed   bool
-	writers  sync.WaitGroup // Write calls in progress
-	batch    []*writeReq
-	syncFull bool // the writer connection's synchronous level is FULL
+	// the leader alone uses batch, txFull, lastWALCheck and the writer.
+	queueMu sync.Mutex
+	queue   []*writeReq
+	leading bool
+	closed  bool
+	writers sync.WaitGroup // Write calls in progress
+	batch   []*writeReq
+	txFull  bool // the open transaction's commit waits for fsync
 	// inTx says the writer is inside a transaction, begun at openedAt.
 	// carried holds the buffered writes it carries, which have returned to
 	// their callers; replay those that a failed commit rolled back, to be
@@ -159,6 +161,11 @@ type DB struct {
 	dirty   chan struct{} // signalled after a deferred commit
 
 	lastWALCheck time.Time
+
+	// wal is the WAL file, open for fsync (syncWAL) from its first use.
+	walMu    sync.Mutex
+	wal      *os.File
+	walSyncs int64 // for tests
 
 	// readOnly is Options.ReadOnly: Reader alone is open.
 	readOnly bool
@@ -191,7 +198,6 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		db.closeDBs()
 		return nil, db.openError(err)
 	}
-	db.syncFull = !opts.SyncNormal
 	db.closing = make(chan struct{})
 	db.dirty = make(chan struct{}, 1)
 	db.linger = time.AfterFunc(time.Hour, func() {
@@ -315,6 +321,12 @@ func (db *DB) open(ctx context.Context) error {
 	}
 	if err := db.checkSync(ctx, db.writer); err != nil {
 		return err
+	}
+	// The committer's transactions run at NORMAL, and those that must be
+	// durable fsync the WAL after their COMMIT (see commit). Not a prepared
+	// statement: SQLite applies this pragma when it compiles it.
+	if _, err := db.writer.ExecContext(ctx, "PRAGMA synchronous=NORMAL"); err != nil {
+		return db.classify(err)
 	}
 	if err := db.prepareControl(ctx); err != nil {
 		return err
@@ -542,6 +554,12 @@ func (db *DB) closeDBs() error {
 			errs = append(errs, d.Close())
 		}
 	}
+	db.walMu.Lock()
+	if db.wal != nil {
+		errs = append(errs, db.wal.Close())
+		db.wal = nil
+	}
+	db.walMu.Unlock()
 	return errors.Join(errs...)
 }
 

@@ -957,6 +957,11 @@ type flight struct {
 	fingerprint string
 	res         *Result
 	err         error
+	// followers counts the calls that found this flight running (under
+	// c.mu): when there are any, each gets its own copy of the Result,
+	// for a caller may change its Header or Body (the standard client's
+	// *http.Response shares them with the Result).
+	followers int
 }
 
 // startFlight registers this call as the one driving op in this process,
@@ -965,6 +970,7 @@ func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f, running := c.flights[op]; running {
+		f.followers++
 		return f, false
 	}
 	f = &flight{done: make(chan struct{}), fingerprint: fingerprint}
@@ -975,15 +981,22 @@ func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader 
 func (c *Client) endFlight(op scopeID, f *flight) {
 	c.mu.Lock()
 	delete(c.flights, op)
+	shared := f.followers > 0
 	c.mu.Unlock()
+	if shared {
+		// The leader returns f.res to its caller; the followers copy this
+		// one, which no caller holds.
+		f.res = f.res.clone()
+	}
 	close(f.done)
 }
 
 // run executes fn for (scope, id) unless another call in this process is
 // already driving that operation, in which case it waits for that call and
-// shares its answer. A follower whose leader was stopped by its own context,
-// drives another request (fingerprint) or was refused one, runs fn itself
-// once the leader is done: the journal then answers it.
+// returns a copy of its answer (a caller may change its Result). A follower
+// whose leader was stopped by its own context, drives another request
+// (fingerprint) or was refused one, runs fn itself once the leader is done:
+// the journal then answers it.
 func (c *Client) run(ctx context.Context, scope, id, fingerprint string, fn func(context.Context) (*Result, error)) (*Result, error) {
 	ctx, done, err := c.enter(ctx)
 	if err != nil {
@@ -1009,7 +1022,7 @@ func (c *Client) run(ctx context.Context, scope, id, fingerprint string, fn func
 		if f.fingerprint != fingerprint || errors.Is(f.err, ErrFingerprintMismatch) {
 			continue // the leader's answer is to another request
 		}
-		return f.res, f.err
+		return f.res.clone(), f.err
 	}
 }
 

@@ -71,6 +71,17 @@ type Result struct {
 // Succeeded reports whether the server answered 2xx.
 func (r *Result) Succeeded() bool { return r.State == StateSucceeded }
 
+// clone is a copy of r whose Header and Body are its own.
+func (r *Result) clone() *Result {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Header = r.Header.Clone()
+	c.Body = slices.Clone(r.Body)
+	return &c
+}
+
 func resultFrom(rec Record) *Result {
 	r := &Result{Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State, Attempts: rec.Attempts,
 		TransportResends: rec.TransportResends}

@@ -777,7 +777,7 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rec.Attempts = 1
 	rec.ExpiresAt = now.Add(c.cfg.Retention)
 	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
-	stored, created, err := c.createRecord(ctx, rec, p.ownHeader)
+	stored, created, err := c.createRecord(ctx, rec, p.ownHeader, p.ownBody)
 	if err != nil {
 		if !errors.Is(err, ErrFingerprintMismatch) {
 			// The create's answer may have been lost after it committed.

@@ -190,9 +190,10 @@ type prepared struct {
 	header                 http.Header
 	body                   []byte
 	fingerprint            string
-	// ownHeader: header is the client's own copy, shared with no one
-	// (not split's, whose values are the caller's request's).
-	ownHeader bool
+	// ownHeader (ownBody): header (body) is the client's own copy,
+	// shared with no one (Do's header, the standard client's header and
+	// body; not an Op's body, which is the caller's).
+	ownHeader, ownBody bool
 }
 
 // prepare validates op. Every problem is reported before anything is

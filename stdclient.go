@@ -331,14 +331,24 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, http.
 	if err != nil {
 		return prepared{}, nil, err
 	}
+	// Both are this call's own, values and bytes: a MemoryJournal keeps
+	// them without a copy.
+	p.ownHeader, p.ownBody = true, true
 	return p, creds, nil
 }
 
 // split separates what is journaled from the request's headers and the
-// credentials that go with this call only. Both share the request's
-// values, which a RoundTripper may read until it returns and must not
-// change: Do copies what it journals, and authorizing what it sends.
+// credentials that go with this call only. The journaled header is the
+// client's own, values and all (one array for them), which a
+// MemoryJournal keeps as it is: the caller may change the request's once
+// the call returns. The credentials share the request's values, which a
+// RoundTripper may read until it returns and must not change.
 func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
+	n := 0
+	for _, values := range h {
+		n += len(values)
+	}
+	all := make([]string, 0, n)
 	journaled = make(http.Header, len(h))
 	for name, values := range h {
 		canon := http.CanonicalHeaderKey(name)
@@ -349,8 +359,13 @@ func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
 			}
 			creds[canon] = spellings(h, canon, creds[canon] != nil, values)
 		case canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
+		case journaled[canon] != nil:
+			// Every spelling's values, in one slice of its own.
+			journaled[canon] = spellings(h, canon, true, values)
 		default:
-			journaled[canon] = spellings(h, canon, journaled[canon] != nil, values)
+			start := len(all)
+			all = append(all, spellings(h, canon, false, values)...)
+			journaled[canon] = all[start:len(all):len(all)]
 		}
 	}
 	return journaled, creds

@@ -807,7 +807,7 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rec.Attempts = 1
 	rec.ExpiresAt = now.Add(c.cfg.Retention)
 	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
-	stored, created, err := c.createRecord(ctx, rec, p.ownHeader)
+	stored, created, err := c.createRecord(ctx, rec, p.ownHeader, p.ownBody)
 	if err != nil {
 		if !errors.Is(err, ErrFingerprintMismatch) {
 			// The create's answer may have been lost after it committed.
@@ -987,6 +987,11 @@ type flight struct {
 	fingerprint string
 	res         *Result
 	err         error
+	// followers counts the calls that found this flight running (under
+	// c.mu): when there are any, each gets its own copy of the Result,
+	// for a caller may change its Header or Body (the standard client's
+	// *http.Response shares them with the Result).
+	followers int
 }
 
 // startFlight registers this call as the one driving op in this process,
@@ -995,6 +1000,7 @@ func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f, running := c.flights[op]; running {
+		f.followers++
 		return f, false
 	}
 	f = &flight{done: make(chan struct{}), fingerprint: fingerprint}
@@ -1005,15 +1011,22 @@ func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader 
 func (c *Client) endFlight(op scopeID, f *flight) {
 	c.mu.Lock()
 	delete(c.flights, op)
+	shared := f.followers > 0
 	c.mu.Unlock()
+	if shared {
+		// The leader returns f.res to its caller; the followers copy this
+		// one, which no caller holds.
+		f.res = f.res.clone()
+	}
 	close(f.done)
 }
 
 // run executes fn for (scope, id) unless another call in this process is
 // already driving that operation, in which case it waits for that call and
-// shares its answer. A follower whose leader was stopped by its own context,
-// drives another request (fingerprint) or was refused one, runs fn itself
-// once the leader is done: the journal then answers it.
+// returns a copy of its answer (a caller may change its Result). A follower
+// whose leader was stopped by its own context, drives another request
+// (fingerprint) or was refused one, runs fn itself once the leader is done:
+// the journal then answers it.
 func (c *Client) run(ctx context.Context, scope, id, fingerprint string, fn func(context.Context) (*Result, error)) (*Result, error) {
 	ctx, exit, err := c.enter(ctx)
 	if err != nil {
@@ -1039,7 +1052,7 @@ func (c *Client) run(ctx context.Context, scope, id, fingerprint string, fn func
 		if f.fingerprint != fingerprint || errors.Is(f.err, ErrFingerprintMismatch) {
 			continue // the leader's answer is to another request
 		}
-		return f.res, f.err
+		return f.res.clone(), f.err
 	}
 }
 

@@ -189,20 +189,24 @@ func (m *MemoryJournal) lock(ctx context.Context) error {
 
 // Create implements Journal.
 func (m *MemoryJournal) Create(ctx context.Context, rec Record) (Record, bool, error) {
-	return m.create(ctx, rec, false, false)
+	return m.create(ctx, rec, false, false, false)
 }
 
 // createShared is the client's Create (see createRecord): the record it
-// returns when it creates one is the stored one, not a copy, and with
-// keepHeader its Header is rec's.
-func (m *MemoryJournal) createShared(ctx context.Context, rec Record, keepHeader bool) (Record, bool, error) {
-	return m.create(ctx, rec, true, keepHeader)
+// returns when it creates one is the stored one, not a copy; with
+// keepHeader its Header is rec's, with keepBody its Body.
+func (m *MemoryJournal) createShared(ctx context.Context, rec Record, keepHeader, keepBody bool) (Record, bool, error) {
+	return m.create(ctx, rec, true, keepHeader, keepBody)
 }
 
-func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeader bool) (Record, bool, error) {
-	header := rec.Header
+func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeader, keepBody bool) (Record, bool, error) {
+	header, body := rec.Header, rec.Body
 	if keepHeader {
 		rec.Header = nil // kept, not copied, once the record is valid
+	}
+	keepBody = keepBody && len(body) <= m.maxBody // else NewRecord refuses it
+	if keepBody {
+		rec.Body = nil
 	}
 	out, ev, err := journal.NewRecord(rec, m.now(), m.maxBody)
 	if err != nil {
@@ -210,6 +214,9 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 	}
 	if keepHeader && len(header) > 0 {
 		out.Header = header
+	}
+	if keepBody && len(body) > 0 {
+		out.Body = body
 	}
 	if err := m.lock(ctx); err != nil {
 		return Record{}, false, err

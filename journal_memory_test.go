@@ -113,3 +113,52 @@ func TestAJournalEmbeddingAMemoryJournalIsWrittenThroughItsOwnMethods(t *testing
 	assert.Equal(t, int32(1), j.creates.Load(), "Create")
 	assert.Equal(t, int32(1), j.updates.Load(), "Update")
 }
+
+// The standard client's response shares its header with the Result, not
+// with the journal: what a caller does to resp.Header or the Result's body
+// must not reach the journaled answer, nor the response a later call gets.
+func TestMemoryJournalKeepsItsOwnCopiesOfAStandardResponse(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/orders/1")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":1}`))
+	})
+	j := idem.NewMemoryJournal()
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL})
+	require.NoError(t, err)
+	defer c.Close()
+	std := c.StandardClient()
+	call := func() *http.Response {
+		t.Helper()
+		ctx := idem.WithOperation(context.Background(), "c")
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"n":1}`))
+		require.NoError(t, err)
+		resp, err := std.Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		return resp
+	}
+	resp := call()
+	resp.Header["Location"][0] = "/elsewhere"
+	resp.Header.Set("X-Added", "by the caller")
+	res, ok := idem.ResultOf(resp)
+	require.True(t, ok)
+	res.Body[0] = 'X'
+
+	rec, err := c.Lookup(context.Background(), "", "c")
+	require.NoError(t, err)
+	require.NotNil(t, rec.Response)
+	assert.Equal(t, "/orders/1", rec.Response.Header.Get("Location"), "the journaled answer")
+	assert.Empty(t, rec.Response.Header.Get("X-Added"))
+	assert.Equal(t, `{"id":1}`, string(rec.Response.Body))
+
+	again := call()
+	assert.Equal(t, "/orders/1", again.Header.Get("Location"), "the journaled answer, returned again")
+	assert.Empty(t, again.Header.Get("X-Added"))
+	res, ok = idem.ResultOf(again)
+	require.True(t, ok)
+	assert.True(t, res.Journaled)
+	assert.Equal(t, `{"id":1}`, string(res.Body))
+	assert.Len(t, srv.received(), 1, "sent once")
+}

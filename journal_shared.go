@@ -14,12 +14,12 @@ import "context"
 // stored copy. Only a *MemoryJournal itself is written so: a type that
 // embeds one, to change what Create or Update do, is written through them.
 
-// createRecord is the client's Journal.Create. ownHeader says that
-// rec.Header is the client's own copy, made for this call and never
-// changed: a MemoryJournal keeps it as it is.
-func (c *Client) createRecord(ctx context.Context, rec Record, ownHeader bool) (Record, bool, error) {
+// createRecord is the client's Journal.Create. ownHeader (ownBody) says
+// that rec.Header (rec.Body) is the client's own copy, made for this call
+// and never changed: a MemoryJournal keeps it as it is.
+func (c *Client) createRecord(ctx context.Context, rec Record, ownHeader, ownBody bool) (Record, bool, error) {
 	if m, ok := c.journal.(*MemoryJournal); ok {
-		return m.createShared(ctx, rec, ownHeader)
+		return m.createShared(ctx, rec, ownHeader, ownBody)
 	}
 	return c.journal.Create(ctx, rec)
 }

@@ -71,6 +71,17 @@ type Result struct {
 // Succeeded reports whether the server answered 2xx.
 func (r *Result) Succeeded() bool { return r.State == StateSucceeded }
 
+// clone is a copy of r whose Header and Body are its own.
+func (r *Result) clone() *Result {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Header = r.Header.Clone()
+	c.Body = slices.Clone(r.Body)
+	return &c
+}
+
 func resultFrom(rec Record) *Result {
 	r := &Result{Key: rec.Key, Scope: rec.Scope, ID: rec.ID, State: rec.State, Attempts: rec.Attempts,
 		TransportResends: rec.TransportResends}
@@ -179,9 +190,10 @@ type prepared struct {
 	header                 http.Header
 	body                   []byte
 	fingerprint            string
-	// ownHeader: header is the client's own copy, shared with no one
-	// (not split's, whose values are the caller's request's).
-	ownHeader bool
+	// ownHeader (ownBody): header (body) is the client's own copy,
+	// shared with no one (Do's header, the standard client's header and
+	// body; not an Op's body, which is the caller's).
+	ownHeader, ownBody bool
 }
 
 // prepare validates op. Every problem is reported before anything is

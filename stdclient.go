@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/idemkit/idem/internal/wire"
 )
@@ -173,6 +174,28 @@ type roundTripper struct {
 	c       *Client
 	opts    transportOptions
 	maxBody int
+	// lastURL is the last URL checked, and the string journaled for it:
+	// an SDK sends most requests to a few URLs (as Client.resolve).
+	lastURL atomic.Pointer[checkedURL]
+}
+
+type checkedURL struct {
+	u      url.URL
+	target string
+}
+
+// target is u checked as the URL an operation goes to, and as it is
+// journaled.
+func (t *roundTripper) target(req *http.Request, u url.URL) (string, error) {
+	if last := t.lastURL.Load(); last != nil && last.u == u {
+		return last.target, nil
+	}
+	key := u
+	target, err := checkURL(redact(req), &u)
+	if err == nil {
+		t.lastURL.Store(&checkedURL{u: key, target: target})
+	}
+	return target, err
 }
 
 // RoundTrip sends req as its context's operation, or passes it through.
@@ -294,7 +317,7 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, http.
 		// Spelled as BaseURL is, so that Resume knows it as its origin's.
 		u.Scheme, u.Host = b.Scheme, b.Host
 	}
-	target, err := checkURL(redact(req), &u)
+	target, err := t.target(req, u)
 	if err != nil {
 		return fail(err)
 	}
@@ -308,14 +331,24 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, http.
 	if err != nil {
 		return prepared{}, nil, err
 	}
+	// Both are this call's own, values and bytes: a MemoryJournal keeps
+	// them without a copy.
+	p.ownHeader, p.ownBody = true, true
 	return p, creds, nil
 }
 
 // split separates what is journaled from the request's headers and the
-// credentials that go with this call only. Both share the request's
-// values, which a RoundTripper may read until it returns and must not
-// change: Do copies what it journals, and authorizing what it sends.
+// credentials that go with this call only. The journaled header is the
+// client's own, values and all (one array for them), which a
+// MemoryJournal keeps as it is: the caller may change the request's once
+// the call returns. The credentials share the request's values, which a
+// RoundTripper may read until it returns and must not change.
 func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
+	n := 0
+	for _, values := range h {
+		n += len(values)
+	}
+	all := make([]string, 0, n)
 	journaled = make(http.Header, len(h))
 	for name, values := range h {
 		canon := http.CanonicalHeaderKey(name)
@@ -326,8 +359,13 @@ func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
 			}
 			creds[canon] = spellings(h, canon, creds[canon] != nil, values)
 		case canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
+		case journaled[canon] != nil:
+			// Every spelling's values, in one slice of its own.
+			journaled[canon] = spellings(h, canon, true, values)
 		default:
-			journaled[canon] = spellings(h, canon, journaled[canon] != nil, values)
+			start := len(all)
+			all = append(all, spellings(h, canon, false, values)...)
+			journaled[canon] = all[start:len(all):len(all)]
 		}
 	}
 	return journaled, creds
@@ -408,10 +446,11 @@ func (t *roundTripper) readBody(req *http.Request) ([]byte, error) {
 // returns nothing and no error 100 times in a row (bufio's bound) is
 // io.ErrNoProgress, rather than read for as long as it does.
 func readAll(r io.Reader, size int64, limit int) ([]byte, error) {
-	b := make([]byte, 0, 512)
+	n := int64(512)
 	if size > 0 && size < int64(limit) {
-		b = make([]byte, 0, size+1) // +1: the read that sees the end
+		n = size + 1 // +1: the read that sees the end
 	}
+	b := make([]byte, 0, n)
 	for empty := 0; ; {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
@@ -451,30 +490,83 @@ func cancelWith(req *http.Request) (context.Context, func()) {
 	return ctx, func() { close(done); cancel() }
 }
 
-// response is res as net/http's transport would return it.
+// response is res as net/http's transport would return it. Its Header is
+// res.Header, which is this call's own (a Result is its caller's: the
+// journal keeps a copy, and calls that share one attempt each get a copy
+// of its Result), unless it must differ from the server's: a body cut
+// short of its Content-Length, a replay whose mark the header lacks.
 func response(req *http.Request, res *Result) *http.Response {
-	h := res.Header.Clone()
+	h := res.Header
+	mark := res.Replayed && !wire.Replayed(h)
+	if mark || !contentLengthIs(h, len(res.Body)) {
+		h = h.Clone()
+		h.Del("Content-Length") // the body was cut (Config.MaxResponseBytes)
+		if mark {
+			if h == nil {
+				h = http.Header{}
+			}
+			h.Set(wire.ReplayedHeader, "true")
+		}
+	}
 	if h == nil {
 		h = http.Header{}
 	}
-	if res.Replayed && !wire.Replayed(h) {
-		h.Set(wire.ReplayedHeader, "true")
-	}
-	h.Del("Content-Length") // the body may have been cut (Config.MaxResponseBytes)
-	return &http.Response{
-		Status:     strconv.Itoa(res.StatusCode) + " " + http.StatusText(res.StatusCode),
+	r := &resultResponse{}
+	r.body.Reset(res.Body)
+	r.body.res = res
+	r.resp = http.Response{
+		Status:     statusLine(res.StatusCode),
 		StatusCode: res.StatusCode, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header:        h,
-		Body:          &resultBody{Reader: bytes.NewReader(res.Body), res: res},
+		Body:          &r.body,
 		ContentLength: int64(len(res.Body)),
 		Request:       req,
 	}
+	return &r.resp
+}
+
+// resultResponse is a response and its body, allocated together.
+type resultResponse struct {
+	resp http.Response
+	body resultBody
+}
+
+// contentLengthIs reports whether h's Content-Length is n or absent.
+func contentLengthIs(h http.Header, n int) bool {
+	v, ok := h["Content-Length"]
+	if !ok {
+		return true
+	}
+	if len(v) != 1 {
+		return false
+	}
+	got, err := strconv.ParseInt(v[0], 10, 64)
+	return err == nil && got == int64(n)
+}
+
+// statusLines are net/http's status lines ("201 Created") of the codes it
+// knows, made once instead of on each response.
+var statusLines = func() map[int]string {
+	m := make(map[int]string)
+	for code := 100; code < 600; code++ {
+		if text := http.StatusText(code); text != "" {
+			m[code] = strconv.Itoa(code) + " " + text
+		}
+	}
+	return m
+}()
+
+func statusLine(code int) string {
+	if s, ok := statusLines[code]; ok {
+		return s
+	}
+	return strconv.Itoa(code) + " " + http.StatusText(code)
 }
 
 // resultBody is the body of a response the RoundTripper returns: the
 // journaled answer, and the Result it belongs to.
 type resultBody struct {
-	*bytes.Reader
+	bytes.Reader
 	res *Result
 }
 
@@ -484,6 +576,9 @@ func (*resultBody) Close() error { return nil }
 // or Client.StandardClient returned for an operation (its key, whether
 // the server replayed it, whether it came from the journal without being
 // sent), or false for any other response, or one whose Body was replaced.
+// The response's Header is the Result's, one map, except when it had to
+// differ from the server's (a body cut at Config.MaxResponseBytes, short
+// of its Content-Length); neither is the journal's.
 func ResultOf(resp *http.Response) (*Result, bool) {
 	if resp == nil {
 		return nil, false

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,4 +120,40 @@ func TestStandardClientDeclaredBodyThatIsMissing(t *testing.T) {
 	counts, err := j.Count(context.Background())
 	require.NoError(t, err)
 	assert.Empty(t, counts, "nothing journaled")
+}
+
+// The response's Content-Length header says what its body holds: the
+// server's when the whole answer was kept, none when Config.MaxResponseBytes
+// cut it (an SDK that sizes a buffer by it would wait for bytes that never
+// come). The Result keeps the server's header as it came.
+func TestStandardClientContentLengthOfACutBody(t *testing.T) {
+	t.Parallel()
+	const answer = `{"order_id":"ord_1","status":"created"}`
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, answer)
+	})
+	for _, limit := range []int64{0, 16} {
+		c, err := idem.New(idem.Config{Journal: idem.NewMemoryJournal(), BaseURL: srv.URL, MaxResponseBytes: limit})
+		require.NoError(t, err)
+		ctx := idem.WithOperation(context.Background(), "checkout/cart-1")
+		resp, err := c.StandardClient().Do(postOrder(t, ctx, srv.URL, `{}`, ""))
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		res, ok := idem.ResultOf(resp)
+		require.True(t, ok)
+		assert.Equal(t, strconv.Itoa(len(answer)), res.Header.Get("Content-Length"), "the server's header, in the Result")
+		assert.Equal(t, int64(len(body)), resp.ContentLength)
+		if limit == 0 {
+			assert.Equal(t, answer, string(body))
+			assert.Equal(t, strconv.Itoa(len(answer)), resp.Header.Get("Content-Length"))
+		} else {
+			assert.Len(t, body, int(limit), "cut at MaxResponseBytes")
+			assert.Empty(t, resp.Header.Values("Content-Length"), "no length the body does not have")
+		}
+		require.NoError(t, c.Close())
+	}
 }

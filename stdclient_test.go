@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -653,6 +654,8 @@ func TestStandardClientConcurrentCallsShareOneAttempt(t *testing.T) {
 	const callers = 8
 	var wg sync.WaitGroup
 	bodies := make([]string, callers)
+	headers := make([]http.Header, callers)
+	results := make([]*idem.Result, callers)
 	errs := make([]error, callers)
 	for i := range callers {
 		wg.Add(1)
@@ -663,7 +666,9 @@ func TestStandardClientConcurrentCallsShareOneAttempt(t *testing.T) {
 				errs[i] = err
 				return
 			}
-			resp.Header.Set("X-Seen-By", "caller") // each response's header is its own
+			resp.Header.Set("X-Seen-By", strconv.Itoa(i)) // each response's header is its own
+			headers[i] = resp.Header
+			results[i], _ = idem.ResultOf(resp)
 			b, err := io.ReadAll(resp.Body)
 			errs[i] = errors.Join(err, resp.Body.Close())
 			bodies[i] = string(b)
@@ -675,6 +680,11 @@ func TestStandardClientConcurrentCallsShareOneAttempt(t *testing.T) {
 	for i := range callers {
 		require.NoError(t, errs[i])
 		assert.Equal(t, `{"order_id":"ord_1"}`, bodies[i])
+		assert.Equal(t, strconv.Itoa(i), headers[i].Get("X-Seen-By"), "caller %d's header was changed by another", i)
+		require.NotNil(t, results[i])
+		for j := range i {
+			assert.NotSame(t, results[j], results[i], "callers %d and %d share a Result", j, i)
+		}
 	}
 	assert.EqualValues(t, 1, hits.Load(), "one attempt for the operation")
 }

@@ -237,10 +237,12 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 // entry's times back to the caller's clock.
 func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byte, now int64, off time.Duration, sql string, args ...any) (server.Entry, error) {
 	var e server.Entry
-	err := s.withConn(ctx, func(conn *pgx.Conn) error {
-		var err error
-		e, err = scanStoreEntry(conn.QueryRow(ctx, sql, args...), off)
-		return err
+	err := s.writeTx(ctx, func(b *pgx.Batch) {
+		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+			var err error
+			e, err = scanStoreEntry(row, off)
+			return err
+		})
 	})
 	d := asDoubt(err)
 	if d == nil {
@@ -306,11 +308,17 @@ func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) error {
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, sql, args...)
+	var n int64
+	err := s.writeTx(ctx, func(b *pgx.Batch) {
+		b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
+			n = tag.RowsAffected()
+			return nil
+		})
+	})
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return server.ErrLockLost
 	}
 	return nil
@@ -344,11 +352,16 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 	total := 0
 	for {
-		tag, err := s.pool.Exec(ctx, s.q.sweep, storeNanos(now, s.clock.off()), storeSweepBatch)
+		var n int
+		err := s.writeTx(ctx, func(b *pgx.Batch) {
+			b.Queue(s.q.sweep, storeNanos(now, s.clock.off()), storeSweepBatch).Exec(func(tag pgconn.CommandTag) error {
+				n = int(tag.RowsAffected())
+				return nil
+			})
+		})
 		if err != nil {
 			return total, s.fail(ctx, "sweep", err)
 		}
-		n := int(tag.RowsAffected())
 		total += n
 		if n < storeSweepBatch {
 			return total, nil

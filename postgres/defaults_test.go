@@ -12,10 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testserver"
+	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/server"
 )
 
@@ -255,4 +259,248 @@ func TestStoreKeepsItsPromiseWhateverTheDefaultIsolation(t *testing.T) {
 			})
 		}
 	}
+}
+
+// journalStorm runs three workers, each with its own pool of db's role
+// (or on db's database), its own journal and client, through every write
+// of the journal: intents, claims (each client's background Resume),
+// outcomes, lease renewals, Sync (Close), and the owners' writes (Register, a
+// liveness session taken again after an administrator ends it, every
+// 200 ms for one worker, the sweep of gone owners, unregistering). Each
+// worker calls Do for 40 operations, 4 at a time, through a server that
+// drops a fifth of the answers after committing; each Do is called again
+// until it succeeds. Every error is counted, every operation must succeed
+// with one order each.
+func journalStorm(t *testing.T, db *defaultsDB) {
+	t.Helper()
+	srv := testserver.Start(t)
+	srv.InjectN(testserver.DropAfterCommit, 24)
+	var clients []*idem.Client
+	var journals []*postgres.Journal
+	for i := range 3 {
+		cfg := db.pool.Config().Copy()
+		cfg.MaxConns = 5
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		j := openOn(t, pool, "idem")
+		journals = append(journals, j)
+		c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.StatusURL),
+			Owner: fmt.Sprint("worker-", i), ResumeInterval: 100 * time.Millisecond, LeaseDuration: 2 * time.Second,
+			AttemptTimeout: 10 * time.Second})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		clients = append(clients, c)
+	}
+	stop := make(chan struct{})
+	var side sync.WaitGroup
+	var sideErrs []error
+	var sideMu sync.Mutex
+	sideErr := func(err error) {
+		sideMu.Lock()
+		sideErrs = append(sideErrs, err)
+		sideMu.Unlock()
+	}
+	side.Add(2)
+	go func() { // an administrator ends worker-1's liveness session, again and again
+		defer side.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			_, _ = db.admin.Exec(ctx, `SELECT pg_terminate_backend(l.pid) FROM (`+livenessLocks("idem", "l.pid")+`) AS l(pid)`,
+				`idem.owners`, "worker-1")
+		}
+	}()
+	go func() { // short-lived owners come and go on worker-2's journal
+		defer side.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			unregister, err := journals[2].Register(ctx, fmt.Sprint("passer-", i))
+			if err != nil {
+				sideErr(err)
+				continue
+			}
+			if err := unregister(); err != nil {
+				sideErr(err)
+			}
+		}
+	}()
+
+	var (
+		mu   sync.Mutex
+		errs []string
+		wg   sync.WaitGroup
+	)
+	for w, c := range clients {
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := range 10 {
+					id := fmt.Sprintf("order-%d-%d-%d", w, g, n)
+					for try := 0; ; try++ {
+						_, err := c.Do(ctx, orderOp(id))
+						if err == nil {
+							break
+						}
+						mu.Lock()
+						errs = append(errs, fmt.Sprintf("%s: %v", id, err))
+						mu.Unlock()
+						if try == 20 {
+							return
+						}
+						time.Sleep(50 * time.Millisecond)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(stop)
+	side.Wait()
+	assert.Empty(t, errs, "Do failed")
+	assert.Empty(t, sideErrs, "Register or unregister failed")
+	assert.Equal(t, 120, srv.TotalOrders(), "one order per operation")
+	assert.Equal(t, 120, srv.Executions(), "the handler ran once per operation")
+	for w := range 3 {
+		for g := range 4 {
+			for n := range 10 {
+				rec, err := journals[0].Lookup(ctx, "default", fmt.Sprintf("order-%d-%d-%d", w, g, n))
+				if assert.NoError(t, err) {
+					assert.Equal(t, idem.StateSucceeded, rec.State, "%s", rec.ID)
+				}
+			}
+		}
+	}
+	for _, c := range clients {
+		assert.NoError(t, c.Close())
+	}
+}
+
+// TestJournalKeepsItsPromiseWhateverTheDefaultIsolation: the journal's
+// transactions begin at read committed; its statements outside them (the
+// owners' writes: a registration, a new liveness session, the sweep of
+// gone owners, an unregistration) ran at the role's or database's
+// default isolation, where they meet another worker's judgement of the
+// same owner and fail with SQLSTATE 40001.
+func TestJournalKeepsItsPromiseWhateverTheDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, level := range []string{"role", "database"} {
+		for _, iso := range []string{"repeatable read", "serializable"} {
+			t.Run(level+"/"+iso, func(t *testing.T) {
+				db := poolWithDefaults(t, level, 5, map[string]string{"default_transaction_isolation": iso})
+				journalStorm(t, db)
+			})
+		}
+	}
+}
+
+// TestNoCallFailsOnASessionEndedForIdling: with idle_session_timeout
+// set for the role below a second (pgxpool checks a connection before
+// handing it out only once it idled for a second), the server ends the
+// pool's idle sessions, and the first statement on such a connection met
+// "terminating connection due to idle-session timeout" (57P05): a 503 for
+// the store's request, an error for the journal's Do. Nothing of such a
+// statement ran: it runs again on another session.
+func TestNoCallFailsOnASessionEndedForIdling(t *testing.T) {
+	t.Parallel()
+	settings := map[string]string{"idle_session_timeout": "200ms"}
+	// Idle past the timeout, within pgxpool's second.
+	const idle = 600 * time.Millisecond
+	t.Run("store", func(t *testing.T) {
+		db := poolWithDefaults(t, "role", 3, settings)
+		mw, err := server.New(server.Config{Store: openStoreIn(t, db.pool, "idem"), Scope: tenantOf})
+		require.NoError(t, err)
+		srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusCreated)
+		})))
+		t.Cleanup(func() { srv.Close(); _ = mw.Close() })
+		for i := range 4 {
+			time.Sleep(idle)
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", nil)
+			require.NoError(t, err)
+			req.Header.Set("Idempotency-Key", fmt.Sprint("key-", i))
+			resp, err := srv.Client().Do(req)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			assert.Equal(t, http.StatusCreated, resp.StatusCode, "request %d after idling: %s", i, body)
+		}
+	})
+	t.Run("journal", func(t *testing.T) {
+		db := poolWithDefaults(t, "role", 4, settings)
+		srv := testserver.Start(t)
+		j := openOn(t, db.pool, "idem")
+		c := workerClient(t, j, srv, "worker")
+		for i := range 4 {
+			time.Sleep(idle)
+			_, err := c.Do(ctx, orderOp(fmt.Sprint("order-", i)))
+			assert.NoError(t, err, "Do %d after idling", i)
+		}
+		assert.Equal(t, 4, srv.TotalOrders())
+		time.Sleep(idle)
+		unregister, err := j.Register(ctx, "another-worker")
+		if assert.NoError(t, err, "Register after idling") {
+			assert.NoError(t, unregister())
+		}
+	})
+}
+
+// shortTimeouts are timeouts an operator may set for a role, meant for
+// the application's own sessions, well below what the journal's and the
+// store's sessions idle or stay in a transaction.
+var shortTimeouts = map[string]string{
+	"statement_timeout": "500ms", "lock_timeout": "500ms",
+	"idle_in_transaction_session_timeout": "500ms", "idle_session_timeout": "500ms",
+}
+
+// TestShortTimeoutsOfTheRoleFailNothing: statement_timeout, lock_timeout,
+// idle_in_transaction_session_timeout and idle_session_timeout of half a
+// second, set for the role, fail no request of the store's storm and no
+// call of the journal's (sessions the server ended for idling are left
+// behind, see TestNoCallFailsOnASessionEndedForIdling), and the liveness
+// session, idle in its transaction for the worker's life, outlives them
+// all (transaction_timeout, from PostgreSQL 17, is turned off for it as
+// idle_in_transaction_session_timeout is; this server predates it, so
+// only the version guard's older path runs here).
+func TestShortTimeoutsOfTheRoleFailNothing(t *testing.T) {
+	t.Parallel()
+	t.Run("store", func(t *testing.T) {
+		storeStorm(t, poolWithDefaults(t, "role", 6, shortTimeouts).pool)
+	})
+	t.Run("journal", func(t *testing.T) {
+		journalStorm(t, poolWithDefaults(t, "role", 5, shortTimeouts))
+	})
+	t.Run("liveness", func(t *testing.T) {
+		db := poolWithDefaults(t, "role", 4, shortTimeouts)
+		a := openOn(t, db.pool, "idem")
+		b := openOn(t, db.admin, "idem", postgres.LivenessGrace(0))
+		keys := createRecords(t, b, 1)
+		unregister, err := a.Register(ctx, "worker-a")
+		require.NoError(t, err)
+		defer unregister()
+		_, err = a.Acquire(ctx, keys[0], "worker-a", time.Hour)
+		require.NoError(t, err)
+		pids := func() []int32 {
+			rows, err := db.admin.Query(ctx, livenessLocks("idem", "l.pid"), "idem.owners", "worker-a")
+			require.NoError(t, err)
+			got, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			require.NoError(t, err)
+			return got
+		}
+		before := pids()
+		require.Len(t, before, 1)
+		time.Sleep(2 * time.Second) // four times every timeout
+		assert.Equal(t, before, pids(), "the liveness session is the one it was")
+		got, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+		require.NoError(t, err)
+		assert.Empty(t, got, "worker-a's operation is its own")
+	})
 }

@@ -291,7 +291,11 @@ func (j *Journal) readOne(ctx context.Context, what, query string, args ...any) 
 	}
 	defer done()
 	off := j.off()
-	_, rec, err := scanRecord(j.pool.QueryRow(ctx, query, args...))
+	var rec idem.Record
+	err = onLiveSession(ctx, j.pool, func() (err error) {
+		_, rec, err = scanRecord(j.pool.QueryRow(ctx, query, args...))
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, journal.NotFound(what)
 	}
@@ -310,7 +314,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		return nil, err
 	}
 	defer done()
-	if err := j.clock.refresh(ctx, j.pool); err != nil {
+	if err := onLiveSession(ctx, j.pool, func() error { return j.clock.refresh(ctx, j.pool) }); err != nil {
 		return nil, j.fail(ctx, "claim by "+req.Owner, err)
 	}
 	off := j.off()
@@ -413,7 +417,7 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 	if len(held) == 0 {
 		return 0, nil
 	}
-	if err := j.clock.refresh(ctx, j.pool); err != nil {
+	if err := onLiveSession(ctx, j.pool, func() error { return j.clock.refresh(ctx, j.pool) }); err != nil {
 		return 0, j.fail(ctx, "the renewal of leases", err)
 	}
 	keys := slices.Sorted(maps.Keys(held)) // rows are locked in key order, as every batch does
@@ -453,6 +457,10 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 // commit sent without an answer as a commitDoubt. (pgx.BeginFunc would
 // report the rollback's "conn closed" after such a commit instead.)
 func (j *Journal) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return onLiveSession(ctx, j.pool, func() error { return j.inTxOnce(ctx, fn) })
+}
+
+func (j *Journal) inTxOnce(ctx context.Context, fn func(pgx.Tx) error) error {
 	conn, err := j.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -487,7 +495,7 @@ func (j *Journal) Sync(ctx context.Context) error {
 			wire.Millis(j.now()))
 		return doubtful(conn.Conn(), err)
 	}
-	err = sync(ctx)
+	err = onLiveSession(ctx, j.pool, func() error { return sync(ctx) })
 	if d := asDoubt(err); d != nil {
 		// Committed or not, a Sync run again once the first has settled
 		// flushes the WAL as far as the first would have.

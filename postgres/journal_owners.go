@@ -151,13 +151,19 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	}
 	defer func() { j.mu.Lock(); j.joining--; j.mu.Unlock() }()
 	var id int32
-	if err := j.pool.QueryRow(ctx, j.q.register, owner, wire.Millis(j.now())).Scan(&id); err != nil {
+	if err := onLiveSession(ctx, j.pool, func() error {
+		return j.pool.QueryRow(ctx, j.q.register, owner, wire.Millis(j.now())).Scan(&id)
+	}); err != nil {
 		if _, ok := isUniqueViolation(err); ok {
 			return nil, fmt.Errorf("%w: owner %q registered before; each registration needs a new name", idem.ErrInvalidRecord, owner)
 		}
 		return nil, j.fail(ctx, "registering owner "+owner, err)
 	}
-	conn, err := j.takeLiveness(ctx, owner, id)
+	var conn *pgxpool.Conn
+	err = onLiveSession(ctx, j.pool, func() (err error) {
+		conn, err = j.takeLiveness(ctx, owner, id)
+		return err
+	})
 	if err != nil {
 		return nil, err // the row, without a lock and without leases, is swept
 	}
@@ -284,7 +290,10 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 	// On another session: written in the lock's transaction, the row
 	// would be seen only once the owner unregisters. (idle_session_timeout
 	// ends no session in a transaction.)
-	if _, err := j.pool.Exec(ctx, j.q.newSession, id, owner, wire.Millis(j.now())); err != nil {
+	if err := onLiveSession(ctx, j.pool, func() error {
+		_, err := j.pool.Exec(ctx, j.q.newSession, id, owner, wire.Millis(j.now()))
+		return err
+	}); err != nil {
 		dropConn(conn) // ending the session lets go of the lock
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}

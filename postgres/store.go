@@ -172,7 +172,7 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 	if err := s.enter(ctx); err != nil {
 		return server.ClaimResult{}, err
 	}
-	if err := s.clock.refresh(ctx, s.pool); err != nil {
+	if err := onLiveSession(ctx, s.pool, func() error { return s.clock.refresh(ctx, s.pool) }); err != nil {
 		return server.ClaimResult{}, s.fail(ctx, "claim", err)
 	}
 	// The request's times are the caller's clock; the entries' are the
@@ -194,7 +194,11 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 				State: server.InProgress, Token: w.token, CreatedAt: req.Now, LockedAt: req.Now, ExpiresAt: req.ExpiresAt,
 			}}, nil
 		}
-		e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, w.id), off)
+		var e server.Entry
+		err := onLiveSession(ctx, s.pool, func() (err error) {
+			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, w.id), off)
+			return err
+		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Deleted since the insert ran into it: insert again.
@@ -281,7 +285,9 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 		// The same completion again (the first one's reply was lost)
 		// finds its own response under its token, and succeeds.
 		var same int
-		err := s.pool.QueryRow(ctx, s.q.completedAlike, w.id, req.Token, int32(req.Response.Status), w.header, w.body).Scan(&same)
+		err := onLiveSession(ctx, s.pool, func() error {
+			return s.pool.QueryRow(ctx, s.q.completedAlike, w.id, req.Token, int32(req.Response.Status), w.header, w.body).Scan(&same)
+		})
 		if err != nil {
 			return s.fail(ctx, "complete", err)
 		}
@@ -330,7 +336,11 @@ func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (serv
 		return server.Entry{}, err
 	}
 	off := s.clock.off()
-	e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, storeID(scope, key), storeNanos(now, off)), off)
+	var e server.Entry
+	err := onLiveSession(ctx, s.pool, func() (err error) {
+		e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, storeID(scope, key), storeNanos(now, off)), off)
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return server.Entry{}, server.ErrNotFound
 	}

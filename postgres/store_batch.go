@@ -171,7 +171,15 @@ func storeRetryAlone[W any](ctx context.Context, batch []*W, err error, reset fu
 // request again, or a lock the handler loses. The store's reads are
 // single statements, which at any level read one snapshot and fail for
 // nobody.
+//
+// A statement that meets a session the server ended for idling runs again
+// on another (see endedIdle): nothing of it ran, and queue's callbacks
+// were not called.
 func (s *Store) writeTx(ctx context.Context, queue func(b *pgx.Batch)) error {
+	return onLiveSession(ctx, s.pool, func() error { return s.writeTxOnce(ctx, queue) })
+}
+
+func (s *Store) writeTxOnce(ctx context.Context, queue func(b *pgx.Batch)) error {
 	b := &pgx.Batch{}
 	b.Queue(beginTx)
 	queue(b)

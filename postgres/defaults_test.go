@@ -497,6 +497,14 @@ func TestShortTimeoutsOfTheRoleFailNothing(t *testing.T) {
 		}
 		before := pids()
 		require.Len(t, before, 1)
+		var version int
+		require.NoError(t, db.admin.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version))
+		if version < 170000 {
+			// The guard is what lets the lock be taken here: the server
+			// refuses a transaction_timeout it does not know.
+			_, err := db.admin.Exec(ctx, `SELECT set_config('transaction_timeout', '0', true)`)
+			require.Error(t, err, "a server before 17 knows transaction_timeout")
+		}
 		time.Sleep(2 * time.Second) // four times every timeout
 		assert.Equal(t, before, pids(), "the liveness session is the one it was")
 		got, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})

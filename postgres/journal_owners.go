@@ -251,8 +251,11 @@ func (j *Journal) reserveSession(owner string) error {
 // them. The transaction writes nothing and holds no snapshot once its
 // statement ends (read committed, set for it whatever the session's
 // default), so it holds back neither VACUUM nor
-// any other session; only idle_in_transaction_session_timeout would end
-// it, which the transaction turns off for itself.
+// any other session; only idle_in_transaction_session_timeout and
+// transaction_timeout (PostgreSQL 17) would end it, which the transaction
+// turns off for itself. statement_timeout and lock_timeout touch it not:
+// its statement takes the lock without waiting, and it then runs only
+// empty statements.
 func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pgxpool.Conn, error) {
 	conn, err := j.pool.Acquire(ctx)
 	if err != nil {
@@ -266,7 +269,15 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 		// the transaction, and with it the snapshot it ran on, so the
 		// open transaction would hold back VACUUM (backend_xmin) for the
 		// worker's life.
+		//
+		// The transaction turns off, for itself, the timeouts that would
+		// end it: idle_in_transaction_session_timeout, and from
+		// PostgreSQL 17 on transaction_timeout, which an older server does
+		// not know (set_config would fail there: CASE runs it only on 17
+		// and later).
 		err = conn.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '0', true) IS NOT NULL
+			AND CASE WHEN current_setting('server_version_num')::int >= 170000
+				THEN set_config('transaction_timeout', '0', true) IS NOT NULL ELSE true END
 			AND pg_try_advisory_xact_lock($1, $2)`, pgx.QueryExecModeSimpleProtocol, j.livenessClass(), id).Scan(&locked)
 	}
 	if err != nil {

@@ -512,3 +512,66 @@ func TestShortTimeoutsOfTheRoleFailNothing(t *testing.T) {
 		assert.Empty(t, got, "worker-a's operation is its own")
 	})
 }
+
+// TestWritesRefusedByAReadOnlyDefaultSaySo: default_transaction_read_only
+// set for the role after the journal and the store were opened (a guard
+// during maintenance) is the operator's word, and neither overrides it.
+// While it holds, the store answers 503 (retry later: nothing was run)
+// and logs, and a Do fails before anything is sent, each with an error
+// that matches postgres.ErrReadOnly and names the setting; once it is
+// lifted, the same key and the same operation run, once.
+func TestWritesRefusedByAReadOnlyDefaultSaySo(t *testing.T) {
+	t.Parallel()
+	db := poolWithDefaults(t, "role", 4, map[string]string{"application_name": "read-only-test"})
+	logs := &logTally{}
+	mw, err := server.New(server.Config{Store: openStoreIn(t, db.pool, "idem"), Scope: tenantOf, Logger: slog.New(logs)})
+	require.NoError(t, err)
+	var runs int
+	api := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		w.WriteHeader(http.StatusCreated)
+	})))
+	t.Cleanup(func() { api.Close(); _ = mw.Close() })
+	post := func() int {
+		req, err := http.NewRequest(http.MethodPost, api.URL+"/orders", nil)
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "k1")
+		resp, err := api.Client().Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	srv := testserver.Start(t)
+	c, err := idem.New(idem.Config{Journal: openOn(t, db.pool, "idem", postgres.WithoutLiveness()), BaseURL: srv.URL,
+		Status: idem.StatusEndpoint(srv.StatusURL)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+
+	readOnly := func(on bool) {
+		stmt := `ALTER ROLE ` + pgx.Identifier{db.name}.Sanitize() + ` RESET default_transaction_read_only`
+		if on {
+			stmt = `ALTER ROLE ` + pgx.Identifier{db.name}.Sanitize() + ` SET default_transaction_read_only = on`
+		}
+		_, err := db.admin.Exec(ctx, stmt)
+		require.NoError(t, err)
+		db.pool.Reset() // new sessions take the role's settings
+	}
+	readOnly(true)
+	assert.Equal(t, http.StatusServiceUnavailable, post(), "a key that cannot be recorded is not run")
+	assert.Zero(t, runs)
+	if msgs := logs.all(); assert.NotEmpty(t, msgs) {
+		assert.Contains(t, msgs[0], "default_transaction_read_only", "the log names the setting")
+	}
+	_, err = c.Do(ctx, orderOp("order-1"))
+	require.Error(t, err)
+	assert.ErrorIs(t, err, postgres.ErrReadOnly)
+	assert.Contains(t, err.Error(), "default_transaction_read_only", "the error names the setting")
+	assert.Zero(t, srv.Requests(), "nothing was sent")
+
+	readOnly(false)
+	assert.Equal(t, http.StatusCreated, post())
+	assert.Equal(t, 1, runs)
+	_, err = c.Do(ctx, orderOp("order-1"))
+	require.NoError(t, err)
+	assert.Equal(t, 1, srv.TotalOrders())
+}

@@ -227,7 +227,7 @@ func (j *Journal) fail(ctx context.Context, what string, err error) error {
 	if err = classify(ctx, err); err == nil || err == ctx.Err() {
 		return err
 	}
-	return fmt.Errorf("%s: %s: %w%s", j.where(), what, err, timeoutAdvice(err))
+	return fmt.Errorf("%s: %s: %w%s", j.where(), what, asReadOnly(err), timeoutAdvice(err))
 }
 
 // Create implements idem.Journal.

@@ -211,7 +211,7 @@ func (j *Journal) mapWriteError(r *writeReq, err error) error {
 	if errors.Is(err, idem.ErrJournalClosed) {
 		return err
 	}
-	return fmt.Errorf("%s: %s: %w%s", j.where(), r.describe(), err, timeoutAdvice(err))
+	return fmt.Errorf("%s: %s: %w%s", j.where(), r.describe(), asReadOnly(err), timeoutAdvice(err))
 }
 
 type row struct {

@@ -397,7 +397,7 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("postgres store in schema %q: %s: %w; the store's tables are gone: run postgres.MigrateStore, or open the store again",
 			s.schema, op, err)
 	}
-	return fmt.Errorf("postgres store in schema %q: %s: %w%s", s.schema, op, err, timeoutAdvice(err))
+	return fmt.Errorf("postgres store in schema %q: %s: %w%s", s.schema, op, asReadOnly(err), timeoutAdvice(err))
 }
 
 // scanStoreEntry reads storeColumns, its times moved back from the

@@ -575,3 +575,61 @@ func TestWritesRefusedByAReadOnlyDefaultSaySo(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, srv.TotalOrders())
 }
+
+// TestOddSessionDefaultsChangeNothing: a role's DateStyle, TimeZone,
+// search_path, client_encoding, IntervalStyle and extra_float_digits,
+// under each of pgx's query modes (exec and the simple protocol being
+// those a pool behind an older PgBouncer uses, which read results as
+// text). The tables are named with their schema and times are numbers,
+// but the server's clock was read as a timestamp, which in text is in the
+// session's DateStyle (pgx could not parse the German style: every claim
+// failed), and the liveness lock's statement runs in the simple
+// protocol, which pgx refuses unless client_encoding is UTF8 (every
+// Register failed).
+func TestOddSessionDefaultsChangeNothing(t *testing.T) {
+	t.Parallel()
+	odd := map[string]string{"DateStyle": "German, DMY", "TimeZone": "Pacific/Chatham", "search_path": "nowhere",
+		"client_encoding": "LATIN1", "IntervalStyle": "sql_standard", "extra_float_digits": "-3"}
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			db := poolWithDefaults(t, "role", 4, odd)
+			cfg := db.pool.Config().Copy()
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			if mode == pgx.QueryExecModeSimpleProtocol {
+				// pgx runs nothing in the simple protocol in another
+				// encoding: such a pool is the application's to set so.
+				cfg.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
+			}
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			var style string
+			require.NoError(t, pool.QueryRow(ctx, `SHOW DateStyle`).Scan(&style))
+			require.Equal(t, "German, DMY", style, "the role's default reaches the pool's sessions")
+
+			srv := testserver.Start(t)
+			c := workerClient(t, openOn(t, pool, "idem"), srv, "worker")
+			for i := range 3 {
+				_, err := c.Do(ctx, orderOp(fmt.Sprint("order-", i)))
+				require.NoError(t, err)
+			}
+			assert.Equal(t, 3, srv.TotalOrders())
+
+			mw, err := server.New(server.Config{Store: openStoreIn(t, pool, "idem"), Scope: tenantOf})
+			require.NoError(t, err)
+			api := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusCreated)
+			})))
+			t.Cleanup(func() { api.Close(); _ = mw.Close() })
+			for _, key := range []string{"k1", "k1", "k2"} {
+				req, err := http.NewRequest(http.MethodPost, api.URL+"/orders", nil)
+				require.NoError(t, err)
+				req.Header.Set("Idempotency-Key", key)
+				resp, err := api.Client().Do(req)
+				require.NoError(t, err)
+				_ = resp.Body.Close()
+				assert.Equal(t, http.StatusCreated, resp.StatusCode, key)
+			}
+		})
+	}
+}

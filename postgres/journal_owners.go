@@ -263,6 +263,12 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 	}
 	var locked bool
 	_, err = conn.Exec(ctx, beginTx)
+	if err == nil && conn.Conn().PgConn().ParameterStatus("client_encoding") != "UTF8" {
+		// pgx runs the simple protocol only in UTF8, and a role or a
+		// database may default to another client_encoding: UTF8 for this
+		// transaction only.
+		_, err = conn.Exec(ctx, `SELECT set_config('client_encoding', 'UTF8', true)`)
+	}
 	if err == nil {
 		// In the simple protocol: the extended protocol's unnamed portal
 		// outlives its statement until the next statement or the end of

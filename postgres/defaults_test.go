@@ -633,3 +633,46 @@ func TestOddSessionDefaultsChangeNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestStoreReadingTextRefusesEscapedBytea: a pool that reads results as
+// text (pgx's exec and simple-protocol modes, as behind an older
+// PgBouncer) reads bytea in the session's bytea_output, and pgx reads only
+// hex, the default. With escape set for the role, every claim that met a
+// key already there failed, and answered 503 after a read-back of 30 s.
+// The store refuses such a pool at open, saying what to set.
+func TestStoreReadingTextRefusesEscapedBytea(t *testing.T) {
+	t.Parallel()
+	db := poolWithDefaults(t, "role", 3, map[string]string{"bytea_output": "escape"})
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := db.pool.Config().Copy()
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			_, err = postgres.OpenStore(ctx, pool, postgres.Schema("idem"))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "bytea_output", "names the setting")
+			assert.Contains(t, err.Error(), "idem", "names the schema")
+
+			cfg.ConnConfig.RuntimeParams["bytea_output"] = "hex" // as the error says
+			pool, err = pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			s := openStoreIn(t, pool, "idem")
+			now := time.Now()
+			req := server.ClaimRequest{Scope: "t", Key: mode.String(), Fingerprint: "fp", Method: "POST", Path: "/orders",
+				Now: now, ExpiresAt: now.Add(time.Hour), StaleBefore: now.Add(-time.Minute)}
+			first, err := s.Claim(ctx, req)
+			require.NoError(t, err)
+			require.True(t, first.Claimed)
+			again, err := s.Claim(ctx, req)
+			require.NoError(t, err, "a claim that reads the entry in its way")
+			assert.False(t, again.Claimed)
+			assert.Equal(t, "/orders", again.Entry.Path)
+		})
+	}
+	// A pool that reads results in binary is not concerned.
+	_, err := postgres.OpenStore(ctx, db.pool, postgres.Schema("idem"))
+	require.NoError(t, err)
+}

@@ -634,13 +634,14 @@ func TestOddSessionDefaultsChangeNothing(t *testing.T) {
 	}
 }
 
-// TestStoreReadingTextRefusesEscapedBytea: a pool that reads results as
+// TestReadingTextRefusesEscapedBytea: a pool that reads results as
 // text (pgx's exec and simple-protocol modes, as behind an older
 // PgBouncer) reads bytea in the session's bytea_output, and pgx reads only
-// hex, the default. With escape set for the role, every claim that met a
-// key already there failed, and answered 503 after a read-back of 30 s.
-// The store refuses such a pool at open, saying what to set.
-func TestStoreReadingTextRefusesEscapedBytea(t *testing.T) {
+// hex, the default. With escape set for the role, every store claim that
+// met a key already there failed, and answered 503 after a read-back of
+// 30 s; every read of a journal record failed. The store and the journal
+// refuse such a pool at open, saying what to set.
+func TestReadingTextRefusesEscapedBytea(t *testing.T) {
 	t.Parallel()
 	db := poolWithDefaults(t, "role", 3, map[string]string{"bytea_output": "escape"})
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
@@ -654,12 +655,19 @@ func TestStoreReadingTextRefusesEscapedBytea(t *testing.T) {
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "bytea_output", "names the setting")
 			assert.Contains(t, err.Error(), "idem", "names the schema")
+			_, err = postgres.OpenJournal(ctx, pool, postgres.Schema("idem"))
+			require.Error(t, err, "the journal reads bytea too: headers and bodies")
+			assert.Contains(t, err.Error(), "bytea_output", "names the setting")
 
 			cfg.ConnConfig.RuntimeParams["bytea_output"] = "hex" // as the error says
 			pool, err = pgxpool.NewWithConfig(ctx, cfg)
 			require.NoError(t, err)
 			defer pool.Close()
 			s := openStoreIn(t, pool, "idem")
+			j := openOn(t, pool, "idem", postgres.WithoutLiveness())
+			keys := createRecords(t, j, 1)
+			_, err = j.Get(ctx, keys[0])
+			require.NoError(t, err, "a record read back")
 			now := time.Now()
 			req := server.ClaimRequest{Scope: "t", Key: mode.String(), Fingerprint: "fp", Method: "POST", Path: "/orders",
 				Now: now, ExpiresAt: now.Add(time.Hour), StaleBefore: now.Add(-time.Minute)}
@@ -675,4 +683,5 @@ func TestStoreReadingTextRefusesEscapedBytea(t *testing.T) {
 	// A pool that reads results in binary is not concerned.
 	_, err := postgres.OpenStore(ctx, db.pool, postgres.Schema("idem"))
 	require.NoError(t, err)
+	openOn(t, db.pool, "idem", postgres.WithoutLiveness())
 }

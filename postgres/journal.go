@@ -149,6 +149,9 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 			return nil, notMigrated("journal", cfg.schema, v, want, "MigrateJournal")
 		}
 	}
+	if err := readsBytea(ctx, pool, "journal", cfg.schema); err != nil {
+		return nil, err
+	}
 	var ownersOID uint32
 	if err := pool.QueryRow(ctx, `SELECT $1::regclass::oid`, pgschema.Ident(cfg.schema)+".owners").Scan(&ownersOID); err != nil {
 		return nil, classify(ctx, err)

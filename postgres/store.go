@@ -125,7 +125,7 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store,
 			return nil, err
 		}
 	}
-	if err := readsBytea(ctx, pool, cfg.schema); err != nil {
+	if err := readsBytea(ctx, pool, "store", cfg.schema); err != nil {
 		return nil, err
 	}
 	clock := newDBClock()
@@ -448,28 +448,3 @@ func storeNanos(t time.Time, off time.Duration) int64 { return t.Add(off).UnixNa
 
 // storeTime is storeNanos's inverse.
 func storeTime(n int64, off time.Duration) time.Time { return time.Unix(0, n).Add(-off) }
-
-// readsBytea refuses a pool that would read the store's bytea columns in a
-// form pgx cannot parse: one that reads results as text (the exec and
-// simple-protocol modes, as behind a PgBouncer older than 1.21), whose
-// sessions write bytea in the escape form (bytea_output, which a role or
-// a database may set). pgx parses only hex, the server's default; in
-// binary (pgx's other modes) the setting plays no part. Every claim that
-// read an entry already there would fail.
-func readsBytea(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	switch pool.Config().ConnConfig.DefaultQueryExecMode {
-	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
-	default:
-		return nil
-	}
-	var out string
-	if err := pool.QueryRow(ctx, `SHOW bytea_output`).Scan(&out); err != nil {
-		return fmt.Errorf("postgres store in schema %q: reading bytea_output: %w", schema, err)
-	}
-	if out == "hex" {
-		return nil
-	}
-	return fmt.Errorf("postgres store in schema %q: the pool's sessions write bytea as %q (bytea_output, set for the role or the database), "+
-		"and the pool reads results as text (default_query_exec_mode %v), in which pgx reads only hex: "+
-		"add bytea_output=hex to the pool's connection string (or its RuntimeParams)", schema, out, pool.Config().ConnConfig.DefaultQueryExecMode)
-}

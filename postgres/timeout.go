@@ -1,11 +1,14 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // queryCanceled is the SQLSTATE of a statement canceled by
@@ -45,4 +48,30 @@ func asReadOnly(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w; nothing was written: point the pool at the primary, or lift the setting, and the same call goes on", ErrReadOnly, err)
+}
+
+// readsBytea refuses a pool that would read the bytea columns of the journal or the store (kind) in a
+// form pgx cannot parse: one that reads results as text (the exec and
+// simple-protocol modes, as behind a PgBouncer older than 1.21), whose
+// sessions write bytea in the escape form (bytea_output, which a role or
+// a database may set). pgx parses only hex, the server's default; in
+// binary (pgx's other modes) the setting plays no part. Every read of a
+// record or an entry (a claim of a key already there, a Resume) would
+// fail.
+func readsBytea(ctx context.Context, pool *pgxpool.Pool, kind, schema string) error {
+	switch pool.Config().ConnConfig.DefaultQueryExecMode {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+	default:
+		return nil
+	}
+	var out string
+	if err := pool.QueryRow(ctx, `SHOW bytea_output`).Scan(&out); err != nil {
+		return fmt.Errorf("postgres %s in schema %q: reading bytea_output: %w", kind, schema, err)
+	}
+	if out == "hex" {
+		return nil
+	}
+	return fmt.Errorf("postgres %s in schema %q: the pool's sessions write bytea as %q (bytea_output, set for the role or the database), "+
+		"and the pool reads results as text (default_query_exec_mode %v), in which pgx reads only hex: "+
+		"add bytea_output=hex to the pool's connection string (or its RuntimeParams)", kind, schema, out, pool.Config().ConnConfig.DefaultQueryExecMode)
 }

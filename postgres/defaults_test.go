@@ -685,3 +685,39 @@ func TestReadingTextRefusesEscapedBytea(t *testing.T) {
 	require.NoError(t, err)
 	openOn(t, db.pool, "idem", postgres.WithoutLiveness())
 }
+
+// TestRegisterWhateverTheDefaultIsolation: a registration writes the
+// owner's row, then takes its lock and marks the new session in the row;
+// meanwhile another worker's claim may mark the row too (it found no
+// lock). At a role's repeatable read or serializable, the mark met the
+// other's update with SQLSTATE 40001, and Register failed. Here an
+// administrator's transactions update the row again and again, each held
+// open a moment, as other workers' marks would.
+func TestRegisterWhateverTheDefaultIsolation(t *testing.T) {
+	t.Parallel()
+	for _, iso := range []string{"repeatable read", "serializable"} {
+		t.Run(iso, func(t *testing.T) {
+			db := poolWithDefaults(t, "role", 4, map[string]string{"default_transaction_isolation": iso})
+			j := openOn(t, db.pool, "idem")
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					_, _ = db.admin.Exec(ctx, `UPDATE idem.owners SET name = name WHERE name LIKE 'worker-%'; SELECT pg_sleep(0.03)`)
+				}
+			}()
+			defer func() { close(stop); <-done }()
+			for i := range 10 {
+				unregister, err := j.Register(ctx, fmt.Sprint("worker-", i))
+				require.NoError(t, err, "registration %d", i)
+				require.NoError(t, unregister(), "unregistration %d", i)
+			}
+		})
+	}
+}

@@ -151,8 +151,15 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	}
 	defer func() { j.mu.Lock(); j.joining--; j.mu.Unlock() }()
 	var id int32
+	// The owners' writes run at read committed whatever the session's
+	// default isolation, as every write of the journal: another worker
+	// marks an owner's row when it finds its lock free (as it is between
+	// this insert and the lock), and at repeatable read or serializable
+	// this registration's own mark would fail with SQLSTATE 40001.
 	if err := onLiveSession(ctx, j.pool, func() error {
-		return j.pool.QueryRow(ctx, j.q.register, owner, wire.Millis(j.now())).Scan(&id)
+		return writeTx(ctx, j.pool, func(b *pgx.Batch) {
+			b.Queue(j.q.register, owner, wire.Millis(j.now())).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
+		})
 	}); err != nil {
 		if _, ok := isUniqueViolation(err); ok {
 			return nil, fmt.Errorf("%w: owner %q registered before; each registration needs a new name", idem.ErrInvalidRecord, owner)
@@ -170,7 +177,7 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	// Housekeeping, on another session: the liveness session's transaction
 	// would hold the rows it deletes for as long as the owner lives.
 	// Should it fail, the next registration sweeps.
-	_, _ = j.pool.Exec(ctx, j.q.sweep, int64(j.ownersOID), wire.Millis(j.now()))
+	_ = writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.sweep, int64(j.ownersOID), wire.Millis(j.now())) })
 	wctx, stop := context.WithCancel(context.Background())
 	r := &registration{owner: owner, id: id, stop: stop, done: make(chan struct{})}
 	j.mu.Lock()
@@ -308,8 +315,7 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 	// would be seen only once the owner unregisters. (idle_session_timeout
 	// ends no session in a transaction.)
 	if err := onLiveSession(ctx, j.pool, func() error {
-		_, err := j.pool.Exec(ctx, j.q.newSession, id, owner, wire.Millis(j.now()))
-		return err
+		return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.newSession, id, owner, wire.Millis(j.now())) })
 	}); err != nil {
 		dropConn(conn) // ending the session lets go of the lock
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
@@ -436,8 +442,7 @@ func (j *Journal) end(r *registration) error {
 	defer cancel()
 	if r.conn == nil {
 		// No session now: the row alone says the owner ended.
-		_, err := j.pool.Exec(ctx, j.q.endOwner, r.id)
-		return err
+		return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.endOwner, r.id) })
 	}
 	_, err := r.conn.Exec(ctx, j.q.endOwner, r.id)
 	if err == nil {

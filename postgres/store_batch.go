@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -155,9 +154,9 @@ func storeRetryAlone[W any](ctx context.Context, batch []*W, err error, reset fu
 
 // writeTx runs the statements that queue adds to a batch in one
 // transaction, begun at read committed and committed in the same round
-// trip, on a connection of the pool. An error that leaves the commit in
-// doubt comes back as a commitDoubt naming the connection's server
-// process.
+// trip, on a connection of the store's pool (the function writeTx). An
+// error that leaves the commit in doubt comes back as a commitDoubt naming
+// the connection's server process.
 //
 // Read committed, whatever the session's default_transaction_isolation
 // (which a role or a database may set to repeatable read or serializable;
@@ -176,28 +175,7 @@ func storeRetryAlone[W any](ctx context.Context, batch []*W, err error, reset fu
 // on another (see endedIdle): nothing of it ran, and queue's callbacks
 // were not called.
 func (s *Store) writeTx(ctx context.Context, queue func(b *pgx.Batch)) error {
-	return onLiveSession(ctx, s.pool, func() error { return s.writeTxOnce(ctx, queue) })
-}
-
-func (s *Store) writeTxOnce(ctx context.Context, queue func(b *pgx.Batch)) error {
-	b := &pgx.Batch{}
-	b.Queue(beginTx)
-	queue(b)
-	b.Queue("COMMIT")
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	err = conn.Conn().SendBatch(ctx, b).Close()
-	if err != nil && !conn.Conn().IsClosed() && conn.Conn().PgConn().TxStatus() != 'I' {
-		// A statement failed: the server skipped the rest, COMMIT
-		// included, and the transaction is left aborted.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_, _ = conn.Conn().Exec(rctx, "ROLLBACK")
-		cancel()
-	}
-	return doubtful(conn.Conn(), err)
+	return onLiveSession(ctx, s.pool, func() error { return writeTx(ctx, s.pool, queue) })
 }
 
 // readBackClaims settles a batch of new keys whose insert is in doubt: a

@@ -450,6 +450,16 @@ func TestNoCallFailsOnASessionEndedForIdling(t *testing.T) {
 		if assert.NoError(t, err, "Register after idling") {
 			assert.NoError(t, unregister())
 		}
+		time.Sleep(idle)
+		n := 0
+		for _, err := range j.List(ctx, idem.Filter{}) {
+			require.NoError(t, err, "List after idling")
+			n++
+		}
+		assert.Equal(t, 4, n)
+		time.Sleep(idle)
+		_, err = j.Prune(ctx, time.Now().Add(-time.Hour))
+		assert.NoError(t, err, "Prune after idling")
 	})
 }
 

@@ -565,7 +565,15 @@ func (j *Journal) rowID(ctx context.Context, key string) (int64, error) {
 	return id, j.fail(ctx, "the read of operation "+key, err)
 }
 
-func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, after int64) ([]idem.Record, int64, error) {
+func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, after int64) (page []idem.Record, id int64, err error) {
+	err = onLiveSession(ctx, j.pool, func() (err error) {
+		page, id, err = j.listPageOnce(ctx, f, states, after)
+		return err
+	})
+	return page, id, err
+}
+
+func (j *Journal) listPageOnce(ctx context.Context, f idem.Filter, states []int16, after int64) ([]idem.Record, int64, error) {
 	done, err := j.enter(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -685,21 +693,23 @@ func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
 	total := 0
 	for {
 		var ids []int64
-		err := pgx.BeginTxFunc(ctx, j.pool, readCommitted, func(tx pgx.Tx) error {
-			ids = ids[:0]
-			rows, err := tx.Query(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
+		err := onLiveSession(ctx, j.pool, func() error {
+			return pgx.BeginTxFunc(ctx, j.pool, readCommitted, func(tx pgx.Tx) error {
+				ids = ids[:0]
+				rows, err := tx.Query(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
 				SELECT id FROM `+j.q.operations+` WHERE state IN (4, 5, 7) AND updated_at < $1 ORDER BY id LIMIT $2)
 				RETURNING id`, wire.Millis(before.Add(j.off())), pruneChunk)
-			if err != nil {
+				if err != nil {
+					return err
+				}
+				if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(ids) == 0 {
+					return err
+				}
+				// Planned for these ids each time (not prepared): the generic
+				// plan of op = ANY($1), made on a small table, would scan it.
+				_, err = tx.Exec(ctx, `DELETE FROM `+j.q.table("events")+` WHERE op = ANY($1)`, pgx.QueryExecModeExec, ids)
 				return err
-			}
-			if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(ids) == 0 {
-				return err
-			}
-			// Planned for these ids each time (not prepared): the generic
-			// plan of op = ANY($1), made on a small table, would scan it.
-			_, err = tx.Exec(ctx, `DELETE FROM `+j.q.table("events")+` WHERE op = ANY($1)`, pgx.QueryExecModeExec, ids)
-			return err
+			})
 		})
 		if err != nil {
 			return total, j.fail(ctx, "pruning settled operations", err)

@@ -63,10 +63,15 @@ func (c *dbClock) refresh(ctx context.Context, q interface {
 		return nil
 	}
 	before := c.local()
-	var server time.Time
-	if err := q.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&server); err != nil {
+	// As a number: a timestamp read as text (pgx's exec and simple
+	// protocol modes, as behind an older PgBouncer) is in the session's
+	// DateStyle, which a role or a database may set to one pgx cannot
+	// parse.
+	var micros int64
+	if err := q.QueryRow(ctx, `SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint`).Scan(&micros); err != nil {
 		return err
 	}
+	server := time.UnixMicro(micros)
 	c.observe(before, c.local(), server)
 	return nil
 }

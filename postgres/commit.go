@@ -1,6 +1,12 @@
 package postgres
 
-import "github.com/jackc/pgx/v5"
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
 
 // How a write of the journal or the store is committed. Each write sets
 // synchronous_commit for its own transaction only (set_config with
@@ -42,4 +48,30 @@ func commitLevel(durable bool) string {
 		return commitDurable
 	}
 	return commitDeferred
+}
+
+// writeTx runs the statements that queue adds to a batch in one
+// transaction begun at read committed (see beginTx), committed in the same
+// round trip, on a connection of pool: a write of one statement at the
+// cost of one, whatever the session's default isolation. An error that
+// leaves the commit in doubt comes back as a commitDoubt.
+func writeTx(ctx context.Context, pool *pgxpool.Pool, queue func(b *pgx.Batch)) error {
+	b := &pgx.Batch{}
+	b.Queue(beginTx)
+	queue(b)
+	b.Queue("COMMIT")
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	err = conn.Conn().SendBatch(ctx, b).Close()
+	if err != nil && !conn.Conn().IsClosed() && conn.Conn().PgConn().TxStatus() != 'I' {
+		// A statement failed: the server skipped the rest, COMMIT
+		// included, and the transaction is left aborted.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_, _ = conn.Conn().Exec(rctx, "ROLLBACK")
+		cancel()
+	}
+	return doubtful(conn.Conn(), err)
 }

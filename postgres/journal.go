@@ -142,6 +142,9 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 			return nil, err
 		}
 	}
+	if err := readsBytea(ctx, pool, "journal", cfg.schema); err != nil {
+		return nil, err
+	}
 	var ownersOID uint32
 	clock := newDBClock()
 	err := readOn(ctx, pool, cfg.readOnly, func(q reader) error {
@@ -276,7 +279,7 @@ func (j *Journal) fail(ctx context.Context, what string, err error) error {
 	if err = classify(ctx, err); err == nil || err == ctx.Err() {
 		return err
 	}
-	return fmt.Errorf("%s: %s: %w%s", j.where(), what, err, timeoutAdvice(err))
+	return fmt.Errorf("%s: %s: %w%s", j.where(), what, asReadOnly(err), timeoutAdvice(err))
 }
 
 // Create implements idem.Journal.
@@ -341,9 +344,11 @@ func (j *Journal) readOne(ctx context.Context, what, query string, args ...any) 
 	defer done()
 	off := j.off()
 	var rec idem.Record
-	err = j.read(ctx, func(q reader) (err error) {
-		_, rec, err = scanRecord(q.QueryRow(ctx, query, args...))
-		return err
+	err = onLiveSession(ctx, j.pool, func() error {
+		return j.read(ctx, func(q reader) (err error) {
+			_, rec, err = scanRecord(q.QueryRow(ctx, query, args...))
+			return err
+		})
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, journal.NotFound(what)
@@ -363,7 +368,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		return nil, err
 	}
 	defer done()
-	if err := j.clock.refresh(ctx, j.pool); err != nil {
+	if err := onLiveSession(ctx, j.pool, func() error { return j.clock.refresh(ctx, j.pool) }); err != nil {
 		return nil, j.fail(ctx, "claim by "+req.Owner, err)
 	}
 	off := j.off()
@@ -466,7 +471,7 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 	if len(held) == 0 {
 		return 0, nil
 	}
-	if err := j.clock.refresh(ctx, j.pool); err != nil {
+	if err := onLiveSession(ctx, j.pool, func() error { return j.clock.refresh(ctx, j.pool) }); err != nil {
 		return 0, j.fail(ctx, "the renewal of leases", err)
 	}
 	keys := slices.Sorted(maps.Keys(held)) // rows are locked in key order, as every batch does
@@ -506,6 +511,10 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 // commit sent without an answer as a commitDoubt. (pgx.BeginFunc would
 // report the rollback's "conn closed" after such a commit instead.)
 func (j *Journal) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return onLiveSession(ctx, j.pool, func() error { return j.inTxOnce(ctx, fn) })
+}
+
+func (j *Journal) inTxOnce(ctx context.Context, fn func(pgx.Tx) error) error {
 	conn, err := j.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -540,7 +549,7 @@ func (j *Journal) Sync(ctx context.Context) error {
 			wire.Millis(j.now()))
 		return doubtful(conn.Conn(), err)
 	}
-	err = sync(ctx)
+	err = onLiveSession(ctx, j.pool, func() error { return sync(ctx) })
 	if d := asDoubt(err); d != nil {
 		// Committed or not, a Sync run again once the first has settled
 		// flushes the WAL as far as the first would have.
@@ -609,7 +618,15 @@ func (j *Journal) rowID(ctx context.Context, key string) (int64, error) {
 	return id, j.fail(ctx, "the read of operation "+key, err)
 }
 
-func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, after int64) ([]idem.Record, int64, error) {
+func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, after int64) (page []idem.Record, id int64, err error) {
+	err = onLiveSession(ctx, j.pool, func() (err error) {
+		page, id, err = j.listPageOnce(ctx, f, states, after)
+		return err
+	})
+	return page, id, err
+}
+
+func (j *Journal) listPageOnce(ctx context.Context, f idem.Filter, states []int16, after int64) ([]idem.Record, int64, error) {
 	done, err := j.enter(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -750,21 +767,23 @@ func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
 	total := 0
 	for {
 		var ids []int64
-		err := pgx.BeginTxFunc(ctx, j.pool, readCommitted, func(tx pgx.Tx) error {
-			ids = ids[:0]
-			rows, err := tx.Query(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
+		err := onLiveSession(ctx, j.pool, func() error {
+			return pgx.BeginTxFunc(ctx, j.pool, readCommitted, func(tx pgx.Tx) error {
+				ids = ids[:0]
+				rows, err := tx.Query(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (
 				SELECT id FROM `+j.q.operations+` WHERE state IN (4, 5, 7) AND updated_at < $1 ORDER BY id LIMIT $2)
 				RETURNING id`, wire.Millis(before.Add(j.off())), pruneChunk)
-			if err != nil {
+				if err != nil {
+					return err
+				}
+				if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(ids) == 0 {
+					return err
+				}
+				// Planned for these ids each time (not prepared): the generic
+				// plan of op = ANY($1), made on a small table, would scan it.
+				_, err = tx.Exec(ctx, `DELETE FROM `+j.q.table("events")+` WHERE op = ANY($1)`, pgx.QueryExecModeExec, ids)
 				return err
-			}
-			if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(ids) == 0 {
-				return err
-			}
-			// Planned for these ids each time (not prepared): the generic
-			// plan of op = ANY($1), made on a small table, would scan it.
-			_, err = tx.Exec(ctx, `DELETE FROM `+j.q.table("events")+` WHERE op = ANY($1)`, pgx.QueryExecModeExec, ids)
-			return err
+			})
 		})
 		if err != nil {
 			return total, j.fail(ctx, "pruning settled operations", err)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,6 +108,30 @@ func TestWritesAreDurableWhateverTheDefault(t *testing.T) {
 // ("role"). Both are dropped when the test ends.
 func poolWithSyncCommitOff(t *testing.T, level string) *pgxpool.Pool {
 	t.Helper()
+	return poolWithDefaults(t, level, 4, map[string]string{"synchronous_commit": "off"}).pool
+}
+
+// defaultsDB is a database of a test's own on the shared server, whose
+// sessions start with settings given as the database's or a role's
+// defaults (ALTER DATABASE / ALTER ROLE ... SET), as an operator sets
+// them.
+type defaultsDB struct {
+	// pool logs in as the role (or, with database-level settings, as the
+	// tests' user): its sessions start with the settings.
+	pool *pgxpool.Pool
+	// admin logs in as the tests' user, its sessions' settings the
+	// server's own: for a test's own statements (a migration under
+	// default_transaction_read_only, say).
+	admin *pgxpool.Pool
+	name  string
+}
+
+// poolWithDefaults creates a database of the test's own, and, for
+// level "role", a role of its own that owns it, then sets settings on the
+// database ("database") or on the role ("role"). Both are dropped when the
+// test ends; the settings of the shared database are never touched.
+func poolWithDefaults(t *testing.T, level string, maxConns int32, settings map[string]string) *defaultsDB {
+	t.Helper()
 	ctx := context.Background()
 	admin := pgtest.Pool(t)
 	var b [6]byte
@@ -116,14 +141,16 @@ func poolWithSyncCommitOff(t *testing.T, level string) *pgxpool.Pool {
 	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
 	require.NoError(t, err)
 	cfg.ConnConfig.Database = name
-	cfg.MaxConns = 4
+	cfg.MaxConns = maxConns
+	adminCfg := cfg.Copy()
+	adminCfg.MaxConns = 2
+	var target string
 	switch level {
 	case "database":
 		_, err = admin.Exec(ctx, `CREATE DATABASE `+id)
 		require.NoError(t, err)
 		t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `DROP DATABASE IF EXISTS `+id+` WITH (FORCE)`) })
-		_, err = admin.Exec(ctx, `ALTER DATABASE `+id+` SET synchronous_commit = off`)
-		require.NoError(t, err)
+		target = `DATABASE ` + id
 	case "role":
 		_, err = admin.Exec(ctx, `CREATE ROLE `+id+` LOGIN`)
 		require.NoError(t, err)
@@ -131,17 +158,31 @@ func poolWithSyncCommitOff(t *testing.T, level string) *pgxpool.Pool {
 		_, err = admin.Exec(ctx, `CREATE DATABASE `+id+` OWNER `+id)
 		require.NoError(t, err)
 		t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `DROP DATABASE IF EXISTS `+id+` WITH (FORCE)`) })
-		_, err = admin.Exec(ctx, `ALTER ROLE `+id+` SET synchronous_commit = off`)
-		require.NoError(t, err)
+		target = `ROLE ` + id
 		cfg.ConnConfig.User = name
 	default:
 		t.Fatalf("no level %q", level)
 	}
+	for k, v := range settings {
+		_, err = admin.Exec(ctx, `ALTER `+target+` SET `+pgx.Identifier{k}.Sanitize()+` = `+storeLiteralForTest(v))
+		require.NoError(t, err)
+		// The admin's sessions start as the server's: a startup parameter
+		// overrides the database's default.
+		var reset string
+		require.NoError(t, admin.QueryRow(ctx, `SELECT reset_val FROM pg_settings WHERE name = $1`, k).Scan(&reset))
+		adminCfg.ConnConfig.RuntimeParams[k] = reset
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	return pool
+	ap, err := pgxpool.NewWithConfig(ctx, adminCfg)
+	require.NoError(t, err)
+	t.Cleanup(ap.Close)
+	return &defaultsDB{pool: pool, admin: ap, name: name}
 }
+
+// storeLiteralForTest quotes s as an SQL string literal.
+func storeLiteralForTest(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // commitLevels reads the synchronous_commit level each commit that wrote
 // to the watched tables ran at.

@@ -169,20 +169,33 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	}
 	defer func() { j.mu.Lock(); j.joining--; j.mu.Unlock() }()
 	var id int32
-	if err := j.pool.QueryRow(ctx, j.q.register, owner, wire.Millis(j.now())).Scan(&id); err != nil {
+	// The owners' writes run at read committed whatever the session's
+	// default isolation, as every write of the journal: another worker
+	// marks an owner's row when it finds its lock free (as it is between
+	// this insert and the lock), and at repeatable read or serializable
+	// this registration's own mark would fail with SQLSTATE 40001.
+	if err := onLiveSession(ctx, j.pool, func() error {
+		return writeTx(ctx, j.pool, func(b *pgx.Batch) {
+			b.Queue(j.q.register, owner, wire.Millis(j.now())).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
+		})
+	}); err != nil {
 		if _, ok := isUniqueViolation(err); ok {
 			return nil, fmt.Errorf("%w: owner %q registered before; each registration needs a new name", idem.ErrInvalidRecord, owner)
 		}
 		return nil, j.fail(ctx, "registering owner "+owner, err)
 	}
-	conn, err := j.takeLiveness(ctx, owner, id)
+	var conn *pgxpool.Conn
+	err = onLiveSession(ctx, j.pool, func() (err error) {
+		conn, err = j.takeLiveness(ctx, owner, id)
+		return err
+	})
 	if err != nil {
 		return nil, err // the row, without a lock and without leases, is swept
 	}
 	// Housekeeping, on another session: the liveness session's transaction
 	// would hold the rows it deletes for as long as the owner lives.
 	// Should it fail, the next registration sweeps.
-	_, _ = j.pool.Exec(ctx, j.q.sweep, int64(j.ownersOID), wire.Millis(j.now()))
+	_ = writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.sweep, int64(j.ownersOID), wire.Millis(j.now())) })
 	wctx, stop := context.WithCancel(context.Background())
 	r := &registration{owner: owner, id: id, stop: stop, done: make(chan struct{})}
 	j.mu.Lock()
@@ -263,8 +276,11 @@ func (j *Journal) reserveSession(owner string) error {
 // them. The transaction writes nothing and holds no snapshot once its
 // statement ends (read committed, set for it whatever the session's
 // default), so it holds back neither VACUUM nor
-// any other session; only idle_in_transaction_session_timeout would end
-// it, which the transaction turns off for itself.
+// any other session; only idle_in_transaction_session_timeout and
+// transaction_timeout (PostgreSQL 17) would end it, which the transaction
+// turns off for itself. statement_timeout and lock_timeout touch it not:
+// its statement takes the lock without waiting, and it then runs only
+// empty statements.
 func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pgxpool.Conn, error) {
 	conn, err := j.pool.Acquire(ctx)
 	if err != nil {
@@ -272,13 +288,27 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 	}
 	var locked bool
 	_, err = conn.Exec(ctx, beginTx)
+	if err == nil && conn.Conn().PgConn().ParameterStatus("client_encoding") != "UTF8" {
+		// pgx runs the simple protocol only in UTF8, and a role or a
+		// database may default to another client_encoding: UTF8 for this
+		// transaction only.
+		_, err = conn.Exec(ctx, `SELECT set_config('client_encoding', 'UTF8', true)`)
+	}
 	if err == nil {
 		// In the simple protocol: the extended protocol's unnamed portal
 		// outlives its statement until the next statement or the end of
 		// the transaction, and with it the snapshot it ran on, so the
 		// open transaction would hold back VACUUM (backend_xmin) for the
 		// worker's life.
+		//
+		// The transaction turns off, for itself, the timeouts that would
+		// end it: idle_in_transaction_session_timeout, and from
+		// PostgreSQL 17 on transaction_timeout, which an older server does
+		// not know (set_config would fail there: CASE runs it only on 17
+		// and later).
 		err = conn.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '0', true) IS NOT NULL
+			AND CASE WHEN current_setting('server_version_num')::int >= 170000
+				THEN set_config('transaction_timeout', '0', true) IS NOT NULL ELSE true END
 			AND pg_try_advisory_xact_lock($1, $2)`, pgx.QueryExecModeSimpleProtocol, j.livenessClass(), id).Scan(&locked)
 	}
 	if err != nil {
@@ -302,7 +332,9 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 	// On another session: written in the lock's transaction, the row
 	// would be seen only once the owner unregisters. (idle_session_timeout
 	// ends no session in a transaction.)
-	if _, err := j.pool.Exec(ctx, j.q.newSession, id, owner, wire.Millis(j.now())); err != nil {
+	if err := onLiveSession(ctx, j.pool, func() error {
+		return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.newSession, id, owner, wire.Millis(j.now())) })
+	}); err != nil {
 		dropConn(conn) // ending the session lets go of the lock
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
@@ -428,8 +460,7 @@ func (j *Journal) end(r *registration) error {
 	defer cancel()
 	if r.conn == nil {
 		// No session now: the row alone says the owner ended.
-		_, err := j.pool.Exec(ctx, j.q.endOwner, r.id)
-		return err
+		return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.endOwner, r.id) })
 	}
 	_, err := r.conn.Exec(ctx, j.q.endOwner, r.id)
 	if err == nil {

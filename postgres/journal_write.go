@@ -211,7 +211,7 @@ func (j *Journal) mapWriteError(r *writeReq, err error) error {
 	if errors.Is(err, idem.ErrJournalClosed) {
 		return err
 	}
-	return fmt.Errorf("%s: %s: %w%s", j.where(), r.describe(), err, timeoutAdvice(err))
+	return fmt.Errorf("%s: %s: %w%s", j.where(), r.describe(), asReadOnly(err), timeoutAdvice(err))
 }
 
 type row struct {
@@ -246,9 +246,15 @@ func (j *Journal) commitBatch(reqs []*writeReq, fast bool) error {
 	return nil
 }
 
+// A batch that meets a session the server ended for idling runs again on
+// another (see endedIdle): nothing of it ran.
 func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
+	return onLiveSession(ctx, j.pool, func() error { return j.tryBatchOnce(ctx, reqs, fast) })
+}
+
+func (j *Journal) tryBatchOnce(ctx context.Context, reqs []*writeReq, fast bool) error {
 	conn, err := j.pool.Acquire(ctx)
 	if err != nil {
 		return err

@@ -125,6 +125,9 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Store,
 			return nil, err
 		}
 	}
+	if err := readsBytea(ctx, pool, "store", cfg.schema); err != nil {
+		return nil, err
+	}
 	clock := newDBClock()
 	if err := clock.refresh(ctx, pool); err != nil {
 		return nil, fmt.Errorf("postgres store in schema %q: reading the server's clock: %w", cfg.schema, err)
@@ -172,7 +175,7 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 	if err := s.enter(ctx); err != nil {
 		return server.ClaimResult{}, err
 	}
-	if err := s.clock.refresh(ctx, s.pool); err != nil {
+	if err := onLiveSession(ctx, s.pool, func() error { return s.clock.refresh(ctx, s.pool) }); err != nil {
 		return server.ClaimResult{}, s.fail(ctx, "claim", err)
 	}
 	// The request's times are the caller's clock; the entries' are the
@@ -194,7 +197,11 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 				State: server.InProgress, Token: w.token, CreatedAt: req.Now, LockedAt: req.Now, ExpiresAt: req.ExpiresAt,
 			}}, nil
 		}
-		e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, w.id), off)
+		var e server.Entry
+		err := onLiveSession(ctx, s.pool, func() (err error) {
+			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, w.id), off)
+			return err
+		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			// Deleted since the insert ran into it: insert again.
@@ -237,10 +244,12 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 // entry's times back to the caller's clock.
 func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byte, now int64, off time.Duration, sql string, args ...any) (server.Entry, error) {
 	var e server.Entry
-	err := s.withConn(ctx, func(conn *pgx.Conn) error {
-		var err error
-		e, err = scanStoreEntry(conn.QueryRow(ctx, sql, args...), off)
-		return err
+	err := s.writeTx(ctx, func(b *pgx.Batch) {
+		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+			var err error
+			e, err = scanStoreEntry(row, off)
+			return err
+		})
 	})
 	d := asDoubt(err)
 	if d == nil {
@@ -279,7 +288,9 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 		// The same completion again (the first one's reply was lost)
 		// finds its own response under its token, and succeeds.
 		var same int
-		err := s.pool.QueryRow(ctx, s.q.completedAlike, w.id, req.Token, int32(req.Response.Status), w.header, w.body).Scan(&same)
+		err := onLiveSession(ctx, s.pool, func() error {
+			return s.pool.QueryRow(ctx, s.q.completedAlike, w.id, req.Token, int32(req.Response.Status), w.header, w.body).Scan(&same)
+		})
 		if err != nil {
 			return s.fail(ctx, "complete", err)
 		}
@@ -306,11 +317,17 @@ func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) error {
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	tag, err := s.pool.Exec(ctx, sql, args...)
+	var n int64
+	err := s.writeTx(ctx, func(b *pgx.Batch) {
+		b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
+			n = tag.RowsAffected()
+			return nil
+		})
+	})
 	if err != nil {
 		return s.fail(ctx, op, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return server.ErrLockLost
 	}
 	return nil
@@ -322,7 +339,11 @@ func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (serv
 		return server.Entry{}, err
 	}
 	off := s.clock.off()
-	e, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, storeID(scope, key), storeNanos(now, off)), off)
+	var e server.Entry
+	err := onLiveSession(ctx, s.pool, func() (err error) {
+		e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, storeID(scope, key), storeNanos(now, off)), off)
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return server.Entry{}, server.ErrNotFound
 	}
@@ -344,11 +365,16 @@ func (s *Store) Sweep(ctx context.Context, now time.Time) (int, error) {
 	}
 	total := 0
 	for {
-		tag, err := s.pool.Exec(ctx, s.q.sweep, storeNanos(now, s.clock.off()), storeSweepBatch)
+		var n int
+		err := s.writeTx(ctx, func(b *pgx.Batch) {
+			b.Queue(s.q.sweep, storeNanos(now, s.clock.off()), storeSweepBatch).Exec(func(tag pgconn.CommandTag) error {
+				n = int(tag.RowsAffected())
+				return nil
+			})
+		})
 		if err != nil {
 			return total, s.fail(ctx, "sweep", err)
 		}
-		n := int(tag.RowsAffected())
 		total += n
 		if n < storeSweepBatch {
 			return total, nil
@@ -374,7 +400,7 @@ func (s *Store) fail(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("postgres store in schema %q: %s: %w; the store's tables are gone: run postgres.MigrateStore, or open the store again",
 			s.schema, op, err)
 	}
-	return fmt.Errorf("postgres store in schema %q: %s: %w%s", s.schema, op, err, timeoutAdvice(err))
+	return fmt.Errorf("postgres store in schema %q: %s: %w%s", s.schema, op, asReadOnly(err), timeoutAdvice(err))
 }
 
 // scanStoreEntry reads storeColumns, its times moved back from the

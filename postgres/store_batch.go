@@ -59,26 +59,22 @@ func (s *Store) insertClaims(ctx context.Context, batch []*claimWrite) {
 		fps, methods, paths = append(fps, []byte(w.req.Fingerprint)), append(methods, []byte(w.req.Method)), append(paths, []byte(w.req.Path))
 		nows, expires = append(nows, w.now), append(expires, w.expires)
 	}
-	err := s.withConn(ctx, func(conn *pgx.Conn) error {
-		rows, err := conn.Query(ctx, s.q.insert, ids, scopes, keys, fps, methods, paths, nows, expires)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var (
-				id    []byte
-				token int64
-			)
-			if err = rows.Scan(&id, &token); err != nil {
-				return err
+	err := s.writeTx(ctx, func(b *pgx.Batch) {
+		b.Queue(s.q.insert, ids, scopes, keys, fps, methods, paths, nows, expires).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var (
+					id    []byte
+					token int64
+				)
+				if err := rows.Scan(&id, &token); err != nil {
+					return err
+				}
+				if w := sent[string(id)]; w != nil {
+					w.inserted, w.token = true, token
+				}
 			}
-			if w := sent[string(id)]; w != nil {
-				w.inserted, w.token = true, token
-			}
-		}
-		rows.Close()
-		return rows.Err()
+			return rows.Err()
+		})
 	})
 	if d := asDoubt(err); d != nil {
 		if s.readBackClaims(ctx, d, sent) != notCommitted {
@@ -104,23 +100,22 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 	var (
 		sent  = make(map[string]*completeWrite, len(batch))
 		again []*completeWrite
-		b     = &pgx.Batch{}
 	)
-	// One statement per entry, sent at once: pgx runs a batch outside a
-	// transaction as one implicit transaction, so they commit together.
-	for _, w := range batch {
-		if sent[string(w.id)] != nil {
-			again = append(again, w)
-			continue
+	// One statement per entry, sent at once, in one transaction.
+	err := s.writeTx(ctx, func(b *pgx.Batch) {
+		for _, w := range batch {
+			if sent[string(w.id)] != nil {
+				again = append(again, w)
+				continue
+			}
+			sent[string(w.id)] = w
+			b.Queue(q, w.id, w.req.Token, w.expires, int32(w.req.Response.Status),
+				w.header, w.body).Exec(func(tag pgconn.CommandTag) error {
+				w.done = tag.RowsAffected() == 1
+				return nil
+			})
 		}
-		sent[string(w.id)] = w
-		b.Queue(q, w.id, w.req.Token, w.expires, int32(w.req.Response.Status),
-			w.header, w.body).Exec(func(tag pgconn.CommandTag) error {
-			w.done = tag.RowsAffected() == 1
-			return nil
-		})
-	}
-	err := s.withConn(ctx, func(conn *pgx.Conn) error { return conn.SendBatch(ctx, b).Close() })
+	})
 	if d := asDoubt(err); d != nil {
 		switch s.readBackCompletes(ctx, d, batch, sent) {
 		case unreadable:
@@ -157,16 +152,30 @@ func storeRetryAlone[W any](ctx context.Context, batch []*W, err error, reset fu
 	}
 }
 
-// withConn runs fn on a connection of the pool: fn's statements carry an
-// implicit transaction's commit, and an error that leaves it in doubt
-// comes back as a commitDoubt naming the connection's server process.
-func (s *Store) withConn(ctx context.Context, fn func(*pgx.Conn) error) error {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	return doubtful(conn.Conn(), fn(conn.Conn()))
+// writeTx runs the statements that queue adds to a batch in one
+// transaction, begun at read committed and committed in the same round
+// trip, on a connection of the store's pool (the function writeTx). An
+// error that leaves the commit in doubt comes back as a commitDoubt naming
+// the connection's server process.
+//
+// Read committed, whatever the session's default_transaction_isolation
+// (which a role or a database may set to repeatable read or serializable;
+// see beginTx): the store's writes are conditions on a row checked as the
+// row is locked, and at read committed a write that meets a row another
+// session changed waits for it and checks its condition again on the
+// newest version, which is what lets one of many concurrent claims win
+// and the others find the winner's entry. At a stronger level each of
+// those, and a renewal, a release or a completion that meets a claim's
+// insert, fails with SQLSTATE 40001 instead: a 503 that invites the
+// request again, or a lock the handler loses. The store's reads are
+// single statements, which at any level read one snapshot and fail for
+// nobody.
+//
+// A statement that meets a session the server ended for idling runs again
+// on another (see endedIdle): nothing of it ran, and queue's callbacks
+// were not called.
+func (s *Store) writeTx(ctx context.Context, queue func(b *pgx.Batch)) error {
+	return onLiveSession(ctx, s.pool, func() error { return writeTx(ctx, s.pool, queue) })
 }
 
 // readBackClaims settles a batch of new keys whose insert is in doubt: a

@@ -23,8 +23,8 @@
 // same records, the same rules (package journal) and the same errors.
 //
 // Tables. In the schema that Schema names: operations, one row per
-// operation with its request, key, state, lease and response, and a
-// partial index on the due active operations; events, its history; owners,
+// operation with its request, key, state, lease and response; due, the
+// active operations by when they are due; events, its history; owners,
 // the workers ever registered; sync, one row that Sync commits; and
 // idem_schema, the version of each kind of idem's tables. OpenJournal
 // migrates them; MigrateJournal does it alone, for teams that migrate

@@ -322,11 +322,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		if dueBy := req.DueBy.Add(off); !req.DueBy.IsZero() && dueBy.Before(now) {
 			due = dueBy
 		}
-		q := `SELECT ` + recordColumns + ` FROM ` + j.q.operations + `
-			WHERE state IN (1, 2, 3) AND next_attempt_at <= $1
-			AND (lease_owner IS NULL OR lease_expires_at <= $2 OR lease_owner = ANY($3))
-			AND ($4 = '' OR scope = $4) AND ($5 = '' OR starts_with(url, $5))
-			ORDER BY next_attempt_at, id LIMIT $6 FOR UPDATE SKIP LOCKED`
+		q := j.q.claim
 		claimable := func(gone []string) (ids []int64, recs []idem.Record, err error) {
 			rows, err := tx.Query(ctx, q, wire.Millis(due), wire.Millis(now), gone, req.Scope, req.URLPrefix, req.Limit)
 			if err != nil {
@@ -369,7 +365,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 			if err != nil {
 				return err
 			}
-			j.q.queueStore(b, ids[i], claimed)
+			j.q.queueStore(b, ids[i], rec, claimed)
 			j.q.queueEvent(b, ids[i], ev)
 			out = append(out, shiftRecord(claimed, -off))
 		}

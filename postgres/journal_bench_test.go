@@ -80,7 +80,7 @@ func newNaiveJournal(j *postgres.Journal, pool *pgxpool.Pool) *naiveJournal {
 	// may follow, $6 attempts, $7 resends, $8 state, $9 next_attempt_at,
 	// $10 whether the lease stays, $11 its expiry, $12..$15 the response,
 	// $16 last_error, $17 note, $18 now, $19 expires_at, $20 and $21 the
-	// event's kind and detail.
+	// event's kind and detail. The operation's row of due follows it.
 	update := `WITH old AS (
 		SELECT id AS old_id, state AS old_state, note AS old_note FROM ` + ops + `
 		WHERE key = $1 AND lease_owner = $2 AND lease_epoch = $3 AND version = $4
@@ -94,6 +94,11 @@ func newNaiveJournal(j *postgres.Journal, pool *pgxpool.Pool) *naiveJournal {
 			last_error = $16, note = $17, updated_at = $18, expires_at = $19, version = version + 1
 		FROM old WHERE id = old_id
 		RETURNING ` + postgres.RecordColumns + `, old_state, old_note
+	), dd AS (
+		DELETE FROM ` + s + `.due WHERE id = (SELECT id FROM upd WHERE state NOT IN (1, 2, 3))
+	), dm AS (
+		UPDATE ` + s + `.due d SET next_attempt_at = upd.next_attempt_at FROM upd
+		WHERE d.id = upd.id AND upd.state IN (1, 2, 3) AND d.next_attempt_at <> upd.next_attempt_at
 	), ev AS (
 		INSERT INTO ` + events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, version, updated_at, $20, $21, old_state, state, attempts, resp_status,

@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"strings"
+
 	"github.com/idemkit/idem/postgres/internal/pgschema"
 )
 
@@ -8,8 +10,8 @@ import (
 // schema. Times are milliseconds since the Unix epoch, the precision every
 // journal keeps. An operation and its response share a row: PostgreSQL
 // rewrites a row on update anyway (MVCC), so a table of its own would only
-// add a write. Claim finds due operations through a partial index on the
-// active states, which PostgreSQL maintains without the cost SQLite has.
+// add a write. Claim finds due operations through the table due, which
+// holds the active ones (see migration 5).
 var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migrations: []string{
 	`CREATE TABLE operations (
 		id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -85,7 +87,37 @@ var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migration
 	// its registration.
 	`ALTER TABLE owners ADD COLUMN session bigint NOT NULL DEFAULT 0, ADD COLUMN lost_session bigint,
 		ADD COLUMN lost_at bigint, ADD COLUMN ended_at bigint;`,
+	// 5: the due queue leaves the operations table's indexes, so that the
+	// write that settles an operation is a HOT update. The partial index
+	// operations_due read state in its predicate: the settle, which changes
+	// state, could never be HOT, and every index of the table (the primary
+	// key, key, (scope, op_id)) got an entry for the new row version, three
+	// b-tree inserts (two with a uniqueness check) per settle. due holds
+	// one row per active operation (states 1, 2, 3), inserted with the
+	// operation, moved with its next_attempt_at, deleted when it settles (a
+	// heap delete, no index entry); both its indexes are appended to at
+	// their right end, ids and times growing. The fill factor leaves room
+	// on each page of operations for the settled version of the rows
+	// inserted there, which a HOT update must find on the same page.
+	`CREATE TABLE due (
+		id              bigint PRIMARY KEY,
+		next_attempt_at bigint NOT NULL
+	);
+	INSERT INTO due SELECT id, next_attempt_at FROM operations WHERE state IN (1, 2, 3);
+	CREATE INDEX due_next ON due (next_attempt_at, id);
+	DROP INDEX operations_due;
+	ALTER TABLE operations SET (fillfactor = 70);`,
 }}
+
+// qualifiedColumns is columns, a list of recordColumns' form, each column
+// qualified by table.
+func qualifiedColumns(table, columns string) string {
+	cols := strings.Split(columns, ",")
+	for i, c := range cols {
+		cols[i] = table + "." + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
+}
 
 // recordColumns are the columns scanRecord reads, in its order.
 const recordColumns = `id, key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,

@@ -18,16 +18,20 @@ type queries struct {
 	schema     string
 	operations string
 	events     string
+	due        string
 
 	byKey, byOp       string
 	lockByKeys        string
 	lockByOps         string
 	insert, store     string
 	insertMany        string
-	storeFenced       string
+	storeFenced       [3]string // by dueChange
+	dueDelete         string
+	dueMove           string
 	insertEvent       string
 	storeLease        string
 	goneOwners        string
+	claim             string
 	register          string
 	judge, newSession string
 	endOwner, sweep   string
@@ -36,7 +40,7 @@ type queries struct {
 
 func newQueries(schema string) queries {
 	s := pgschema.Ident(schema)
-	q := queries{schema: schema, operations: s + ".operations", events: s + ".events"}
+	q := queries{schema: schema, operations: s + ".operations", events: s + ".events", due: s + ".due"}
 	// One lease, found by its key (the unique index; see lockByKeys), and
 	// renewed only under its owner and epoch.
 	q.renew = `UPDATE ` + q.operations + ` SET lease_expires_at = greatest(lease_expires_at, $4)
@@ -67,7 +71,8 @@ func newQueries(schema string) queries {
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
 			created_at, updated_at, expires_at, version, link)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26)
-		ON CONFLICT (scope, op_id) DO NOTHING RETURNING id)
+		ON CONFLICT (scope, op_id) DO NOTHING RETURNING id, next_attempt_at),
+	d AS (INSERT INTO ` + q.due + ` SELECT id, next_attempt_at FROM ins)
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins`
 	// The creates of a batch whose writes this journal made last (see
@@ -91,7 +96,10 @@ func newQueries(schema string) queries {
 		SELECT key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
 			created_at, updated_at, expires_at, version, link FROM v
-		ON CONFLICT DO NOTHING RETURNING id, key, version, updated_at, state, attempts, last_error, lease_owner
+		ON CONFLICT DO NOTHING RETURNING id, key, version, updated_at, state, attempts, last_error, lease_owner,
+			next_attempt_at
+	), d AS (
+		INSERT INTO ` + q.due + ` SELECT id, next_attempt_at FROM ins
 	), ev AS (
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT ins.id, ins.version, ins.updated_at, v.ev_kind, v.ev_detail, NULL, ins.state, ins.attempts, NULL,
@@ -107,14 +115,23 @@ func newQueries(schema string) queries {
 	// crash that loses commits): a row the journal wrote and the fail-over
 	// lost may have both in another operation's row, which xmin alone
 	// would take for the journal's own. The command tag counts the events
-	// inserted: 0 when the row had changed, and nothing was written.
-	q.storeFenced = `WITH u AS (
+	// inserted: 0 when the row had changed, and nothing was written. The
+	// row's entry in due changes with it, if it does (dueChange).
+	for c, due := range [...]string{
+		dueKeep:   ``,
+		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE id = $1 AND EXISTS (SELECT FROM u))`,
+		dueMove:   `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5 WHERE id = $1 AND EXISTS (SELECT FROM u))`,
+	} {
+		q.storeFenced[c] = `WITH u AS (
 		UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
 			lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
 			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
-			version = $17 WHERE id = $1 AND xmin = $18::xid AND key = $29 AND version = $30 RETURNING id)
+			version = $17 WHERE id = $1 AND xmin = $18::xid AND key = $29 AND version = $30 RETURNING id)` + due + `
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28 FROM u`
+	}
+	q.dueDelete = `DELETE FROM ` + q.due + ` WHERE id = $1`
+	q.dueMove = `UPDATE ` + q.due + ` SET next_attempt_at = $2 WHERE id = $1`
 	q.store = `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
 		lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
 		resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
@@ -123,8 +140,23 @@ func newQueries(schema string) queries {
 		updated_at = $5 WHERE id = $1`
 	q.insertEvent = `INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
-	q.goneOwners = `SELECT DISTINCT lease_owner FROM ` + q.operations + `
-		WHERE state IN (1, 2, 3) AND next_attempt_at <= $1 AND lease_expires_at > $2 AND lease_owner IS NOT NULL`
+	// Due operations in due's order, each operation then found by its
+	// primary key and locked, until the limit is reached: a plain join
+	// leaves the plan to the server, whose generic plan on a new journal's
+	// empty tables scans operations (see lockByKeys). The operation's own
+	// state and time decide: a row of due that a settle deletes meanwhile
+	// may still be seen, but the operation's new version is not active.
+	q.claim = `SELECT r.* FROM (SELECT id FROM ` + q.due + ` WHERE next_attempt_at <= $1 ORDER BY next_attempt_at, id) d
+		CROSS JOIN LATERAL (SELECT ` + recordColumns + ` FROM ` + q.operations + ` o
+			WHERE o.id = d.id AND state IN (1, 2, 3) AND next_attempt_at <= $1
+			AND (lease_owner IS NULL OR lease_expires_at <= $2 OR lease_owner = ANY($3))
+			AND ($4 = '' OR scope = $4) AND ($5 = '' OR starts_with(url, $5)) FOR UPDATE SKIP LOCKED) r
+		LIMIT $6`
+	// The same walk (OFFSET 0 keeps the server from flattening it into a
+	// join it would plan as it likes).
+	q.goneOwners = `SELECT DISTINCT r.lease_owner FROM (SELECT id FROM ` + q.due + ` WHERE next_attempt_at <= $1 OFFSET 0) d
+		CROSS JOIN LATERAL (SELECT lease_owner FROM ` + q.operations + ` o WHERE o.id = d.id AND state IN (1, 2, 3)
+			AND next_attempt_at <= $1 AND lease_owner IS NOT NULL AND lease_expires_at > $2 OFFSET 0) r`
 	q.register = `INSERT INTO ` + s + `.owners (name, registered_at) VALUES ($1, $2) RETURNING id`
 	q.ownerQueries(s)
 	return q
@@ -139,9 +171,41 @@ func (q queries) queueInsert(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.Qu
 		r.Version, int16(ev.Kind), nullString(ev.Detail), nullString(r.Link))
 }
 
-// queueStore queues the write of r's mutable fields over the row id.
-func (q queries) queueStore(b *pgx.Batch, id int64, r idem.Record) {
+// queueStore queues the write of r's mutable fields over the row id, which
+// holds old, and the change of its entry in due.
+func (q queries) queueStore(b *pgx.Batch, id int64, old, r idem.Record) {
 	b.Queue(q.store, append([]any{id}, storeArgs(r)...)...)
+	switch dueChangeOf(old, r) {
+	case dueDelete:
+		b.Queue(q.dueDelete, id)
+	case dueMove:
+		b.Queue(q.dueMove, id, wire.Millis(r.NextAttemptAt))
+	}
+}
+
+// dueChange is what a write does to its operation's row in due, which
+// holds a row for each active operation.
+type dueChange uint8
+
+const (
+	dueKeep   dueChange = iota // inactive before and after, or due at the same time
+	dueDelete                  // the operation leaves the active states
+	dueMove                    // active, due at another time
+)
+
+// dueChangeOf is the change of due of a write from old to next. An
+// operation that has left the active states never returns to them (see
+// State.CanMoveTo).
+func dueChangeOf(old, next idem.Record) dueChange {
+	switch {
+	case !old.State.Active():
+		return dueKeep
+	case !next.State.Active():
+		return dueDelete
+	case wire.Millis(old.NextAttemptAt) != wire.Millis(next.NextAttemptAt):
+		return dueMove
+	}
+	return dueKeep
 }
 
 // storeArgs are the parameters $2 to $17 of store and storeFenced.
@@ -162,7 +226,7 @@ func (q queries) queueStoreFenced(b *pgx.Batch, copy rowCopy, r idem.Record, ev 
 	args := append([]any{copy.id}, storeArgs(r)...)
 	args = append(args, copy.xmin)
 	args = append(args, eventArgs(ev)...)
-	return b.Queue(q.storeFenced, append(args, copy.rec.Key, copy.rec.Version)...)
+	return b.Queue(q.storeFenced[dueChangeOf(copy.rec, r)], append(args, copy.rec.Key, copy.rec.Version)...)
 }
 
 // createColumns are a batch's creates, a column each, for insertMany.

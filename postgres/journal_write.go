@@ -409,7 +409,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 			r.err = err
 			return
 		}
-		j.q.queueStore(b, rw.id, next)
+		j.q.queueStore(b, rw.id, rw.rec, next)
 		j.q.queueEvent(b, rw.id, ev)
 		rw.rec, rw.written, r.out, r.sent = next, true, next, &next
 	case opAcquire:
@@ -418,7 +418,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 			r.out, r.err = rw.rec, err
 			return
 		}
-		j.q.queueStore(b, rw.id, claimed)
+		j.q.queueStore(b, rw.id, rw.rec, claimed)
 		j.q.queueEvent(b, rw.id, ev)
 		rw.rec, rw.written, r.out, r.sent = claimed, true, claimed, &claimed
 	case opRelease:

@@ -25,6 +25,7 @@ type queries struct {
 	lockByOps         string
 	insert, store     string
 	insertMany        string
+	insertOne         string
 	storeFenced       [3]string // by dueChange
 	dueDelete         string
 	dueMove           string
@@ -106,6 +107,25 @@ func newQueries(schema string) queries {
 			ins.last_error, ins.lease_owner FROM ins JOIN v USING (key)
 	)
 	SELECT id, key FROM ins`
+	// The create of a batch of one write (see Journal.fastBatch, at one
+	// caller the batch of every Create): insertMany for one row, its
+	// parameters scalars, which pgx encodes for a fraction of what 26
+	// arrays of one element cost, returning the row's id and the
+	// transaction's id (txid_current(), for the journal's copy of the row)
+	// in place of a statement of its own.
+	q.insertOne = `WITH ins AS (
+		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
+			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
+			created_at, updated_at, expires_at, version, link)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26)
+		ON CONFLICT DO NOTHING RETURNING id, next_attempt_at
+	), d AS (
+		INSERT INTO ` + q.due + ` SELECT id, next_attempt_at FROM ins
+	), ev AS (
+		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
+		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins
+	)
+	SELECT id, txid_current() FROM ins`
 	// An update of a row this journal wrote last, with its event: found by
 	// its primary key, and written only if its xmin is still the
 	// transaction that wrote it then ($18), that is if nobody changed it
@@ -114,9 +134,10 @@ func newQueries(schema string) queries {
 	// handed out again after a fail-over to an asynchronous standby (and a
 	// crash that loses commits): a row the journal wrote and the fail-over
 	// lost may have both in another operation's row, which xmin alone
-	// would take for the journal's own. The command tag counts the events
-	// inserted: 0 when the row had changed, and nothing was written. The
-	// row's entry in due changes with it, if it does (dueChange).
+	// would take for the journal's own. It returns the transaction's id
+	// (for the journal's copy of the row) when it wrote the row, nothing
+	// when the row had changed, and nothing was written. The row's entry in
+	// due changes with it, if it does (dueChange).
 	for c, due := range [...]string{
 		dueKeep:   ``,
 		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE id = $1 AND EXISTS (SELECT FROM u))`,
@@ -128,7 +149,7 @@ func newQueries(schema string) queries {
 			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
 			version = $17 WHERE id = $1 AND xmin = $18::xid AND key = $29 AND version = $30 RETURNING id)` + due + `
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
-		SELECT id, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28 FROM u`
+		SELECT id, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28 FROM u RETURNING txid_current()`
 	}
 	q.dueDelete = `DELETE FROM ` + q.due + ` WHERE id = $1`
 	q.dueMove = `UPDATE ` + q.due + ` SET next_attempt_at = $2 WHERE id = $1`
@@ -164,11 +185,21 @@ func newQueries(schema string) queries {
 
 // queueInsert queues the insert of a new record with its creation event.
 func (q queries) queueInsert(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
-	return b.Queue(q.insert, r.Key, r.Scope, r.ID, r.Method, r.URL, wire.EncodeHeader(r.Header), wire.NonNil(r.Body),
+	return b.Queue(q.insert, insertArgs(r, ev)...)
+}
+
+// insertArgs are the parameters of insert and insertOne.
+func insertArgs(r idem.Record, ev idem.Event) []any {
+	return []any{r.Key, r.Scope, r.ID, r.Method, r.URL, wire.EncodeHeader(r.Header), wire.NonNil(r.Body),
 		r.Fingerprint, nullString(r.KeyHeader), r.KeyQuoted, r.TransportResends, int16(r.State), r.Attempts,
 		wire.Millis(r.NextAttemptAt), nullString(r.Lease.Owner), r.Lease.Epoch, wire.NullMillis(r.Lease.ExpiresAt),
 		nullString(r.LastError), nullString(r.Note), wire.Millis(r.CreatedAt), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt),
-		r.Version, int16(ev.Kind), nullString(ev.Detail), nullString(r.Link))
+		r.Version, int16(ev.Kind), nullString(ev.Detail), nullString(r.Link)}
+}
+
+// queueInsertOne queues insertOne of r with its creation event ev.
+func (q queries) queueInsertOne(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
+	return b.Queue(q.insertOne, insertArgs(r, ev)...)
 }
 
 // queueStore queues the write of r's mutable fields over the row id, which

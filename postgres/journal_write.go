@@ -565,7 +565,23 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	b.Queue(beginTx)
 	b.Queue(commitLevel(durable))
 	ids := map[string]int64{}
-	if len(creates) > 0 {
+	// xid is the transaction's id, returned by the statements that write
+	// (see insertOne, storeFenced); set, it needs no statement of its own.
+	var xid int64
+	if len(creates) == 1 && len(updates) == 0 {
+		r := creates[0]
+		r.sent = &r.rec
+		j.q.queueInsertOne(b, r.rec, r.ev).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var id int64
+				if err := rows.Scan(&id, &xid); err != nil {
+					return err
+				}
+				ids[r.key] = id
+			}
+			return rows.Err()
+		})
+	} else if len(creates) > 0 {
 		var cols createColumns
 		for _, r := range creates {
 			cols.add(r.rec, r.ev)
@@ -585,13 +601,20 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	}
 	for _, u := range updates {
 		u.r.sent = &u.next
-		j.q.queueStoreFenced(b, copies[u.r.key], u.next, u.ev).Exec(func(tag pgconn.CommandTag) error {
-			u.written = tag.RowsAffected() > 0
-			return nil
+		j.q.queueStoreFenced(b, copies[u.r.key], u.next, u.ev).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := rows.Scan(&xid); err != nil {
+					return err
+				}
+				u.written = true
+			}
+			return rows.Err()
 		})
 	}
-	var xid int64
-	b.Queue(`SELECT txid_current()`).QueryRow(func(row pgx.Row) error { return row.Scan(&xid) })
+	if len(reqs) > 1 {
+		// A write that wrote nothing returns no id: asked once more.
+		b.Queue(`SELECT txid_current()`).QueryRow(func(row pgx.Row) error { return row.Scan(&xid) })
+	}
 	b.Queue("COMMIT")
 	keys := make([]string, 0, len(updates))
 	for _, u := range updates {

@@ -63,11 +63,14 @@ type writeReq struct {
 // of its own: one caller giving up must not fail the others' writes.
 const batchTimeout = 30 * time.Second
 
-// write runs w through the group commit and returns its error. Batches run
-// on a goroutine of their own (commit), started by the first write to find
-// none running: it commits every write queued by then, then at once every
-// write queued meanwhile, and so on until none is left, with no goroutine
-// to wake between two batches. A writer that arrives during a batch waits
+// write runs w through the group commit and returns its error. The first
+// write to find no batch running commits the writes queued by then (its
+// own) itself, on its own goroutine, and hands what was queued meanwhile
+// to a goroutine (commit), which commits it at once, then every write
+// queued meanwhile, and so on until none is left, with no goroutine to
+// wake between two batches. At one caller, nothing is queued meanwhile: a
+// write starts no goroutine, and waits for none to wake it. A writer that
+// arrives during a batch waits
 // for the next one, unless secondBatch writes are waiting by then: a second
 // goroutine then commits them at once, on a connection of its own, while
 // the first batch runs (see secondBatch).
@@ -86,7 +89,7 @@ func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	}
 	j.mu.Unlock()
 	if start {
-		go j.commit()
+		j.commit(true)
 	}
 	<-w.done
 	return w.err
@@ -110,10 +113,12 @@ const (
 )
 
 // commit runs batches of the oldest writes queued, up to maxBatch each,
-// until the queue is empty. A second goroutine (see secondBatch) stops
+// until the queue is empty. A second committer (see secondBatch) stops
 // after a batch when the other is still running and fewer than secondBatch
-// writes wait: those wait for the other, as one batch.
-func (j *Journal) commit() {
+// writes wait: those wait for the other, as one batch. A writer's own call
+// (inline) runs one batch, and leaves the rest to a goroutine, which takes
+// its place as a committer.
+func (j *Journal) commit(inline bool) {
 	for first := true; ; first = false {
 		j.mu.Lock()
 		if len(j.queue) == 0 || (!first && j.running > 1 && len(j.queue) < secondBatch) {
@@ -122,6 +127,11 @@ func (j *Journal) commit() {
 				j.queue = nil
 			}
 			j.mu.Unlock()
+			return
+		}
+		if inline && !first {
+			j.mu.Unlock()
+			go j.commit(false)
 			return
 		}
 		n := min(len(j.queue), j.maxBatch)

@@ -82,7 +82,7 @@ func newNaiveJournal(j *postgres.Journal, pool *pgxpool.Pool) *naiveJournal {
 	// $16 last_error, $17 note, $18 now, $19 expires_at, $20 and $21 the
 	// event's kind and detail. The operation's row of due follows it.
 	update := `WITH old AS (
-		SELECT id AS old_id, state AS old_state, note AS old_note FROM ` + ops + `
+		SELECT id AS old_id, state AS old_state, note AS old_note, next_attempt_at AS old_next FROM ` + ops + `
 		WHERE key = $1 AND lease_owner = $2 AND lease_epoch = $3 AND version = $4
 			AND state = ANY($5::smallint[]) AND attempts <= $6 AND resends <= $7
 		FOR UPDATE
@@ -95,10 +95,12 @@ func newNaiveJournal(j *postgres.Journal, pool *pgxpool.Pool) *naiveJournal {
 		FROM old WHERE id = old_id
 		RETURNING ` + postgres.RecordColumns + `, old_state, old_note
 	), dd AS (
-		DELETE FROM ` + s + `.due WHERE id = (SELECT id FROM upd WHERE state NOT IN (1, 2, 3))
+		DELETE FROM ` + s + `.due d USING old, upd
+		WHERE d.next_attempt_at = old_next AND d.id = old_id AND upd.state NOT IN (1, 2, 3)
 	), dm AS (
-		UPDATE ` + s + `.due d SET next_attempt_at = upd.next_attempt_at FROM upd
-		WHERE d.id = upd.id AND upd.state IN (1, 2, 3) AND d.next_attempt_at <> upd.next_attempt_at
+		UPDATE ` + s + `.due d SET next_attempt_at = upd.next_attempt_at FROM old, upd
+		WHERE d.next_attempt_at = old_next AND d.id = old_id AND upd.state IN (1, 2, 3)
+			AND old_next <> upd.next_attempt_at
 	), ev AS (
 		INSERT INTO ` + events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, version, updated_at, $20, $21, old_state, state, attempts, resp_status,

@@ -95,16 +95,18 @@ var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migration
 	// b-tree inserts (two with a uniqueness check) per settle. due holds
 	// one row per active operation (states 1, 2, 3), inserted with the
 	// operation, moved with its next_attempt_at, deleted when it settles (a
-	// heap delete, no index entry); both its indexes are appended to at
-	// their right end, ids and times growing. The fill factor leaves room
+	// heap delete, no index entry). Its one index, the primary key, is
+	// (next_attempt_at, id), Claim's order, appended to at its right end as
+	// time goes; a writer finds its operation's row by the time the row
+	// was due at, which it knows (see queries.dueDelete). The fill factor leaves room
 	// on each page of operations for the settled version of the rows
 	// inserted there, which a HOT update must find on the same page.
 	`CREATE TABLE due (
-		id              bigint PRIMARY KEY,
-		next_attempt_at bigint NOT NULL
+		next_attempt_at bigint NOT NULL,
+		id              bigint NOT NULL,
+		PRIMARY KEY (next_attempt_at, id)
 	);
-	INSERT INTO due SELECT id, next_attempt_at FROM operations WHERE state IN (1, 2, 3);
-	CREATE INDEX due_next ON due (next_attempt_at, id);
+	INSERT INTO due SELECT next_attempt_at, id FROM operations WHERE state IN (1, 2, 3);
 	DROP INDEX operations_due;
 	ALTER TABLE operations SET (fillfactor = 70);`,
 }}

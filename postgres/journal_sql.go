@@ -73,7 +73,7 @@ func newQueries(schema string) queries {
 			created_at, updated_at, expires_at, version, link)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26)
 		ON CONFLICT (scope, op_id) DO NOTHING RETURNING id, next_attempt_at),
-	d AS (INSERT INTO ` + q.due + ` SELECT id, next_attempt_at FROM ins)
+	d AS (INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins)
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins`
 	// The creates of a batch whose writes this journal made last (see
@@ -100,7 +100,7 @@ func newQueries(schema string) queries {
 		ON CONFLICT DO NOTHING RETURNING id, key, version, updated_at, state, attempts, last_error, lease_owner,
 			next_attempt_at
 	), d AS (
-		INSERT INTO ` + q.due + ` SELECT id, next_attempt_at FROM ins
+		INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins
 	), ev AS (
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT ins.id, ins.version, ins.updated_at, v.ev_kind, v.ev_detail, NULL, ins.state, ins.attempts, NULL,
@@ -120,7 +120,7 @@ func newQueries(schema string) queries {
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26)
 		ON CONFLICT DO NOTHING RETURNING id, next_attempt_at
 	), d AS (
-		INSERT INTO ` + q.due + ` SELECT id, next_attempt_at FROM ins
+		INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins
 	), ev AS (
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins
@@ -140,8 +140,9 @@ func newQueries(schema string) queries {
 	// due changes with it, if it does (dueChange).
 	for c, due := range [...]string{
 		dueKeep:   ``,
-		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE id = $1 AND EXISTS (SELECT FROM u))`,
-		dueMove:   `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5 WHERE id = $1 AND EXISTS (SELECT FROM u))`,
+		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE next_attempt_at = $31 AND id = $1 AND EXISTS (SELECT FROM u))`,
+		dueMove: `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5
+			WHERE next_attempt_at = $31 AND id = $1 AND EXISTS (SELECT FROM u))`,
 	} {
 		q.storeFenced[c] = `WITH u AS (
 		UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
@@ -151,8 +152,12 @@ func newQueries(schema string) queries {
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28 FROM u RETURNING txid_current()`
 	}
-	q.dueDelete = `DELETE FROM ` + q.due + ` WHERE id = $1`
-	q.dueMove = `UPDATE ` + q.due + ` SET next_attempt_at = $2 WHERE id = $1`
+	// due's key is (next_attempt_at, id), its only index: the row of an
+	// operation is found by the time it was due at, which every writer
+	// knows, having read the row under a lock or holding a copy fenced by
+	// its xmin and version ($31 of storeFenced, $2 here).
+	q.dueDelete = `DELETE FROM ` + q.due + ` WHERE next_attempt_at = $2 AND id = $1`
+	q.dueMove = `UPDATE ` + q.due + ` SET next_attempt_at = $3 WHERE next_attempt_at = $2 AND id = $1`
 	q.store = `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
 		lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
 		resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
@@ -208,9 +213,9 @@ func (q queries) queueStore(b *pgx.Batch, id int64, old, r idem.Record) {
 	b.Queue(q.store, append([]any{id}, storeArgs(r)...)...)
 	switch dueChangeOf(old, r) {
 	case dueDelete:
-		b.Queue(q.dueDelete, id)
+		b.Queue(q.dueDelete, id, wire.Millis(old.NextAttemptAt))
 	case dueMove:
-		b.Queue(q.dueMove, id, wire.Millis(r.NextAttemptAt))
+		b.Queue(q.dueMove, id, wire.Millis(old.NextAttemptAt), wire.Millis(r.NextAttemptAt))
 	}
 }
 
@@ -257,7 +262,12 @@ func (q queries) queueStoreFenced(b *pgx.Batch, copy rowCopy, r idem.Record, ev 
 	args := append([]any{copy.id}, storeArgs(r)...)
 	args = append(args, copy.xmin)
 	args = append(args, eventArgs(ev)...)
-	return b.Queue(q.storeFenced[dueChangeOf(copy.rec, r)], append(args, copy.rec.Key, copy.rec.Version)...)
+	args = append(args, copy.rec.Key, copy.rec.Version)
+	change := dueChangeOf(copy.rec, r)
+	if change != dueKeep {
+		args = append(args, wire.Millis(copy.rec.NextAttemptAt))
+	}
+	return b.Queue(q.storeFenced[change], args...)
 }
 
 // createColumns are a batch's creates, a column each, for insertMany.

@@ -614,21 +614,23 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		return nil, err
 	}
 	defer done()
-	var id int64
-	if err := j.pool.QueryRow(ctx, `SELECT id FROM `+j.q.operations+` WHERE key = $1`, key).Scan(&id); err != nil {
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, journal.NotFound("key " + key)
-		}
-		return nil, j.fail(ctx, "the history of operation "+key, err)
-	}
-	rows, err := j.pool.Query(ctx, `SELECT version, at, kind, detail, from_state, to_state, attempt, status, error, owner
-		FROM `+j.q.table("events")+` WHERE op = $1 ORDER BY version`, id)
+	// The events written, then the one the row holds (of its version, the
+	// last), read in one statement: a write between two reads could move
+	// the row's event into events after the first.
+	rows, err := j.pool.Query(ctx, `WITH o AS (SELECT `+heldEvent+` FROM `+j.q.operations+` WHERE key = $1)
+		SELECT version, at, kind, detail, from_state, to_state, attempt, status, error, owner
+		FROM `+j.q.events+` WHERE op = (SELECT id FROM o)
+		UNION ALL SELECT version, ev_at, ev_kind, ev_detail, ev_from, state, attempts, resp_status, ev_error, ev_owner
+		FROM o WHERE ev_kind IS NOT NULL
+		UNION ALL SELECT NULL, 0, 0, NULL, NULL, 0, 0, NULL, NULL, NULL WHERE NOT EXISTS (SELECT FROM o)
+		ORDER BY 1`, key)
 	if err != nil {
 		return nil, j.fail(ctx, "the history of operation "+key, err)
 	}
 	defer rows.Close()
 	var out []idem.Event
 	for rows.Next() {
+		var version *int64
 		var ev idem.Event
 		var at int64
 		var kind int16
@@ -637,9 +639,13 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		var attempt int32
 		var status *int32
 		var detail, msg, owner *string
-		if err := rows.Scan(&ev.Version, &at, &kind, &detail, &from, &to, &attempt, &status, &msg, &owner); err != nil {
+		if err := rows.Scan(&version, &at, &kind, &detail, &from, &to, &attempt, &status, &msg, &owner); err != nil {
 			return nil, err
 		}
+		if version == nil {
+			return nil, journal.NotFound("key " + key)
+		}
+		ev.Version = *version
 		ev.At, ev.Kind, ev.To, ev.Attempt = wire.FromMillis(at).Add(-j.off()), idem.EventKind(kind), idem.State(to), int(attempt)
 		if from != nil {
 			ev.From = idem.State(*from)

@@ -80,7 +80,10 @@ func TestJournalMigratesFromVersion1(t *testing.T) {
 		WHERE NOT EXISTS (SELECT 1 FROM `+s+`.operations o WHERE o.id = e.op)`).Scan(&events))
 	assert.Zero(t, events, "Prune deleted the pruned operation's events")
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.events`).Scan(&events))
-	assert.Equal(t, 2, events, "and kept the others'")
+	assert.Equal(t, 1, events, "and kept the others' (the new record's creation event is in its row)")
+	h, err = j.History(ctx, rec.Key)
+	require.NoError(t, err)
+	assert.Len(t, h, 1, "the new record's history")
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -101,12 +101,24 @@ var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migration
 	// was due at, which it knows (see queries.dueDelete). The fill factor leaves room
 	// on each page of operations for the settled version of the rows
 	// inserted there, which a HOT update must find on the same page.
+	//
+	// The ev_ columns hold the event of the row's current version, when
+	// ev_kind is set, in place of a row of events: the fields of the event
+	// that the row does not hold itself (its version, state, attempts and
+	// response status are the row's; its time and owner are kept, a
+	// Release changing the row's). The writes that need no read (see
+	// Journal.fastBatch) keep their event there, and the write that moves
+	// the row past that version writes it into events, in its statement:
+	// a Do that goes right writes one event, not two. History and the
+	// read-back of a commit in doubt read it from the row.
 	`CREATE TABLE due (
 		next_attempt_at bigint NOT NULL,
 		id              bigint NOT NULL,
 		PRIMARY KEY (next_attempt_at, id)
 	);
 	INSERT INTO due SELECT next_attempt_at, id FROM operations WHERE state IN (1, 2, 3);
+	ALTER TABLE operations ADD COLUMN ev_at bigint, ADD COLUMN ev_kind smallint, ADD COLUMN ev_detail text,
+		ADD COLUMN ev_from smallint, ADD COLUMN ev_error text, ADD COLUMN ev_owner text;
 	DROP INDEX operations_due;
 	ALTER TABLE operations SET (fillfactor = 70);`,
 }}

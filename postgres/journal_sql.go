@@ -27,6 +27,7 @@ type queries struct {
 	insertMany        string
 	insertOne         string
 	storeFenced       [3]string // by dueChange
+	writeHeld         string
 	dueDelete         string
 	dueMove           string
 	insertEvent       string
@@ -77,8 +78,9 @@ func newQueries(schema string) queries {
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins`
 	// The creates of a batch whose writes this journal made last (see
-	// Journal.fastBatch): every operation and its creation event in one
-	// statement, each array holding a column. A row that would break any
+	// Journal.fastBatch): every operation in one statement, each array
+	// holding a column, its creation event in the row (the ev_ columns,
+	// see journalKind's migration 5), with the fields insert gives it. A row that would break any
 	// unique constraint (the operation, or its key, exists already) is not
 	// inserted, and not returned: that create runs again, alone, through the
 	// read. Nothing is looked up but the unique indexes, by the inserts.
@@ -93,18 +95,13 @@ func newQueries(schema string) queries {
 	), ins AS (
 		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-			created_at, updated_at, expires_at, version, link)
+			created_at, updated_at, expires_at, version, link, ev_at, ev_kind, ev_detail, ev_error, ev_owner)
 		SELECT key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-			created_at, updated_at, expires_at, version, link FROM v
-		ON CONFLICT DO NOTHING RETURNING id, key, version, updated_at, state, attempts, last_error, lease_owner,
-			next_attempt_at
+			created_at, updated_at, expires_at, version, link, updated_at, ev_kind, ev_detail, last_error, lease_owner FROM v
+		ON CONFLICT DO NOTHING RETURNING id, key, next_attempt_at
 	), d AS (
 		INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins
-	), ev AS (
-		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
-		SELECT ins.id, ins.version, ins.updated_at, v.ev_kind, v.ev_detail, NULL, ins.state, ins.attempts, NULL,
-			ins.last_error, ins.lease_owner FROM ins JOIN v USING (key)
 	)
 	SELECT id, key FROM ins`
 	// The create of a batch of one write (see Journal.fastBatch, at one
@@ -112,46 +109,57 @@ func newQueries(schema string) queries {
 	// parameters scalars, which pgx encodes for a fraction of what 26
 	// arrays of one element cost, returning the row's id and the
 	// transaction's id (txid_current(), for the journal's copy of the row)
-	// in place of a statement of its own.
+	// in place of a statement of its own. Its creation event, in the row.
 	q.insertOne = `WITH ins AS (
 		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-			created_at, updated_at, expires_at, version, link)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26)
+			created_at, updated_at, expires_at, version, link, ev_at, ev_kind, ev_detail, ev_error, ev_owner)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26,
+			$21, $24, $25, $18, $15)
 		ON CONFLICT DO NOTHING RETURNING id, next_attempt_at
 	), d AS (
 		INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins
-	), ev AS (
-		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
-		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins
 	)
 	SELECT id, txid_current() FROM ins`
 	// An update of a row this journal wrote last, with its event: found by
 	// its primary key, and written only if its xmin is still the
 	// transaction that wrote it then ($18), that is if nobody changed it
-	// since (see Journal.fastBatch), and it is still the operation ($29)
-	// at the version ($30) the journal wrote. Ids and transaction ids are
+	// since (see Journal.fastBatch), and it is still the operation ($25)
+	// at the version ($26) the journal wrote. Ids and transaction ids are
 	// handed out again after a fail-over to an asynchronous standby (and a
 	// crash that loses commits): a row the journal wrote and the fail-over
 	// lost may have both in another operation's row, which xmin alone
 	// would take for the journal's own. It returns the transaction's id
 	// (for the journal's copy of the row) when it wrote the row, nothing
 	// when the row had changed, and nothing was written. The row's entry in
-	// due changes with it, if it does (dueChange).
+	// due changes with it, if it does (dueChange). Its event stays in the
+	// row ($19-$24: its time, kind, detail, from-state, error and owner;
+	// the rest is the row's, as journal.ApplyUpdate makes it), and the
+	// event the row held, of the version it leaves, goes to events.
 	for c, due := range [...]string{
 		dueKeep:   ``,
-		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE next_attempt_at = $31 AND id = $1 AND EXISTS (SELECT FROM u))`,
+		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
 		dueMove: `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5
-			WHERE next_attempt_at = $31 AND id = $1 AND EXISTS (SELECT FROM u))`,
+			WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
 	} {
-		q.storeFenced[c] = `WITH u AS (
+		q.storeFenced[c] = `WITH old AS (
+		SELECT ` + heldEvent + ` FROM ` + q.operations + `
+		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 AND ev_kind IS NOT NULL
+	), u AS (
 		UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
 			lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
 			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
-			version = $17 WHERE id = $1 AND xmin = $18::xid AND key = $29 AND version = $30 RETURNING id)` + due + `
-		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
-		SELECT id, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28 FROM u RETURNING txid_current()`
+			version = $17, ev_at = $19, ev_kind = $20, ev_detail = $21, ev_from = $22, ev_error = $23, ev_owner = $24
+		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 RETURNING id)` + due + `,
+	w AS (
+		INSERT INTO ` + q.events + ` (` + eventColumns + `) SELECT * FROM old WHERE EXISTS (SELECT FROM u)
+	)
+	SELECT txid_current() FROM u`
 	}
+	// The event a row holds, written into events before a write that
+	// writes its own there (store, after a read under a lock).
+	q.writeHeld = `INSERT INTO ` + q.events + ` (` + eventColumns + `)
+		SELECT ` + heldEvent + ` FROM ` + q.operations + ` WHERE id = $1 AND ev_kind IS NOT NULL`
 	// due's key is (next_attempt_at, id), its only index: the row of an
 	// operation is found by the time it was due at, which every writer
 	// knows, having read the row under a lock or holding a copy fenced by
@@ -161,7 +169,7 @@ func newQueries(schema string) queries {
 	q.store = `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
 		lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
 		resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
-		version = $17 WHERE id = $1`
+		version = $17, ev_kind = NULL WHERE id = $1`
 	q.storeLease = `UPDATE ` + q.operations + ` SET lease_owner = $2, lease_epoch = $3, lease_expires_at = $4,
 		updated_at = $5 WHERE id = $1`
 	q.insertEvent = `INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
@@ -202,14 +210,23 @@ func insertArgs(r idem.Record, ev idem.Event) []any {
 		r.Version, int16(ev.Kind), nullString(ev.Detail), nullString(r.Link)}
 }
 
+// eventColumns are the columns of events, in eventArgs' order after op.
+const eventColumns = `op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner`
+
+// heldEvent is the event a row of operations holds (ev_kind set), in the
+// order of eventColumns.
+const heldEvent = `id, version, ev_at, ev_kind, ev_detail, ev_from, state, attempts, resp_status, ev_error, ev_owner`
+
 // queueInsertOne queues insertOne of r with its creation event ev.
 func (q queries) queueInsertOne(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
 	return b.Queue(q.insertOne, insertArgs(r, ev)...)
 }
 
 // queueStore queues the write of r's mutable fields over the row id, which
-// holds old, and the change of its entry in due.
+// holds old, and the change of its entry in due. The event the row holds
+// goes to events first: the caller writes the new one there (queueEvent).
 func (q queries) queueStore(b *pgx.Batch, id int64, old, r idem.Record) {
+	b.Queue(q.writeHeld, id)
 	b.Queue(q.store, append([]any{id}, storeArgs(r)...)...)
 	switch dueChangeOf(old, r) {
 	case dueDelete:
@@ -261,7 +278,7 @@ func storeArgs(r idem.Record) []any {
 func (q queries) queueStoreFenced(b *pgx.Batch, copy rowCopy, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
 	args := append([]any{copy.id}, storeArgs(r)...)
 	args = append(args, copy.xmin)
-	args = append(args, eventArgs(ev)...)
+	args = append(args, heldArgs(ev)...)
 	args = append(args, copy.rec.Key, copy.rec.Version)
 	change := dueChangeOf(copy.rec, r)
 	if change != dueKeep {
@@ -328,6 +345,17 @@ func eventArgs(ev idem.Event) []any {
 	}
 	return []any{ev.Version, wire.Millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, int16(ev.To),
 		ev.Attempt, status, nullString(ev.Error), nullString(ev.Owner)}
+}
+
+// heldArgs are the columns of ev a row holds (ev_at, ev_kind, ev_detail,
+// ev_from, ev_error, ev_owner); its version, state, attempt and status are
+// the row's.
+func heldArgs(ev idem.Event) []any {
+	var from any
+	if ev.From != 0 {
+		from = int16(ev.From)
+	}
+	return []any{wire.Millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, nullString(ev.Error), nullString(ev.Owner)}
 }
 
 // scanRecord reads a row of recordColumns.

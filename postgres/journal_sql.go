@@ -80,10 +80,11 @@ func newQueries(schema string) queries {
 	// The creates of a batch whose writes this journal made last (see
 	// Journal.fastBatch): every operation in one statement, each array
 	// holding a column, its creation event in the row (the ev_ columns,
-	// see journalKind's migration 5), with the fields insert gives it. A row that would break any
-	// unique constraint (the operation, or its key, exists already) is not
-	// inserted, and not returned: that create runs again, alone, through the
-	// read. Nothing is looked up but the unique indexes, by the inserts.
+	// see journalKind's migration 5), with the fields insert gives it. A
+	// row that would break any unique constraint (the operation, or its
+	// key, exists already) is not inserted, and not returned: that create
+	// runs again, alone, through the read. Nothing is looked up but the
+	// unique indexes, by the inserts.
 	q.insertMany = `WITH v AS (
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[],
 			$8::text[], $9::text[], $10::boolean[], $11::integer[], $12::smallint[], $13::integer[], $14::bigint[],
@@ -163,7 +164,7 @@ func newQueries(schema string) queries {
 	// due's key is (next_attempt_at, id), its only index: the row of an
 	// operation is found by the time it was due at, which every writer
 	// knows, having read the row under a lock or holding a copy fenced by
-	// its xmin and version ($31 of storeFenced, $2 here).
+	// its xmin and version ($27 of storeFenced, $2 here).
 	q.dueDelete = `DELETE FROM ` + q.due + ` WHERE next_attempt_at = $2 AND id = $1`
 	q.dueMove = `UPDATE ` + q.due + ` SET next_attempt_at = $3 WHERE next_attempt_at = $2 AND id = $1`
 	q.store = `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,

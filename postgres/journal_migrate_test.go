@@ -140,4 +140,11 @@ func TestJournalMigratesFromVersion4(t *testing.T) {
 	h, err := j.History(ctx, "k-done")
 	require.NoError(t, err)
 	assert.Len(t, h, 2, "the history is kept")
+	h, err = j.History(ctx, "k-live")
+	require.NoError(t, err)
+	require.Len(t, h, 3, "the event written before the migration, the claim's and the settle's")
+	for i, ev := range h {
+		assert.Equal(t, int64(i+1), ev.Version)
+	}
+	assert.Equal(t, idem.StateSucceeded, h[2].To)
 }

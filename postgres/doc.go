@@ -23,8 +23,9 @@
 // same records, the same rules (package journal) and the same errors.
 //
 // Tables. In the schema that Schema names: operations, one row per
-// operation with its request, key, state, lease and response, and a
-// partial index on the due active operations; events, its history; owners,
+// operation with its request, key, state, lease and response; due, the
+// active operations by when they are due; events, its history (but the
+// event of an operation's current version, which its row holds); owners,
 // the workers ever registered; sync, one row that Sync commits; and
 // idem_schema, the version of each kind of idem's tables. OpenJournal
 // migrates them; MigrateJournal does it alone, for teams that migrate
@@ -93,10 +94,11 @@
 // the write may or may not be committed. The journal and the store do not
 // guess: they wait until the session that ran it has no transaction open
 // (ending it if it sits idle in one, its COMMIT lost on the way), then
-// read the write back by key and version (the journal's events; the
-// store's entry, its fingerprint, time and token), and answer as the
-// commit would have. A write found not committed runs again once. A
-// Renew or Sync, which change nothing when run twice, simply runs again.
+// read the write back by key and version (the journal's events, or the
+// one the operation's row holds; the store's entry, its fingerprint,
+// time and token), and answer as the commit would have. A write found
+// not committed runs again once. A Renew or Sync, which change nothing
+// when run twice, simply runs again.
 // What remains is a database out of reach for the read-back too: the
 // error then matches ErrCommitInDoubt and names the write (the operation,
 // its key, the version), and says that it may or may not be committed.

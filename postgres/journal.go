@@ -380,11 +380,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		if dueBy := req.DueBy.Add(off); !req.DueBy.IsZero() && dueBy.Before(now) {
 			due = dueBy
 		}
-		q := `SELECT ` + recordColumns + ` FROM ` + j.q.operations + `
-			WHERE state IN (1, 2, 3) AND next_attempt_at <= $1
-			AND (lease_owner IS NULL OR lease_expires_at <= $2 OR lease_owner = ANY($3))
-			AND ($4 = '' OR scope = $4) AND ($5 = '' OR starts_with(url, $5))
-			ORDER BY next_attempt_at, id LIMIT $6 FOR UPDATE SKIP LOCKED`
+		q := j.q.claim
 		claimable := func(gone []string) (ids []int64, recs []idem.Record, err error) {
 			rows, err := tx.Query(ctx, q, wire.Millis(due), wire.Millis(now), gone, req.Scope, req.URLPrefix, req.Limit)
 			if err != nil {
@@ -427,7 +423,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 			if err != nil {
 				return err
 			}
-			j.q.queueStore(b, ids[i], claimed)
+			j.q.queueStore(b, ids[i], rec, claimed)
 			j.q.queueEvent(b, ids[i], ev)
 			out = append(out, shiftRecord(claimed, -off))
 		}
@@ -704,20 +700,26 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		return nil, err
 	}
 	defer done()
+	// The events written, then the one the row holds (of its version, the
+	// last), read in one statement: a write between two reads could move
+	// the row's event into events after the first.
 	var out []idem.Event
+	found := true
 	err = j.read(ctx, func(q reader) error {
-		out = nil
-		var id int64
-		if err := q.QueryRow(ctx, `SELECT id FROM `+j.q.operations+` WHERE key = $1`, key).Scan(&id); err != nil {
-			return err
-		}
-		rows, err := q.Query(ctx, `SELECT version, at, kind, detail, from_state, to_state, attempt, status, error, owner
-			FROM `+j.q.table("events")+` WHERE op = $1 ORDER BY version`, id)
+		out, found = nil, true
+		rows, err := q.Query(ctx, `WITH o AS (SELECT `+heldEvent+` FROM `+j.q.operations+` WHERE key = $1)
+			SELECT version, at, kind, detail, from_state, to_state, attempt, status, error, owner
+			FROM `+j.q.events+` WHERE op = (SELECT id FROM o)
+			UNION ALL SELECT version, ev_at, ev_kind, ev_detail, ev_from, state, attempts, resp_status, ev_error, ev_owner
+			FROM o WHERE ev_kind IS NOT NULL
+			UNION ALL SELECT NULL, 0, 0, NULL, NULL, 0, 0, NULL, NULL, NULL WHERE NOT EXISTS (SELECT FROM o)
+			ORDER BY 1`, key)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
+			var version *int64
 			var ev idem.Event
 			var at int64
 			var kind int16
@@ -726,9 +728,14 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 			var attempt int32
 			var status *int32
 			var detail, msg, owner *string
-			if err := rows.Scan(&ev.Version, &at, &kind, &detail, &from, &to, &attempt, &status, &msg, &owner); err != nil {
+			if err := rows.Scan(&version, &at, &kind, &detail, &from, &to, &attempt, &status, &msg, &owner); err != nil {
 				return err
 			}
+			if version == nil {
+				found = false
+				continue
+			}
+			ev.Version = *version
 			ev.At, ev.Kind, ev.To, ev.Attempt = wire.FromMillis(at).Add(-j.off()), idem.EventKind(kind), idem.State(to), int(attempt)
 			if from != nil {
 				ev.From = idem.State(*from)
@@ -741,11 +748,11 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		}
 		return rows.Err()
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, journal.NotFound("key " + key)
-	}
 	if err != nil {
 		return nil, j.fail(ctx, "the history of operation "+key, err)
+	}
+	if !found {
+		return nil, journal.NotFound("key " + key)
 	}
 	return out, nil
 }

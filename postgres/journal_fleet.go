@@ -35,7 +35,8 @@ func (j *Journal) Owners(ctx context.Context) ([]Owner, error) {
 				WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 				AND l.classid = $1::bigint::oid AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted) AS alive
 			FROM `+j.q.table("owners")+` o
-			WHERE o.name IN (SELECT lease_owner FROM `+j.q.table("operations")+` WHERE state IN (1, 2, 3) AND lease_owner IS NOT NULL)
+			WHERE o.name IN (SELECT a.lease_owner FROM `+j.q.due+` d JOIN `+j.q.operations+` a ON a.id = d.id
+				WHERE a.state IN (1, 2, 3) AND a.lease_owner IS NOT NULL)
 			OR EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory'
 				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) AND l.classid = $1::bigint::oid
 				AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted)

@@ -115,8 +115,8 @@ func (q *queries) ownerQueries(s string) {
 	// session writes its row again when it takes its lock (newSession).
 	q.sweep = `WITH ` + held + ` DELETE FROM ` + owners + ` o
 		WHERE NOT (o.id::oid IN (SELECT objid FROM held))
-		AND o.name NOT IN (SELECT lease_owner FROM ` + q.operations + `
-			WHERE state IN (1, 2, 3) AND lease_owner IS NOT NULL AND lease_expires_at > $2)`
+		AND o.name NOT IN (SELECT a.lease_owner FROM ` + q.due + ` d JOIN ` + q.operations + ` a ON a.id = d.id
+			WHERE a.state IN (1, 2, 3) AND a.lease_owner IS NOT NULL AND a.lease_expires_at > $2)`
 }
 
 // registration is an owner registered through this journal: the session

@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"strings"
+
 	"github.com/idemkit/idem/postgres/internal/pgschema"
 )
 
@@ -8,8 +10,8 @@ import (
 // schema. Times are milliseconds since the Unix epoch, the precision every
 // journal keeps. An operation and its response share a row: PostgreSQL
 // rewrites a row on update anyway (MVCC), so a table of its own would only
-// add a write. Claim finds due operations through a partial index on the
-// active states, which PostgreSQL maintains without the cost SQLite has.
+// add a write. Claim finds due operations through the table due, which
+// holds the active ones (see migration 5).
 var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migrations: []string{
 	`CREATE TABLE operations (
 		id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -101,7 +103,53 @@ var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migration
 	// judgement after the migration at the earliest.
 	`CREATE UNLOGGED TABLE server_up (id integer PRIMARY KEY CHECK (id = 1), at bigint NOT NULL);
 	ALTER TABLE owners DROP COLUMN lost_timeline;`,
+	// 7: the due queue leaves the operations table's indexes, so that the
+	// write that settles an operation is a HOT update. The partial index
+	// operations_due read state in its predicate: the settle, which changes
+	// state, could never be HOT, and every index of the table (the primary
+	// key, key, (scope, op_id)) got an entry for the new row version, three
+	// b-tree inserts (two with a uniqueness check) per settle. due holds
+	// one row per active operation (states 1, 2, 3), inserted with the
+	// operation, moved with its next_attempt_at, deleted when it settles (a
+	// heap delete, no index entry). Its one index, the primary key, is
+	// (next_attempt_at, id), Claim's order, appended to at its right end as
+	// time goes; a writer finds its operation's row by the time the row
+	// was due at, which it knows (see queries.dueDelete). The fill factor
+	// leaves room on each page of operations for the settled version of
+	// the rows inserted there, which a HOT update must find on the same
+	// page: at 70, a batch of creates filled pages so that only half the
+	// settles at 64 callers found room; at 50, nine in ten do.
+	//
+	// The ev_ columns hold the event of the row's current version, when
+	// ev_kind is set, in place of a row of events: the fields of the event
+	// that the row does not hold itself (its version, state, attempts and
+	// response status are the row's; its time and owner are kept, a
+	// Release changing the row's). The writes that need no read (see
+	// Journal.fastBatch) keep their event there, and the write that moves
+	// the row past that version writes it into events, in its statement:
+	// a Do that goes right writes one event, not two. History and the
+	// read-back of a commit in doubt read it from the row.
+	`CREATE TABLE due (
+		next_attempt_at bigint NOT NULL,
+		id              bigint NOT NULL,
+		PRIMARY KEY (next_attempt_at, id)
+	);
+	INSERT INTO due SELECT next_attempt_at, id FROM operations WHERE state IN (1, 2, 3);
+	ALTER TABLE operations ADD COLUMN ev_at bigint, ADD COLUMN ev_kind smallint, ADD COLUMN ev_detail text,
+		ADD COLUMN ev_from smallint, ADD COLUMN ev_error text, ADD COLUMN ev_owner text;
+	DROP INDEX operations_due;
+	ALTER TABLE operations SET (fillfactor = 50);`,
 }}
+
+// qualifiedColumns is columns, a list of recordColumns' form, each column
+// qualified by table.
+func qualifiedColumns(table, columns string) string {
+	cols := strings.Split(columns, ",")
+	for i, c := range cols {
+		cols[i] = table + "." + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
+}
 
 // recordColumns are the columns scanRecord reads, in its order.
 const recordColumns = `id, key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,

@@ -18,16 +18,22 @@ type queries struct {
 	schema     string
 	operations string
 	events     string
+	due        string
 
 	byKey, byOp       string
 	lockByKeys        string
 	lockByOps         string
 	insert, store     string
 	insertMany        string
-	storeFenced       string
+	insertOne         string
+	storeFenced       [3]string // by dueChange
+	writeHeld         string
+	dueDelete         string
+	dueMove           string
 	insertEvent       string
 	storeLease        string
 	goneOwners        string
+	claim             string
 	register          string
 	judge, newSession string
 	endOwner, sweep   string
@@ -36,7 +42,7 @@ type queries struct {
 
 func newQueries(schema string) queries {
 	s := pgschema.Ident(schema)
-	q := queries{schema: schema, operations: s + ".operations", events: s + ".events"}
+	q := queries{schema: schema, operations: s + ".operations", events: s + ".events", due: s + ".due"}
 	// One lease, found by its key (the unique index; see lockByKeys), and
 	// renewed only under its owner and epoch.
 	q.renew = `UPDATE ` + q.operations + ` SET lease_expires_at = greatest(lease_expires_at, $4)
@@ -67,15 +73,18 @@ func newQueries(schema string) queries {
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
 			created_at, updated_at, expires_at, version, link)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26)
-		ON CONFLICT (scope, op_id) DO NOTHING RETURNING id)
+		ON CONFLICT (scope, op_id) DO NOTHING RETURNING id, next_attempt_at),
+	d AS (INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins)
 		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		SELECT id, $23, $21, $24, $25, NULL, $12, $13, NULL, $18, $15 FROM ins`
 	// The creates of a batch whose writes this journal made last (see
-	// Journal.fastBatch): every operation and its creation event in one
-	// statement, each array holding a column. A row that would break any
-	// unique constraint (the operation, or its key, exists already) is not
-	// inserted, and not returned: that create runs again, alone, through the
-	// read. Nothing is looked up but the unique indexes, by the inserts.
+	// Journal.fastBatch): every operation in one statement, each array
+	// holding a column, its creation event in the row (the ev_ columns,
+	// see journalKind's migration 5), with the fields insert gives it. A
+	// row that would break any unique constraint (the operation, or its
+	// key, exists already) is not inserted, and not returned: that create
+	// runs again, alone, through the read. Nothing is looked up but the
+	// unique indexes, by the inserts.
 	q.insertMany = `WITH v AS (
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[],
 			$8::text[], $9::text[], $10::boolean[], $11::integer[], $12::smallint[], $13::integer[], $14::bigint[],
@@ -87,44 +96,102 @@ func newQueries(schema string) queries {
 	), ins AS (
 		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-			created_at, updated_at, expires_at, version, link)
+			created_at, updated_at, expires_at, version, link, ev_at, ev_kind, ev_detail, ev_error, ev_owner)
 		SELECT key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
-			created_at, updated_at, expires_at, version, link FROM v
-		ON CONFLICT DO NOTHING RETURNING id, key, version, updated_at, state, attempts, last_error, lease_owner
-	), ev AS (
-		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
-		SELECT ins.id, ins.version, ins.updated_at, v.ev_kind, v.ev_detail, NULL, ins.state, ins.attempts, NULL,
-			ins.last_error, ins.lease_owner FROM ins JOIN v USING (key)
+			created_at, updated_at, expires_at, version, link, updated_at, ev_kind, ev_detail, last_error, lease_owner FROM v
+		ON CONFLICT DO NOTHING RETURNING id, key, next_attempt_at
+	), d AS (
+		INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins
 	)
 	SELECT id, key FROM ins`
+	// The create of a batch of one write (see Journal.fastBatch, at one
+	// caller the batch of every Create): insertMany for one row, its
+	// parameters scalars, which pgx encodes for a fraction of what 26
+	// arrays of one element cost, returning the row's id and the
+	// transaction's id (txid_current(), for the journal's copy of the row)
+	// in place of a statement of its own. Its creation event, in the row.
+	q.insertOne = `WITH ins AS (
+		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
+			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
+			created_at, updated_at, expires_at, version, link, ev_at, ev_kind, ev_detail, ev_error, ev_owner)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26,
+			$21, $24, $25, $18, $15)
+		ON CONFLICT DO NOTHING RETURNING id, next_attempt_at
+	), d AS (
+		INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins
+	)
+	SELECT id, txid_current() FROM ins`
 	// An update of a row this journal wrote last, with its event: found by
 	// its primary key, and written only if its xmin is still the
 	// transaction that wrote it then ($18), that is if nobody changed it
-	// since (see Journal.fastBatch), and it is still the operation ($29)
-	// at the version ($30) the journal wrote. Ids and transaction ids are
+	// since (see Journal.fastBatch), and it is still the operation ($25)
+	// at the version ($26) the journal wrote. Ids and transaction ids are
 	// handed out again after a fail-over to an asynchronous standby (and a
 	// crash that loses commits): a row the journal wrote and the fail-over
 	// lost may have both in another operation's row, which xmin alone
-	// would take for the journal's own. The command tag counts the events
-	// inserted: 0 when the row had changed, and nothing was written.
-	q.storeFenced = `WITH u AS (
+	// would take for the journal's own. It returns the transaction's id
+	// (for the journal's copy of the row) when it wrote the row, nothing
+	// when the row had changed, and nothing was written. The row's entry in
+	// due changes with it, if it does (dueChange). Its event stays in the
+	// row ($19-$24: its time, kind, detail, from-state, error and owner;
+	// the rest is the row's, as journal.ApplyUpdate makes it), and the
+	// event the row held, of the version it leaves, goes to events.
+	for c, due := range [...]string{
+		dueKeep:   ``,
+		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
+		dueMove: `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5
+			WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
+	} {
+		q.storeFenced[c] = `WITH old AS (
+		SELECT ` + heldEvent + ` FROM ` + q.operations + `
+		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 AND ev_kind IS NOT NULL
+	), u AS (
 		UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
 			lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
 			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
-			version = $17 WHERE id = $1 AND xmin = $18::xid AND key = $29 AND version = $30 RETURNING id)
-		INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
-		SELECT id, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28 FROM u`
+			version = $17, ev_at = $19, ev_kind = $20, ev_detail = $21, ev_from = $22, ev_error = $23, ev_owner = $24
+		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 RETURNING id)` + due + `,
+	w AS (
+		INSERT INTO ` + q.events + ` (` + eventColumns + `) SELECT * FROM old WHERE EXISTS (SELECT FROM u)
+	)
+	SELECT txid_current() FROM u`
+	}
+	// The event a row holds, written into events before a write that
+	// writes its own there (store, after a read under a lock).
+	q.writeHeld = `INSERT INTO ` + q.events + ` (` + eventColumns + `)
+		SELECT ` + heldEvent + ` FROM ` + q.operations + ` WHERE id = $1 AND ev_kind IS NOT NULL`
+	// due's key is (next_attempt_at, id), its only index: the row of an
+	// operation is found by the time it was due at, which every writer
+	// knows, having read the row under a lock or holding a copy fenced by
+	// its xmin and version ($27 of storeFenced, $2 here).
+	q.dueDelete = `DELETE FROM ` + q.due + ` WHERE next_attempt_at = $2 AND id = $1`
+	q.dueMove = `UPDATE ` + q.due + ` SET next_attempt_at = $3 WHERE next_attempt_at = $2 AND id = $1`
 	q.store = `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
 		lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
 		resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
-		version = $17 WHERE id = $1`
+		version = $17, ev_kind = NULL WHERE id = $1`
 	q.storeLease = `UPDATE ` + q.operations + ` SET lease_owner = $2, lease_epoch = $3, lease_expires_at = $4,
 		updated_at = $5 WHERE id = $1`
 	q.insertEvent = `INSERT INTO ` + q.events + ` (op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
-	q.goneOwners = `SELECT DISTINCT lease_owner FROM ` + q.operations + `
-		WHERE state IN (1, 2, 3) AND next_attempt_at <= $1 AND lease_expires_at > $2 AND lease_owner IS NOT NULL`
+	// Due operations in due's order, each operation then found by its
+	// primary key and locked, until the limit is reached: a plain join
+	// leaves the plan to the server, whose generic plan on a new journal's
+	// empty tables scans operations (see lockByKeys). The operation's own
+	// state and time decide: a row of due that a settle deletes meanwhile
+	// may still be seen, but the operation's new version is not active.
+	q.claim = `SELECT r.* FROM (SELECT id FROM ` + q.due + ` WHERE next_attempt_at <= $1 ORDER BY next_attempt_at, id) d
+		CROSS JOIN LATERAL (SELECT ` + recordColumns + ` FROM ` + q.operations + ` o
+			WHERE o.id = d.id AND state IN (1, 2, 3) AND next_attempt_at <= $1
+			AND (lease_owner IS NULL OR lease_expires_at <= $2 OR lease_owner = ANY($3))
+			AND ($4 = '' OR scope = $4) AND ($5 = '' OR starts_with(url, $5)) FOR UPDATE SKIP LOCKED) r
+		LIMIT $6`
+	// The same walk (OFFSET 0 keeps the server from flattening it into a
+	// join it would plan as it likes).
+	q.goneOwners = `SELECT DISTINCT r.lease_owner FROM (SELECT id FROM ` + q.due + ` WHERE next_attempt_at <= $1 OFFSET 0) d
+		CROSS JOIN LATERAL (SELECT lease_owner FROM ` + q.operations + ` o WHERE o.id = d.id AND state IN (1, 2, 3)
+			AND next_attempt_at <= $1 AND lease_owner IS NOT NULL AND lease_expires_at > $2 OFFSET 0) r`
 	q.register = `INSERT INTO ` + s + `.owners (name, registered_at) VALUES ($1, $2) RETURNING id`
 	q.ownerQueries(s)
 	return q
@@ -132,16 +199,67 @@ func newQueries(schema string) queries {
 
 // queueInsert queues the insert of a new record with its creation event.
 func (q queries) queueInsert(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
-	return b.Queue(q.insert, r.Key, r.Scope, r.ID, r.Method, r.URL, wire.EncodeHeader(r.Header), wire.NonNil(r.Body),
+	return b.Queue(q.insert, insertArgs(r, ev)...)
+}
+
+// insertArgs are the parameters of insert and insertOne.
+func insertArgs(r idem.Record, ev idem.Event) []any {
+	return []any{r.Key, r.Scope, r.ID, r.Method, r.URL, wire.EncodeHeader(r.Header), wire.NonNil(r.Body),
 		r.Fingerprint, nullString(r.KeyHeader), r.KeyQuoted, r.TransportResends, int16(r.State), r.Attempts,
 		wire.Millis(r.NextAttemptAt), nullString(r.Lease.Owner), r.Lease.Epoch, wire.NullMillis(r.Lease.ExpiresAt),
 		nullString(r.LastError), nullString(r.Note), wire.Millis(r.CreatedAt), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt),
-		r.Version, int16(ev.Kind), nullString(ev.Detail), nullString(r.Link))
+		r.Version, int16(ev.Kind), nullString(ev.Detail), nullString(r.Link)}
 }
 
-// queueStore queues the write of r's mutable fields over the row id.
-func (q queries) queueStore(b *pgx.Batch, id int64, r idem.Record) {
+// eventColumns are the columns of events, in eventArgs' order after op.
+const eventColumns = `op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner`
+
+// heldEvent is the event a row of operations holds (ev_kind set), in the
+// order of eventColumns.
+const heldEvent = `id, version, ev_at, ev_kind, ev_detail, ev_from, state, attempts, resp_status, ev_error, ev_owner`
+
+// queueInsertOne queues insertOne of r with its creation event ev.
+func (q queries) queueInsertOne(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
+	return b.Queue(q.insertOne, insertArgs(r, ev)...)
+}
+
+// queueStore queues the write of r's mutable fields over the row id, which
+// holds old, and the change of its entry in due. The event the row holds
+// goes to events first: the caller writes the new one there (queueEvent).
+func (q queries) queueStore(b *pgx.Batch, id int64, old, r idem.Record) {
+	b.Queue(q.writeHeld, id)
 	b.Queue(q.store, append([]any{id}, storeArgs(r)...)...)
+	switch dueChangeOf(old, r) {
+	case dueDelete:
+		b.Queue(q.dueDelete, id, wire.Millis(old.NextAttemptAt))
+	case dueMove:
+		b.Queue(q.dueMove, id, wire.Millis(old.NextAttemptAt), wire.Millis(r.NextAttemptAt))
+	}
+}
+
+// dueChange is what a write does to its operation's row in due, which
+// holds a row for each active operation.
+type dueChange uint8
+
+const (
+	dueKeep   dueChange = iota // inactive before and after, or due at the same time
+	dueDelete                  // the operation leaves the active states
+	dueMove                    // active, due at another time
+)
+
+// dueChangeOf is the change of due of a write from old to next. An
+// operation that has left the active states never returns to them (see
+// State.CanMoveTo).
+func dueChangeOf(old, next idem.Record) dueChange {
+	switch {
+	case !old.State.Active():
+		return dueKeep
+	case !next.State.Active():
+		return dueDelete
+	case wire.Millis(old.NextAttemptAt) != wire.Millis(next.NextAttemptAt):
+		return dueMove
+	}
+	return dueKeep
 }
 
 // storeArgs are the parameters $2 to $17 of store and storeFenced.
@@ -161,8 +279,13 @@ func storeArgs(r idem.Record) []any {
 func (q queries) queueStoreFenced(b *pgx.Batch, copy rowCopy, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
 	args := append([]any{copy.id}, storeArgs(r)...)
 	args = append(args, copy.xmin)
-	args = append(args, eventArgs(ev)...)
-	return b.Queue(q.storeFenced, append(args, copy.rec.Key, copy.rec.Version)...)
+	args = append(args, heldArgs(ev)...)
+	args = append(args, copy.rec.Key, copy.rec.Version)
+	change := dueChangeOf(copy.rec, r)
+	if change != dueKeep {
+		args = append(args, wire.Millis(copy.rec.NextAttemptAt))
+	}
+	return b.Queue(q.storeFenced[change], args...)
 }
 
 // createColumns are a batch's creates, a column each, for insertMany.
@@ -223,6 +346,17 @@ func eventArgs(ev idem.Event) []any {
 	}
 	return []any{ev.Version, wire.Millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, int16(ev.To),
 		ev.Attempt, status, nullString(ev.Error), nullString(ev.Owner)}
+}
+
+// heldArgs are the columns of ev a row holds (ev_at, ev_kind, ev_detail,
+// ev_from, ev_error, ev_owner); its version, state, attempt and status are
+// the row's.
+func heldArgs(ev idem.Event) []any {
+	var from any
+	if ev.From != 0 {
+		from = int16(ev.From)
+	}
+	return []any{wire.Millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, nullString(ev.Error), nullString(ev.Owner)}
 }
 
 // scanRecord reads a row of recordColumns.

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/journaltest"
 	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
@@ -104,4 +105,72 @@ func TestOnCommitReportsEachCommit(t *testing.T) {
 	assert.Equal(t, 2*ops, writes, "every write in one reported commit")
 	assert.Positive(t, durable, "the intents' commits waited for the flush")
 	assert.Less(t, len(commits), 2*ops, "writers shared commits")
+}
+
+// A Do that goes right writes one row of events, not two: the event of the
+// row's current version is kept in the row, and written into events by the
+// write that moves the row past it. History, a reader of the row and of
+// events, is the same whichever holds each event; an update after a read
+// (Acquire) writes both its own event and the one the row held.
+func TestTheRowKeepsItsLastEvent(t *testing.T) {
+	t.Parallel()
+	j := openJournal(t)
+	rec := newRecord("shop")
+	rec.State, rec.Attempts = idem.StateInFlight, 1
+	rec.Lease = idem.Lease{Owner: "worker-1", ExpiresAt: time.Now().Add(time.Minute)}
+	created, _, err := j.Create(ctx, rec)
+	require.NoError(t, err)
+	s := pgschema.Ident(j.Schema())
+	written := func() int {
+		var n int
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+s+`.events e
+			JOIN `+s+`.operations o ON o.id = e.op WHERE o.key = $1`, rec.Key).Scan(&n))
+		return n
+	}
+	history := func(n int) []idem.Event {
+		h, err := j.History(ctx, rec.Key)
+		require.NoError(t, err)
+		require.Len(t, h, n)
+		for i, ev := range h {
+			assert.Equal(t, int64(i+1), ev.Version, "the history in version order")
+		}
+		return h
+	}
+	assert.Zero(t, written(), "the creation event is in the row")
+	h := history(1)
+	assert.Equal(t, idem.EventCreate, h[0].Kind)
+	assert.Equal(t, idem.StateInFlight, h[0].To)
+	assert.Equal(t, "worker-1", h[0].Owner)
+
+	retry := created
+	retry.State, retry.NextAttemptAt = idem.StatePending, time.Now().Add(-time.Second)
+	retried, err := j.Update(ctx, retry, idem.Durable, idem.Event{Kind: idem.EventAnswer, Detail: "503"})
+	require.NoError(t, err)
+	assert.Equal(t, 1, written(), "the update wrote the creation event, and keeps its own in the row")
+	h = history(2)
+	assert.Equal(t, idem.EventAnswer, h[1].Kind)
+	assert.Equal(t, "503", h[1].Detail)
+	assert.Equal(t, idem.StateInFlight, h[1].From)
+	assert.Equal(t, idem.StatePending, h[1].To)
+	assert.Equal(t, "worker-1", h[1].Owner, "the writer's lease, which the row no longer carries")
+
+	require.NoError(t, j.Release(ctx, rec.Key, retried.Lease))
+	h2, err := j.History(ctx, rec.Key)
+	require.NoError(t, err)
+	assert.Equal(t, h, h2, "a release, which changes the row's owner and time, changes no event")
+
+	acquired, err := j.Acquire(ctx, rec.Key, "worker-2", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, 3, written(), "an update after a read writes the event the row held and its own")
+	h3 := history(3)
+	assert.Equal(t, h, h3[:2], "the events written out are those the row held")
+	assert.Equal(t, "worker-2", h3[2].Owner)
+
+	done := acquired
+	done.State, done.Response = idem.StateSucceeded, &idem.Response{StatusCode: 201}
+	_, err = j.Update(ctx, done, idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	require.NoError(t, err)
+	h4 := history(4)
+	assert.Equal(t, 201, h4[3].StatusCode)
+	assert.Equal(t, idem.StateSucceeded, h4[3].To)
 }

@@ -63,11 +63,14 @@ type writeReq struct {
 // of its own: one caller giving up must not fail the others' writes.
 const batchTimeout = 30 * time.Second
 
-// write runs w through the group commit and returns its error. Batches run
-// on a goroutine of their own (commit), started by the first write to find
-// none running: it commits every write queued by then, then at once every
-// write queued meanwhile, and so on until none is left, with no goroutine
-// to wake between two batches. A writer that arrives during a batch waits
+// write runs w through the group commit and returns its error. The first
+// write to find no batch running commits the writes queued by then (its
+// own) itself, on its own goroutine, and hands what was queued meanwhile
+// to a goroutine (commit), which commits it at once, then every write
+// queued meanwhile, and so on until none is left, with no goroutine to
+// wake between two batches. At one caller, nothing is queued meanwhile: a
+// write starts no goroutine, and waits for none to wake it. A writer that
+// arrives during a batch waits
 // for the next one, unless secondBatch writes are waiting by then: a second
 // goroutine then commits them at once, on a connection of its own, while
 // the first batch runs (see secondBatch).
@@ -86,7 +89,7 @@ func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	}
 	j.mu.Unlock()
 	if start {
-		go j.commit()
+		j.commit(true)
 	}
 	<-w.done
 	return w.err
@@ -110,10 +113,12 @@ const (
 )
 
 // commit runs batches of the oldest writes queued, up to maxBatch each,
-// until the queue is empty. A second goroutine (see secondBatch) stops
+// until the queue is empty. A second committer (see secondBatch) stops
 // after a batch when the other is still running and fewer than secondBatch
-// writes wait: those wait for the other, as one batch.
-func (j *Journal) commit() {
+// writes wait: those wait for the other, as one batch. A writer's own call
+// (inline) runs one batch, and leaves the rest to a goroutine, which takes
+// its place as a committer.
+func (j *Journal) commit(inline bool) {
 	for first := true; ; first = false {
 		j.mu.Lock()
 		if len(j.queue) == 0 || (!first && j.running > 1 && len(j.queue) < secondBatch) {
@@ -122,6 +127,11 @@ func (j *Journal) commit() {
 				j.queue = nil
 			}
 			j.mu.Unlock()
+			return
+		}
+		if inline && !first {
+			j.mu.Unlock()
+			go j.commit(false)
 			return
 		}
 		n := min(len(j.queue), j.maxBatch)
@@ -415,7 +425,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 			r.err = err
 			return
 		}
-		j.q.queueStore(b, rw.id, next)
+		j.q.queueStore(b, rw.id, rw.rec, next)
 		j.q.queueEvent(b, rw.id, ev)
 		rw.rec, rw.written, r.out, r.sent = next, true, next, &next
 	case opAcquire:
@@ -424,7 +434,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 			r.out, r.err = rw.rec, err
 			return
 		}
-		j.q.queueStore(b, rw.id, claimed)
+		j.q.queueStore(b, rw.id, rw.rec, claimed)
 		j.q.queueEvent(b, rw.id, ev)
 		rw.rec, rw.written, r.out, r.sent = claimed, true, claimed, &claimed
 	case opRelease:
@@ -571,7 +581,23 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	b.Queue(beginTx)
 	b.Queue(commitLevel(durable))
 	ids := map[string]int64{}
-	if len(creates) > 0 {
+	// xid is the transaction's id, returned by the statements that write
+	// (see insertOne, storeFenced); set, it needs no statement of its own.
+	var xid int64
+	if len(creates) == 1 && len(updates) == 0 {
+		r := creates[0]
+		r.sent = &r.rec
+		j.q.queueInsertOne(b, r.rec, r.ev).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var id int64
+				if err := rows.Scan(&id, &xid); err != nil {
+					return err
+				}
+				ids[r.key] = id
+			}
+			return rows.Err()
+		})
+	} else if len(creates) > 0 {
 		var cols createColumns
 		for _, r := range creates {
 			cols.add(r.rec, r.ev)
@@ -591,13 +617,20 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	}
 	for _, u := range updates {
 		u.r.sent = &u.next
-		j.q.queueStoreFenced(b, copies[u.r.key], u.next, u.ev).Exec(func(tag pgconn.CommandTag) error {
-			u.written = tag.RowsAffected() > 0
-			return nil
+		j.q.queueStoreFenced(b, copies[u.r.key], u.next, u.ev).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := rows.Scan(&xid); err != nil {
+					return err
+				}
+				u.written = true
+			}
+			return rows.Err()
 		})
 	}
-	var xid int64
-	b.Queue(`SELECT txid_current()`).QueryRow(func(row pgx.Row) error { return row.Scan(&xid) })
+	if len(reqs) > 1 {
+		// A write that wrote nothing returns no id: asked once more.
+		b.Queue(`SELECT txid_current()`).QueryRow(func(row pgx.Row) error { return row.Scan(&xid) })
+	}
 	b.Queue("COMMIT")
 	keys := make([]string, 0, len(updates))
 	for _, u := range updates {

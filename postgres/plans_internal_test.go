@@ -42,8 +42,18 @@ func TestStatementsFindRowsThroughTheirIndex(t *testing.T) {
 		"journal lock by keys":    {jq.lockByKeys, `ARRAY['a', 'b']`, "operations"},
 		"journal lock by ops":     {jq.lockByOps, `ARRAY['s', 's'], ARRAY['a', 'b']`, "operations"},
 		"journal renew":           {jq.renew, `'k', 1, 'owner', 2`, "operations"},
-		"journal fenced store": {jq.storeFenced, `1, 2, 1, 0, 3, NULL, 1, NULL, 201, NULL, NULL, NULL, NULL, NULL, 3, NULL, 2, '5',
-			2, 3, 2, NULL, 1, 2, 1, 201, NULL, 'owner', 'k', 1`, "operations"},
+		"journal fenced store": {jq.storeFenced[dueKeep], `1, 2, 1, 0, 3, NULL, 1, NULL, 201, NULL, NULL, NULL, NULL, NULL, 3, NULL, 2, '5',
+			3, 2, NULL, 1, NULL, 'owner', 'k', 1`, "operations"},
+		"journal fenced settle": {jq.storeFenced[dueDelete], `1, 4, 1, 0, 3, NULL, 1, NULL, 201, NULL, NULL, NULL, NULL, NULL, 3, NULL, 2, '5',
+			3, 2, NULL, 2, NULL, 'owner', 'k', 1, 0`, "due"},
+		"journal fenced move": {jq.storeFenced[dueMove], `1, 2, 1, 0, 3, NULL, 1, NULL, 201, NULL, NULL, NULL, NULL, NULL, 3, NULL, 2, '5',
+			3, 2, NULL, 1, NULL, 'owner', 'k', 1, 0`, "due"},
+		"journal due delete":  {jq.dueDelete, `1, 0`, "due"},
+		"journal write held":  {jq.writeHeld, `1`, "operations"},
+		"journal claim":       {jq.claim, `5, 5, ARRAY['gone'], '', '', 10`, "operations"},
+		"journal claim due":   {jq.claim, `5, 5, ARRAY['gone'], '', '', 10`, "due"},
+		"journal gone owners": {jq.goneOwners, `5, 5`, "operations"},
+		"journal due move":    {jq.dueMove, `1, 0, 5`, "due"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := conn.Exec(ctx, `DEALLOCATE ALL; SET plan_cache_mode = force_generic_plan; PREPARE p AS `+tc.sql, pgx.QueryExecModeSimpleProtocol)

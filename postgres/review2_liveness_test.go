@@ -77,3 +77,49 @@ func TestLiveWorkerKeepsItsOperationWhileTheApplicationUsesThePool(t *testing.T)
 	})
 	checkKept(t, jb, srv, o, "worker-a")
 }
+
+// A NAT or firewall between a worker and its database forgets every
+// connection of the worker at once (a restart of the middlebox, a table
+// flush): each goes silent, its server side ended. New connections work.
+// The README: "A liveness connection that goes silent ... the journal asks
+// the server on the liveness session whenever it has idled for a quarter
+// of the grace, and takes its lock again on a new session when no answer
+// comes within as long"; the live worker keeps its operation. Here the
+// pool's other connections, idle in the pool, went silent too. Found: the
+// journal does not hold its lock again within the grace (2 s for both
+// workers), worker-b takes the live worker's operation ("its owner is
+// gone"), and worker-a's Do, whose outcome write waits some 45 s on a
+// silent idle connection, ends in ErrOutcomeUnknown after the server's
+// 201. With only the liveness connection silent (the same test otherwise)
+// the worker keeps its operation: the lock is taken again through the
+// pool's silent idle connections.
+func TestLiveWorkerKeepsItsOperationWhenEveryConnectionGoesSilent(t *testing.T) {
+	t.Parallel()
+	g, srv := newGate(t)
+	schema := pgtest.Schema(t)
+	p, pool := proxiedPool(t)
+	ja := openOn(t, pool, schema)
+	jb := openOn(t, pgtest.Pool(t), schema)
+	a := workerClient(t, ja, srv, "worker-a")
+	b := workerClient(t, jb, srv, "worker-b")
+
+	o := driveWhileOtherResumes(t, g, a, b, jb, func() {
+		// The pool holds idle connections, as a busy application's does.
+		var conns []*pgxpool.Conn
+		for range 3 {
+			c, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			conns = append(conns, c)
+		}
+		for _, c := range conns {
+			c.Release()
+		}
+		for _, pid := range p.BackendPIDs() {
+			p.Blackhole(pid)
+		}
+		_, err := b.Resume(ctx)
+		require.NoError(t, err)
+		time.Sleep(postgres.DefaultLivenessGrace + 500*time.Millisecond)
+	}, nil)
+	checkKept(t, jb, srv, o, "worker-a")
+}

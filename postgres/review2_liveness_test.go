@@ -97,7 +97,17 @@ func TestLiveWorkerKeepsItsOperationWhenEveryConnectionGoesSilent(t *testing.T) 
 	t.Parallel()
 	g, srv := newGate(t)
 	schema := pgtest.Schema(t)
-	p, pool := proxiedPool(t)
+	p, proxied := proxiedPool(t)
+	// The application's pool pings a connection that idled before handing
+	// it out (pgxpool's default), within a second (pool_ping_timeout, as
+	// the README asks): without it the worker's own writes would wait on
+	// the pool's silent connections until their context ends, whatever the
+	// liveness session does.
+	cfg := proxied.Config()
+	cfg.PingTimeout = time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
 	ja := openOn(t, pool, schema)
 	jb := openOn(t, pgtest.Pool(t), schema)
 	a := workerClient(t, ja, srv, "worker-a")

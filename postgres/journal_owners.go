@@ -307,6 +307,11 @@ type execer interface {
 // so here too.
 func (j *Journal) dial(ctx context.Context) (*pgx.Conn, error) {
 	pc := j.pool.Config() // a copy, ConnConfig included
+	if pc.ConnConfig.ConnectTimeout <= 0 {
+		// As the pool does: a context without a deadline (Register's
+		// caller's) does not wait on an unreachable server for ever.
+		pc.ConnConfig.ConnectTimeout = 2 * time.Minute
+	}
 	if pc.BeforeConnect != nil {
 		if err := pc.BeforeConnect(ctx, pc.ConnConfig); err != nil {
 			return nil, err
@@ -402,9 +407,9 @@ func ping(ctx context.Context, conn *pgx.Conn, d time.Duration) error {
 
 // retake takes r's lock on a new session, trying until it can or ctx ends.
 //
-// Each try opens two connections of its own: one for the lock, and one for
-// the owner's row, which the pool's connections could not be trusted with
-// (see takeLiveness), closed once written. A try is given pingEvery at
+// Each try opens two connections of its own, side by side: one for the
+// lock, and one for the owner's row, which the pool's connections could
+// not be trusted with (see takeLiveness), closed once written. A try is given pingEvery at
 // first, so that a connection that does not answer (to a server that has
 // gone, or through a middlebox that drops it) is given up well within the
 // grace, and twice as long at each try that runs out of time, up to ten
@@ -434,14 +439,44 @@ func (j *Journal) retake(ctx context.Context, r *registration) *pgx.Conn {
 	}
 }
 
-// retakeOnce is one try of retake.
+// retakeOnce is one try of retake. The row's connection is opened while
+// the lock's is, so that a try costs one connection's opening, not two.
 func (j *Journal) retakeOnce(ctx context.Context, r *registration) (*pgx.Conn, error) {
-	w, err := j.dial(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer closeConn(w)
+	w := &dialing{done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		w.conn, w.err = j.dial(ctx)
+	}()
+	defer w.close()
 	return j.takeLiveness(ctx, r.owner, r.id, w)
+}
+
+// dialing is a connection being opened: Exec waits for it.
+type dialing struct {
+	done chan struct{}
+	conn *pgx.Conn
+	err  error
+}
+
+func (d *dialing) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	select {
+	case <-d.done:
+	case <-ctx.Done():
+		return pgconn.CommandTag{}, ctx.Err()
+	}
+	if d.err != nil {
+		return pgconn.CommandTag{}, d.err
+	}
+	return d.conn.Exec(ctx, sql, args...)
+}
+
+// close waits for the connection's opening, bound by its context, and
+// closes it.
+func (d *dialing) close() {
+	<-d.done
+	if d.conn != nil {
+		closeConn(d.conn)
+	}
 }
 
 func (j *Journal) unregister(owner string) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testserver"
 	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
@@ -99,4 +101,41 @@ func TestRegistrationsTakeNoConnectionOfThePool(t *testing.T) {
 	require.NoError(t, j.Close())
 	assert.False(t, livenessHeld(t, schema, "d"))
 	waitSessions(int(pool.Stat().TotalConns()))
+}
+
+// TestLivenessConnectionIsOpenedAsThePoolOpensItsOwn: the liveness
+// session, a connection outside the pool, goes through the pool's hooks,
+// which may supply what the session needs (a role, a setting, a
+// password); here AfterConnect names the session, and the session that
+// holds the lock, first and again after it was ended, carries the name.
+// (The pool's BeforeConnect refusing to connect keeps a retake from
+// happening: TestWorkerCutOffPastTheGraceIsFencedOff.)
+func TestLivenessConnectionIsOpenedAsThePoolOpensItsOwn(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	app := "hooked-" + uuid.NewString()[:8]
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `SELECT set_config('application_name', $1, false)`, app)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	j := openOn(t, pool, schema)
+	un, err := j.Register(ctx, "a")
+	require.NoError(t, err)
+	defer func() { _ = un() }()
+	holder := func() string {
+		var name string
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT application_name FROM pg_stat_activity
+			WHERE pid IN (`+livenessLocks(schema, "l.pid")+`)`, pgschema.Ident(schema)+".owners", "a").Scan(&name))
+		return name
+	}
+	assert.Equal(t, app, holder())
+	require.Equal(t, 1, terminateLiveness(t, schema, "a"))
+	waitLivenessHeld(t, schema, "a")
+	assert.Equal(t, app, holder(), "the lock taken again is on a connection opened with the pool's hooks")
 }

@@ -43,9 +43,15 @@
 // refused (idem.ErrLeaseLost) and stops driving the operation.
 //
 // Liveness. Register holds an advisory lock for the owner on a connection
-// set aside for it, in a transaction left open for as long as the owner is
-// registered: PostgreSQL releases the lock when the session ends, however
-// the worker ended (exit, crash, SIGKILL, a network partition). The open
+// of its own, opened as the pool opens its connections (the pool's
+// connection string and its BeforeConnect, AfterConnect and PrepareConn
+// hooks) but outside the pool, in a transaction left open for as long as
+// the owner is registered: PostgreSQL releases the lock when the session
+// ends, however the worker ended (exit, crash, SIGKILL, a network
+// partition). The application's use of the pool never delays the lock,
+// and a worker uses one connection per registered client beyond its
+// pool's MaxConns (and one more for a moment while it takes a lock
+// again): count them in the server's max_connections. The open
 // transaction keeps the server session bound to the worker's connection
 // behind a transaction pooler too (PgBouncer's pool_mode=transaction): the
 // pooler closes the one when the other ends, and holds one server session
@@ -54,10 +60,12 @@
 // off for itself. A session may also end while its worker lives on (an
 // administrator's pg_terminate_backend, a restart of the database, a
 // pooler closing the connection): the journal watches the session and
-// takes the lock again on a new one at once; it asks the server on the
-// idle session every quarter of its LivenessGrace, so that a session ended
-// unheard (a NAT or firewall that drops the connection silently) is taken
-// again too. So a free lock makes its
+// takes the lock again at once on a new connection it opens for the
+// purpose (never one that idled in the pool, which may have gone silent
+// with it), giving up on a try that gets no answer within a quarter of
+// the grace; it asks the server on the idle session every quarter of its
+// LivenessGrace, so that a session ended unheard (a NAT or firewall that
+// drops the connection silently) is taken again too. So a free lock makes its
 // owner gone only once it has stayed free for LivenessGrace (2 s by
 // default, on the database's clock); Claim and
 // Acquire then take its leases, before they lapse. Every judgement is made

@@ -94,7 +94,6 @@ type Journal struct {
 	queue    []*writeReq
 	running  int                      // commit goroutines
 	mine     map[string]*registration // owners registered through this journal
-	joining  int                      // registrations under way, each about to hold a connection
 	draining sync.WaitGroup
 
 	copiesMu sync.Mutex

@@ -126,22 +126,27 @@ type registration struct {
 	id    int32
 	stop  context.CancelFunc
 	done  chan struct{} // closed when the watcher returned
-	conn  *pgxpool.Conn // the session the watcher held last, once done; nil if none
+	conn  *pgx.Conn     // the session the watcher held last, once done; nil if none
 }
 
 // Register implements idem.Journal. The owner's name goes into the owners
-// table (a name is registered once, ever), and a connection of the pool is
-// set aside for as long as the owner is registered, holding an advisory
-// lock on the owner's number in a transaction left open (see
-// takeLiveness). PostgreSQL drops the lock when that transaction's session
-// ends, however the worker ended: that is how the others see it gone.
-// Should the session end while the worker lives on, the journal takes the
-// lock again on a new session at once. The connection goes back to the
-// pool on unregister. A registration that
-// would leave the pool no connection for anything else is refused
-// (ErrPoolTooSmall): give the pool a MaxConns above the number of clients
-// registered through the journal. With WithoutLiveness it records
-// nothing.
+// table (a name is registered once, ever), and the journal opens a
+// connection of the owner's own, outside the pool, for as long as the
+// owner is registered, holding an advisory lock on the owner's number in a
+// transaction left open (see takeLiveness). PostgreSQL drops the lock when
+// that transaction's session ends, however the worker ended: that is how
+// the others see it gone. Should the session end while the worker lives
+// on, the journal takes the lock again at once on a new connection of its
+// own. The connection is closed on unregister and by Close.
+//
+// The liveness connection is opened as the pool opens its own (the pool's
+// connection string, BeforeConnect, AfterConnect and PrepareConn), but
+// does not count toward its MaxConns: a worker uses, on the database or
+// the pooler in front of it, its pool's connections and one more per
+// client registered through the journal (and, for a moment, one more
+// while it takes a lock again). Nothing the application does with the
+// pool keeps the journal from holding or retaking its locks. With
+// WithoutLiveness it records nothing and opens nothing.
 //
 // Registering also removes the owners that are gone and hold no lease, so
 // that the table holds the live owners and those whose operations are yet
@@ -164,10 +169,6 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		// found one without its lock would take it for dead.
 		return func() error { return nil }, nil
 	}
-	if err := j.reserveSession(owner); err != nil {
-		return nil, err
-	}
-	defer func() { j.mu.Lock(); j.joining--; j.mu.Unlock() }()
 	var id int32
 	// The owners' writes run at read committed whatever the session's
 	// default isolation, as every write of the journal: another worker
@@ -184,9 +185,9 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		}
 		return nil, j.fail(ctx, "registering owner "+owner, err)
 	}
-	var conn *pgxpool.Conn
+	var conn *pgx.Conn
 	err = onLiveSession(ctx, j.pool, func() (err error) {
-		conn, err = j.takeLiveness(ctx, owner, id)
+		conn, err = j.takeLiveness(ctx, owner, id, onPool(j.pool))
 		return err
 	})
 	if err != nil {
@@ -235,32 +236,25 @@ func checkOwnerName(owner string) error {
 		idem.ErrInvalidRecord, owner, why, maxOwnerName)
 }
 
-// ErrPoolTooSmall reports a registration refused because its liveness
-// session would take the last connection the pool can make: the journal's
-// writes would then wait for one that never comes, and a registration
-// whose session ended could not take its lock again. Raise the pool's
-// MaxConns (one connection per registered client, and more for the
-// writes), or open the journal WithoutLiveness.
+// ErrPoolTooSmall was returned by Register when a registration's
+// liveness session would have taken the pool's last connection.
+//
+// Deprecated: a registration no longer takes a connection of the pool
+// (its liveness session is a connection of its own, see Register), so no
+// registration is refused for the pool's size and nothing returns this
+// error any longer. It is kept so that code that tests for it still
+// compiles.
 var ErrPoolTooSmall = errors.New("the pool cannot spare a connection for the liveness session")
 
-// reserveSession counts a registration about to hold one of the pool's
-// connections for as long as it lives, or refuses it if the pool would be
-// left without a connection for anything else.
-func (j *Journal) reserveSession(owner string) error {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	limit := int(j.pool.Config().MaxConns)
-	if held := len(j.mine) + j.joining; held+1 >= limit {
-		return fmt.Errorf("postgres journal in schema %q: registering owner %q: %w: the pool's MaxConns is %d and %d of them "+
-			"hold the liveness sessions of registered clients; raise MaxConns above the number of clients, or open the journal WithoutLiveness",
-			j.schema, owner, ErrPoolTooSmall, limit, held)
-	}
-	j.joining++
-	return nil
-}
-
-// takeLiveness takes owner's liveness lock on a connection of the pool and
-// says so in the owner's row: a new session of the owner.
+// takeLiveness takes owner's liveness lock on a new connection of its own
+// (see dial) and says so in the owner's row, through w: a new session of
+// the owner.
+//
+// The connection is not the pool's: the application, whose queries may
+// hold every connection of the pool and have more waiting, would then
+// decide how soon a live worker holds its lock again, and a connection
+// that idled in the pool may have gone silent with the one that held the
+// lock (a NAT or a firewall that forgets them all at once).
 //
 // The lock is a transaction's (pg_try_advisory_xact_lock), taken in a
 // transaction that stays open until the owner unregisters, not a
@@ -281,14 +275,14 @@ func (j *Journal) reserveSession(owner string) error {
 // turns off for itself. statement_timeout and lock_timeout touch it not:
 // its statement takes the lock without waiting, and it then runs only
 // empty statements.
-func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pgxpool.Conn, error) {
-	conn, err := j.pool.Acquire(ctx)
+func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32, w batcher) (*pgx.Conn, error) {
+	conn, err := j.dial(ctx)
 	if err != nil {
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
 	var locked bool
 	_, err = conn.Exec(ctx, beginTx)
-	if err == nil && conn.Conn().PgConn().ParameterStatus("client_encoding") != "UTF8" {
+	if err == nil && conn.PgConn().ParameterStatus("client_encoding") != "UTF8" {
 		// pgx runs the simple protocol only in UTF8, and a role or a
 		// database may default to another client_encoding: UTF8 for this
 		// transaction only.
@@ -312,12 +306,7 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 			AND pg_try_advisory_xact_lock($1, $2)`, pgx.QueryExecModeSimpleProtocol, j.livenessClass(), id).Scan(&locked)
 	}
 	if err != nil {
-		if conn.Conn().IsClosed() && ctx.Err() == nil {
-			// A connection that died idle in the pool (the database
-			// restarted, say): the next one may live.
-			err = fmt.Errorf("%w: %w", errDeadConn, err)
-		}
-		dropConn(conn) // the lock may have been taken, and the answer lost
+		closeConn(conn) // the lock may have been taken, and the answer lost
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness lock", err)
 	}
 	if !locked {
@@ -325,37 +314,83 @@ func (j *Journal) takeLiveness(ctx context.Context, owner string, id int32) (*pg
 		// when something else uses advisory locks with the same two keys,
 		// or when a session of this owner's lives on, its end not yet seen
 		// by the database.
-		dropConn(conn) // in a transaction: not for the pool
+		closeConn(conn)
 		return nil, fmt.Errorf("postgres journal in schema %q: owner %q's liveness lock (advisory lock %d, %d) is held by another session",
 			j.schema, owner, j.livenessClass(), id)
 	}
 	// On another session: written in the lock's transaction, the row
 	// would be seen only once the owner unregisters. (idle_session_timeout
 	// ends no session in a transaction.)
-	if err := onLiveSession(ctx, j.pool, func() error {
-		return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.newSession, id, owner, wire.Millis(j.now())) })
-	}); err != nil {
-		dropConn(conn) // ending the session lets go of the lock
+	// At read committed whatever the session's default isolation (see
+	// Register).
+	b := &pgx.Batch{}
+	b.Queue(beginTx)
+	b.Queue(j.q.newSession, id, owner, wire.Millis(j.now()))
+	b.Queue("COMMIT")
+	if err := w(ctx, b); err != nil {
+		closeConn(conn) // ending the session lets go of the lock
 		return nil, j.fail(ctx, "owner "+owner+"'s liveness session", err)
 	}
 	return conn, nil
 }
 
-// dropConn ends a connection's session and takes it out of the pool.
-func dropConn(c *pgxpool.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = c.Conn().Close(ctx)
-	c.Release() // the pool destroys a closed connection
+// batcher sends a transaction as one batch, on a pool or a connection.
+type batcher func(ctx context.Context, b *pgx.Batch) error
+
+// onPool is a batcher on the pool.
+func onPool(pool *pgxpool.Pool) batcher {
+	return func(ctx context.Context, b *pgx.Batch) error { return pool.SendBatch(ctx, b).Close() }
 }
 
-// errDeadConn marks a failure to take a lock on a connection that the pool
-// handed out dead.
-var errDeadConn = errors.New("the pool's connection was dead")
+// dial opens a connection outside the pool, as the pool opens its own:
+// the same connection string, and the pool's BeforeConnect, AfterConnect
+// and PrepareConn (which the pool would run before handing the connection
+// out), so that a hook that supplies a password, a role or a setting does
+// so here too.
+func (j *Journal) dial(ctx context.Context) (*pgx.Conn, error) {
+	pc := j.pool.Config() // a copy, ConnConfig included
+	if pc.ConnConfig.ConnectTimeout <= 0 {
+		// As the pool does: a context without a deadline (Register's
+		// caller's) does not wait on an unreachable server for ever.
+		pc.ConnConfig.ConnectTimeout = 2 * time.Minute
+	}
+	if pc.BeforeConnect != nil {
+		if err := pc.BeforeConnect(ctx, pc.ConnConfig); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+	if err != nil {
+		return nil, err
+	}
+	if pc.AfterConnect != nil {
+		if err := pc.AfterConnect(ctx, conn); err != nil {
+			closeConn(conn)
+			return nil, err
+		}
+	}
+	if pc.PrepareConn != nil {
+		ok, err := pc.PrepareConn(ctx, conn)
+		if err == nil && !ok {
+			err = errors.New("the pool's PrepareConn refused the connection")
+		}
+		if err != nil {
+			closeConn(conn)
+			return nil, err
+		}
+	}
+	return conn, nil
+}
 
-// How soon the watcher tries again to take a lock it could not (at once
-// after a dead connection: the pool may hold more of them, each found dead
-// only when used, and the owner's grace runs meanwhile).
+// closeConn ends a connection's session, without waiting long on a
+// connection that has gone silent.
+func closeConn(c *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = c.Close(ctx)
+}
+
+// How soon the watcher tries again to take a lock it could not.
 const (
 	retakeFirst = 50 * time.Millisecond
 	retakeMax   = 500 * time.Millisecond
@@ -367,7 +402,7 @@ const (
 // the owner keeps driving what it holds under its leases, and other
 // journals take them only if it stays without a session for their
 // LivenessGrace.
-func (j *Journal) watch(ctx context.Context, r *registration, conn *pgxpool.Conn) {
+func (j *Journal) watch(ctx context.Context, r *registration, conn *pgx.Conn) {
 	defer close(r.done)
 	every := j.pingEvery()
 	for {
@@ -375,7 +410,7 @@ func (j *Journal) watch(ctx context.Context, r *registration, conn *pgxpool.Conn
 		// session ends (or the watcher is stopped), or once it has idled
 		// for every, when the server is asked whether it is still there.
 		wctx, cancel := context.WithTimeout(ctx, every)
-		err := conn.Conn().PgConn().WaitForNotification(wctx)
+		err := conn.PgConn().WaitForNotification(wctx)
 		idle := wctx.Err() != nil
 		cancel()
 		if ctx.Err() != nil {
@@ -385,7 +420,7 @@ func (j *Journal) watch(ctx context.Context, r *registration, conn *pgxpool.Conn
 		if err == nil || (idle && ping(ctx, conn, every) == nil) {
 			continue
 		}
-		dropConn(conn)
+		closeConn(conn)
 		if conn = j.retake(ctx, r); conn == nil {
 			return
 		}
@@ -405,29 +440,36 @@ func (j *Journal) pingEvery() time.Duration {
 
 // ping runs an empty statement on the liveness session, within d: it
 // takes no snapshot, and an answer says the session and its lock live.
-func ping(ctx context.Context, conn *pgxpool.Conn, d time.Duration) error {
+func ping(ctx context.Context, conn *pgx.Conn, d time.Duration) error {
 	pctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	_, err := conn.Conn().PgConn().Exec(pctx, "").ReadAll()
+	_, err := conn.PgConn().Exec(pctx, "").ReadAll()
 	return err
 }
 
 // retake takes r's lock on a new session, trying until it can or ctx ends.
-func (j *Journal) retake(ctx context.Context, r *registration) *pgxpool.Conn {
+//
+// Each try opens two connections of its own, side by side: one for the
+// lock, and one for the owner's row, which the pool's connections could
+// not be trusted with (see takeLiveness), closed once written. A try is given pingEvery at
+// first, so that a connection that does not answer (to a server that has
+// gone, or through a middlebox that drops it) is given up well within the
+// grace, and twice as long at each try that runs out of time, up to ten
+// seconds, so that a slow server or machine is not given up on for ever.
+func (j *Journal) retake(ctx context.Context, r *registration) *pgx.Conn {
 	wait := retakeFirst
-	dead := 0 // dead connections in a row, at most the pool's size
+	limit := j.pingEvery()
 	for {
-		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		conn, err := j.takeLiveness(tctx, r.owner, r.id)
+		tctx, cancel := context.WithTimeout(ctx, limit)
+		conn, err := j.retakeOnce(tctx, r)
+		timedOut := tctx.Err() != nil
 		cancel()
 		if err == nil {
 			return conn
 		}
-		if errors.Is(err, errDeadConn) && dead < int(j.pool.Config().MaxConns) {
-			dead++
-			continue
+		if timedOut {
+			limit = min(2*limit, 10*time.Second)
 		}
-		dead = 0
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -436,6 +478,47 @@ func (j *Journal) retake(ctx context.Context, r *registration) *pgxpool.Conn {
 		case <-t.C:
 		}
 		wait = min(2*wait, retakeMax)
+	}
+}
+
+// retakeOnce is one try of retake. The row's connection is opened while
+// the lock's is, so that a try costs one connection's opening, not two.
+func (j *Journal) retakeOnce(ctx context.Context, r *registration) (*pgx.Conn, error) {
+	w := &dialing{done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		w.conn, w.err = j.dial(ctx)
+	}()
+	defer w.close()
+	return j.takeLiveness(ctx, r.owner, r.id, w.send)
+}
+
+// dialing is a connection being opened: Exec waits for it.
+type dialing struct {
+	done chan struct{}
+	conn *pgx.Conn
+	err  error
+}
+
+// send is a batcher on the connection, once it is open.
+func (d *dialing) send(ctx context.Context, b *pgx.Batch) error {
+	select {
+	case <-d.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if d.err != nil {
+		return d.err
+	}
+	return d.conn.SendBatch(ctx, b).Close()
+}
+
+// close waits for the connection's opening, bound by its context, and
+// closes it.
+func (d *dialing) close() {
+	<-d.done
+	if d.conn != nil {
+		closeConn(d.conn)
 	}
 }
 
@@ -470,13 +553,8 @@ func (j *Journal) end(r *registration) error {
 			err = fmt.Errorf("postgres journal in schema %q: ending owner %q: the liveness transaction ended with %s", j.schema, r.owner, tag)
 		}
 	}
-	if err != nil {
-		// The session's lock may outlive the call: end the session.
-		dropConn(r.conn)
-		return err
-	}
-	r.conn.Release()
-	return nil
+	closeConn(r.conn) // the connection is the registration's own
+	return err
 }
 
 // registered reports whether owner is registered through this journal,

@@ -111,9 +111,10 @@ func MaxBatch(n int) Option {
 }
 
 // WithoutLiveness makes the journal's Register record nothing: leases of
-// workers that died are taken over only when they lapse. For a pool, or a
-// pooler's pool of server sessions, that cannot spare a connection per
-// registered client: liveness holds one for each, behind a PgBouncer in
+// workers that died are taken over only when they lapse. For a database,
+// or a pooler's pool of server sessions, that cannot spare a connection
+// per registered client: liveness holds one for each (a connection of its
+// own, beside the pool's; see Register), behind a PgBouncer in
 // transaction mode too (its lock is held in a transaction left open,
 // which binds the server session to it). Journals with and without it may
 // share a schema: those with liveness leave the operations of workers

@@ -533,18 +533,28 @@ func (k keepIdle) RoundTrip(req *http.Request) (*http.Response, error) { return 
 
 func (c *Client) secretHeader(canon string) bool { return slices.Contains(c.secrets, canon) }
 
+// closeTimeout bounds what Close spends on the journal once the calls in
+// progress have returned: making the client's writes durable and leaving
+// the journal's owners.
+const closeTimeout = 30 * time.Second
+
 // Close interrupts the calls in progress (their operations stay
 // journaled, and Resume finishes them), waits for them to return, stops the
 // client's goroutines, makes every journal write the client made durable
-// (Journal.Sync) and closes idle connections. It does not close the
-// journal. Shutdown lets calls in progress finish first.
+// (Journal.Sync), leaves the journal's owners and closes idle connections.
+// It does not close the journal. Close gives the journal at most 30 s for
+// Sync and for leaving the owners; it returns an error when the writes
+// could not be made durable within them. A process that must stop sooner
+// (or may wait longer) calls Shutdown with a context of its own. Shutdown
+// lets calls in progress finish first.
 func (c *Client) Close() error {
-	ctx, cancel := context.WithCancel(context.Background())
+	interrupt, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := c.Shutdown(ctx)
-	if errors.Is(err, context.Canceled) {
-		err = nil // Close interrupts by design
-	}
+	finish, cancelFinish := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancelFinish()
+	_, err := c.stop(interrupt, finish)
+	// The interruption (interrupt's Canceled) is Close's design, not a
+	// failure; what went wrong with the journal is one.
 	return err
 }
 
@@ -552,9 +562,20 @@ func (c *Client) Close() error {
 // ErrClientClosed at once, calls in progress go on until they return or ctx
 // ends (then they are interrupted, their operations stay journaled, and
 // Shutdown returns ctx's error), the background resumer stops, and then,
-// as in Close, the lease renewer stops, the client leaves the journal's
-// owners, every write it made is made durable (Journal.Sync), and idle
-// connections are closed.
+// as in Close, the lease renewer stops, every write the client made is
+// made durable (Journal.Sync), the client leaves the journal's owners, and
+// idle connections are closed.
+//
+// Every step honours ctx: once it ends, Shutdown returns its error at once
+// (joined to what could not be done: "making the journal durable" when
+// Sync did not finish), whatever the journal's state, and a registration
+// with the journal still being ended is left to end on its own (a process
+// that exits ends it too). A caller that wants the client's writes
+// durable gives a context long enough for the calls in progress and for
+// one Sync (a few seconds on a healthy journal). A ctx that ends during
+// the wait for the calls leaves no time for Sync: what was not made
+// durable is what a crash could cost (below), and the caller may still
+// call the journal's Sync itself under a context of its own.
 //
 // What a crash (as opposed to Close or Shutdown) can cost: nothing that
 // Do or Send reported. A success is committed before it is returned; what
@@ -563,14 +584,37 @@ func (c *Client) Close() error {
 // the same result as long as it keeps the key (Config.Retention). An
 // intent is never lost: it is on disk before anything is sent.
 func (c *Client) Shutdown(ctx context.Context) error {
+	werr, ferr := c.stop(ctx, ctx)
+	err := ferr
+	if werr != nil && !errors.Is(err, werr) {
+		err = errors.Join(werr, err)
+	}
+	// A journal that gave up on an ended ctx may not say why; the caller
+	// learns it from ctx's error.
+	if cerr := ctx.Err(); err != nil && cerr != nil && !errors.Is(err, cerr) {
+		err = errors.Join(cerr, err)
+	}
+	return err
+}
+
+// stop stops the client: calls in progress are waited for until wait
+// ends, then interrupted (waitErr is wait's error then); the journal's
+// Sync and the leaving of its owners run under finish (finishErr says
+// what of them failed, or that finish ended first).
+func (c *Client) stop(wait, finish context.Context) (waitErr, finishErr error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		select {
 		case <-c.shutdown:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
+			return nil, nil
+		default:
+		}
+		select {
+		case <-c.shutdown:
+			return nil, nil
+		case <-finish.Done():
+			return nil, finish.Err()
 		}
 	}
 	c.closed = true
@@ -580,26 +624,35 @@ func (c *Client) Shutdown(ctx context.Context) error {
 
 	done := make(chan struct{})
 	go func() { c.calls.Wait(); close(done) }()
-	var err error
 	select {
 	case <-done:
-	case <-ctx.Done():
-		err = ctx.Err()
+	case <-wait.Done():
+		waitErr = wait.Err()
 		c.interrupt()
 		<-done
 	}
 	c.cancelBG()
 	c.bg.Wait()
-	syncCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if serr := c.journal.Sync(syncCtx); serr != nil && !errors.Is(serr, ErrJournalClosed) {
-		err = errors.Join(err, fmt.Errorf("idem: making the journal durable: %w", serr))
+	if serr := c.journal.Sync(finish); serr != nil && !errors.Is(serr, ErrJournalClosed) {
+		finishErr = fmt.Errorf("idem: making the journal durable: %w", serr)
 	}
-	if uerr := c.unregister(); uerr != nil {
-		c.log.Warn("idem: leaving the journal's owners", "owner", c.owner, "error", uerr)
+	// Unregister takes no context: it is waited for until finish ends,
+	// and left to end on its own past that.
+	left := make(chan error, 1)
+	go func() { left <- c.unregister() }()
+	select {
+	case uerr := <-left:
+		if uerr != nil {
+			c.log.Warn("idem: leaving the journal's owners", "owner", c.owner, "error", uerr)
+		}
+	case <-finish.Done():
+		c.log.Warn("idem: leaving the journal's owners: not done when the shutdown's context ended; it goes on in the background", "owner", c.owner, "error", finish.Err())
+		if finishErr == nil {
+			finishErr = finish.Err()
+		}
 	}
 	c.http.CloseIdleConnections()
-	return err
+	return waitErr, finishErr
 }
 
 // enter registers a call in progress and ties ctx to the client's life:

@@ -769,12 +769,18 @@ func TestShutdownLetsCallsFinish(t *testing.T) {
 	<-arrived
 	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	require.ErrorIs(t, c2.Shutdown(sctx), context.DeadlineExceeded)
+	serr := c2.Shutdown(sctx)
+	require.ErrorIs(t, serr, context.DeadlineExceeded)
+	require.ErrorContains(t, serr, "durable", "its context left no time to make the journal durable, and Shutdown says so")
 	err = <-done
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown, "interrupted mid-request: it may have been applied")
 	got, err = rec.Lookup(ctx, "default", "interrupted")
 	require.NoError(t, err)
-	assert.Equal(t, idem.StateUnknown, got.State, "and it stays journaled for Resume")
+	assert.Equal(t, idem.StateInFlight, got.State, "it stays journaled for Resume: its intent, on disk before the request went out")
+	require.NoError(t, j.Sync(ctx), "the caller makes the journal durable itself")
+	got, err = rec.Lookup(ctx, "default", "interrupted")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateUnknown, got.State, "and the interrupted call's outcome is durable")
 	require.NoError(t, c2.Close(), "Close after Shutdown is harmless")
 }
 

@@ -100,6 +100,7 @@ func testCreateRoundTrip(t *testing.T, j idem.Journal) {
 				"X-Empty":         {""},
 				"X-Comma":         {"a, b", "c"},
 				"X-Request-Notes": {"ünïcode ✓", "tab\there"},
+				"X-Latin1":        {"caf\xe9", "a\x00b\xff"}, // obs-text, which HTTP allows
 			}
 			got, created, err := j.Create(ctx, rec)
 			require.NoError(t, err)

@@ -170,6 +170,18 @@ func testUpdateResponse(t *testing.T, j idem.Journal) {
 			Body:     []byte{'{', 0x00, 0xff, 0xfe, '}'},
 			Replayed: true,
 		}},
+		// HTTP allows obs-text in a value (a Content-Disposition with a
+		// Latin-1 file name), and net/http passes it on as is: a repeated
+		// Do returns the first answer's bytes.
+		{"HeaderNotUTF8", idem.StateSucceeded, idem.Response{
+			StatusCode: http.StatusOK,
+			Header: http.Header{
+				"Content-Disposition": {"attachment; filename=\"caf\xe9.txt\""},
+				"X-Legacy":            {"a\x00b", "\xff\xfe\xc3"},
+				"X-Caf\xe9":           {"\xed\xa0\x80"},
+			},
+			Body: []byte("x"),
+		}},
 		{"Minimal", idem.StateRejected, idem.Response{StatusCode: http.StatusUnprocessableEntity}},
 		{"EmptyBody", idem.StateSucceeded, idem.Response{StatusCode: http.StatusNoContent, Body: []byte{}, Header: http.Header{}}},
 		{"WhileUnknown", idem.StateUnknown, idem.Response{StatusCode: http.StatusConflict, Body: []byte("in progress")}},

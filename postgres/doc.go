@@ -154,8 +154,9 @@
 // (bytea: a scope or key of any length, a path that decodes to bytes that
 // are not UTF-8 or to a NUL, all kept byte for byte, as the memory and
 // SQLite stores keep them), the state, the lock's token, the times, and
-// once completed the response (status, header as JSON, body); an index on
-// expires_at for the sweeper;
+// once completed the response (status, header as JSON, or in a binary
+// form marked by a first byte 0x01 when a name or value is not UTF-8,
+// body); an index on expires_at for the sweeper;
 // the sequence store_tokens; and idem_schema, the version of each kind of
 // idem's tables. Times are nanoseconds since the Unix epoch, as in the
 // SQLite store, because the middleware fences on them (a lock is stale

@@ -545,7 +545,9 @@ func (j *Journal) Sync(ctx context.Context) error {
 		return doubtful(conn.Conn(), err)
 	}
 	err = onLiveSession(ctx, j.pool, func() error { return sync(ctx) })
-	if d := asDoubt(err); d != nil {
+	// A caller whose ctx ended has stopped waiting for durability (a
+	// shutdown out of time): the sync is failed, not read back past ctx.
+	if d := asDoubt(err); d != nil && ctx.Err() == nil {
 		// Committed or not, a Sync run again once the first has settled
 		// flushes the WAL as far as the first would have.
 		rctx, cancel := readBackCtx(ctx)

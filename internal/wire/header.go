@@ -2,7 +2,9 @@ package wire
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 	"unicode/utf16"
@@ -12,6 +14,14 @@ import (
 // EncodeHeader is how journals and stores keep a header: the JSON object
 // json.Marshal writes for it, byte for byte (names sorted, values as
 // arrays of strings, HTML-safe escapes), nil for an empty header.
+//
+// JSON strings hold UTF-8 only: json.Marshal writes U+FFFD for each byte
+// that is not, and HTTP allows such bytes in a value (obs-text: a
+// Content-Disposition with a Latin-1 file name). A header with a name or
+// value that is not valid UTF-8 is kept in a binary form instead (see
+// binaryHeader), marked by a first byte that no JSON text starts with, so
+// that every header stored before reads as it did and the rest read back
+// byte for byte.
 //
 // It writes that JSON itself rather than through json.Marshal, which walks
 // the map by reflection at about a dozen allocations a header; journals
@@ -24,14 +34,20 @@ func EncodeHeader(h http.Header) []byte {
 	}
 	names := make([]string, 0, len(h))
 	size := 2
+	text := true
 	for name, values := range h {
 		names = append(names, name)
 		size += len(name) + 5
+		text = text && utf8.ValidString(name)
 		for _, v := range values {
 			size += len(v) + 3
+			text = text && utf8.ValidString(v)
 		}
 	}
 	slices.Sort(names)
+	if !text {
+		return encodeBinaryHeader(h, names, size)
+	}
 	b := make([]byte, 0, size)
 	b = append(b, '{')
 	for i, name := range names {
@@ -113,10 +129,14 @@ func appendString(b []byte, s string) []byte {
 // DecodeHeader reads what EncodeHeader wrote; nil or empty is no header.
 // What EncodeHeader writes is read directly; anything else that is JSON
 // (a header kept by an older version, say) goes through json.Unmarshal,
-// and reads the same either way.
+// and reads the same either way. The binary form reads back byte for
+// byte.
 func DecodeHeader(b []byte) (http.Header, error) {
 	if len(b) == 0 {
 		return nil, nil
+	}
+	if b[0] == binaryHeader {
+		return decodeBinaryHeader(b[1:])
 	}
 	if h, ok := decodeHeader(b); ok {
 		return h, nil
@@ -330,4 +350,84 @@ func (d *headerDecoder) hex4() (rune, bool) {
 	}
 	d.i += 4
 	return r, true
+}
+
+// binaryHeader marks the binary form of a header, EncodeHeader's for one
+// that JSON cannot hold (a name or value that is not valid UTF-8). JSON
+// text starts with '{', '[', '"', a digit, '-', a letter or whitespace,
+// never with this byte. After it, for each name in sorted order: the
+// name's length (uvarint) and bytes, then the count of its values plus
+// one (uvarint; 0 for nil values, as null in the JSON form), then each
+// value's length (uvarint) and bytes.
+const binaryHeader = 0x01
+
+func encodeBinaryHeader(h http.Header, sorted []string, size int) []byte {
+	b := make([]byte, 0, 1+size)
+	b = append(b, binaryHeader)
+	for _, name := range sorted {
+		b = binary.AppendUvarint(b, uint64(len(name)))
+		b = append(b, name...)
+		values := h[name]
+		if values == nil {
+			b = binary.AppendUvarint(b, 0)
+			continue
+		}
+		b = binary.AppendUvarint(b, uint64(len(values))+1)
+		for _, v := range values {
+			b = binary.AppendUvarint(b, uint64(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return b
+}
+
+// errBinaryHeader is a binary header cut short or with bytes past its end:
+// the stored bytes are damaged.
+var errBinaryHeader = errors.New("wire: a header kept in binary form is damaged (cut short or with trailing bytes)")
+
+func decodeBinaryHeader(b []byte) (http.Header, error) {
+	next := func() (uint64, bool) {
+		n, size := binary.Uvarint(b)
+		if size <= 0 {
+			return 0, false
+		}
+		b = b[size:]
+		return n, true
+	}
+	piece := func() (string, bool) {
+		n, ok := next()
+		if !ok || n > uint64(len(b)) {
+			return "", false
+		}
+		s := string(b[:n])
+		b = b[n:]
+		return s, true
+	}
+	h := http.Header{}
+	for len(b) > 0 {
+		name, ok := piece()
+		if !ok {
+			return nil, errBinaryHeader
+		}
+		count, ok := next()
+		// Each value takes a byte at least: a count past what is left is
+		// damage, not an allocation to make.
+		if !ok || count > uint64(len(b))+1 {
+			return nil, errBinaryHeader
+		}
+		if count == 0 {
+			h[name] = nil
+			continue
+		}
+		values := make([]string, 0, count-1)
+		for range count - 1 {
+			v, ok := piece()
+			if !ok {
+				return nil, errBinaryHeader
+			}
+			values = append(values, v)
+		}
+		h[name] = values
+	}
+	return h, nil
 }

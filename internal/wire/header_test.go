@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,16 +45,26 @@ func randomHeader(r *rand.Rand) http.Header {
 }
 
 // EncodeHeader writes what json.Marshal writes, so that a header set the
-// journal stored before finds itself again.
+// journal stored before finds itself again; a header JSON cannot hold (a
+// name or value that is not UTF-8) reads back byte for byte.
 func TestEncodeHeaderWritesWhatJSONMarshalWrites(t *testing.T) {
 	assert.Nil(t, wire.EncodeHeader(nil))
 	assert.Nil(t, wire.EncodeHeader(http.Header{}))
 	r := rand.New(rand.NewPCG(1, 2))
+	binary := 0
 	for i := range 20000 {
 		h := randomHeader(r)
+		got := wire.EncodeHeader(h)
+		if !validUTF8(h) {
+			binary++
+			back, err := wire.DecodeHeader(got)
+			require.NoError(t, err)
+			require.Equal(t, h, back, "header %d: %q", i, h)
+			require.Equal(t, string(got), string(wire.EncodeHeader(back)), "header %d: one encoding per header", i)
+			continue
+		}
 		want, err := json.Marshal(h)
 		require.NoError(t, err)
-		got := wire.EncodeHeader(h)
 		require.Equal(t, string(want), string(got), "header %d: %q", i, h)
 
 		back, err := wire.DecodeHeader(got)
@@ -61,6 +72,44 @@ func TestEncodeHeaderWritesWhatJSONMarshalWrites(t *testing.T) {
 		var viaJSON http.Header
 		require.NoError(t, json.Unmarshal(got, &viaJSON))
 		require.Equal(t, viaJSON, back, "header %d: %q", i, h)
+	}
+	require.NotZero(t, binary, "the random headers include some that are not UTF-8")
+}
+
+func validUTF8(h http.Header) bool {
+	for name, values := range h {
+		if !utf8.ValidString(name) {
+			return false
+		}
+		for _, v := range values {
+			if !utf8.ValidString(v) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// A response header that is not UTF-8 (obs-text, as HTTP allows) reads
+// back byte for byte, and one that an older version kept as JSON, its
+// bytes already turned into U+FFFD, reads as it did.
+func TestDecodeHeaderKeepsBytesThatAreNotUTF8(t *testing.T) {
+	h := http.Header{"Content-Disposition": {"attachment; filename=\"caf\xe9.txt\""}, "X-Nul": {"a\x00b"}, "X-Nil": nil, "X-None": {}}
+	enc := wire.EncodeHeader(h)
+	assert.False(t, json.Valid(enc), "not the JSON form, which would turn 0xE9 into U+FFFD")
+	back, err := wire.DecodeHeader(enc)
+	require.NoError(t, err)
+	assert.Equal(t, h, back)
+	assert.Equal(t, []byte("attachment; filename=\"caf\xe9.txt\""), []byte(back.Get("Content-Disposition")))
+
+	old := []byte(`{"Content-Disposition":["attachment; filename=\"caf\ufffd.txt\""]}`) // json.Marshal's, as stored before
+	back, err = wire.DecodeHeader(old)
+	require.NoError(t, err)
+	assert.Equal(t, http.Header{"Content-Disposition": {"attachment; filename=\"caf\uFFFD.txt\""}}, back)
+
+	for _, cut := range [][]byte{enc[:len(enc)-1], enc[:2], append(enc[:len(enc):len(enc)], 'x'), {0x01, 0x05, 'A'}, {0x01, 0x01, 'A', 0xff, 0xff, 0xff, 0xff, 0x0f}} {
+		_, err := wire.DecodeHeader(cut)
+		assert.Error(t, err, "damaged: %q", cut)
 	}
 }
 
@@ -105,8 +154,20 @@ func FuzzDecodeHeader(f *testing.F) {
 	for _, s := range []string{`{"A":["x","y"],"B":null,"C":[]}`, `{"\u003c":["\ufffd\n"]}`, `{"A": ["x"]}`, `{}`} {
 		f.Add([]byte(s))
 	}
+	f.Add([]byte{0x01, 0x01, 'A', 0x02, 0x01, 0xe9})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) == 0 {
+			return
+		}
+		if b[0] == 0x01 { // the binary form: what it reads, it writes back and reads again alike
+			got, err := wire.DecodeHeader(b)
+			if err != nil || len(got) == 0 {
+				return
+			}
+			back, err := wire.DecodeHeader(wire.EncodeHeader(got))
+			if err != nil || !assert.ObjectsAreEqual(got, back) {
+				t.Fatalf("DecodeHeader(%q) = %q, which reads back as %q (%v)", b, got, back, err)
+			}
 			return
 		}
 		want, wantErr := decodeViaJSON(b)

@@ -68,6 +68,21 @@ var inputTests = func() []test {
 			assert.Equal(t, "fp-b", mustGet(t, s, jwt+"b", "k1", t0).Fingerprint)
 			requireAbsent(t, s, jwt, "k1", t0)
 		}},
+		test{"ResponseHeaderNotUTF8", func(t *testing.T, s server.Store) {
+			// A handler's header value may hold obs-text, which HTTP
+			// allows and net/http sends as is (a Content-Disposition with a
+			// Latin-1 file name): a retry replays it byte for byte.
+			c := mustClaim(t, s, claimAt("tenant", "k1", "fp", t0))
+			want := response("x")
+			want.Header.Set("Content-Disposition", "attachment; filename=\"caf\xe9.txt\"")
+			want.Header.Set("X-Legacy", "a\x00b\xff\xfe")
+			want.Header["X-Caf\xe9"] = []string{"\xc3"}
+			require.NoError(t, s.Complete(ctx, complete("tenant", "k1", c.Token, want, t0)))
+			e := mustGet(t, s, "tenant", "k1", t0)
+			assertResponse(t, want, e.Response)
+			require.NotNil(t, e.Response)
+			assert.Equal(t, []byte("attachment; filename=\"caf\xe9.txt\""), []byte(e.Response.Header.Get("Content-Disposition")))
+		}},
 		test{"BytesAreNotNormalized", func(t *testing.T, s server.Store) {
 			// "é" precomposed and decomposed, and its Latin-1 byte: three
 			// scopes, since a store compares bytes, not text.

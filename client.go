@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hashicorp/go-cleanhttp"
+	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemkit/idem/internal/wire"
 )
@@ -206,10 +207,11 @@ type Client struct {
 	lastURL    atomic.Pointer[resolvedURL] // see resolve
 	keyHeader  string
 	secrets    []string
-	owner      string        // the lease owner: Config.Owner and a unique suffix
-	http       *http.Client  // the client's transport, closed by Close
-	attempts   *http.Client  // the same, for attempts and status checks
-	status     StatusChecker // Config.Status
+	owner      string                // the lease owner: Config.Owner and a unique suffix
+	http       *http.Client          // the client's transport, closed by Close
+	attempts   *http.Client          // the same, for attempts and status checks
+	sender     *retryablehttp.Client // sends rounds of attempts (newSender)
+	status     StatusChecker         // Config.Status
 	statusName string
 	classify   Classifier
 	retry      RetryPolicy
@@ -343,6 +345,7 @@ func New(cfg Config) (*Client, error) {
 		c.log = slog.New(slog.DiscardHandler)
 	}
 	c.http, c.attempts = c.newHTTPClients()
+	c.sender = newSender(c.attempts)
 	unregister, err := c.journal.Register(context.Background(), c.owner)
 	if err != nil {
 		return nil, fmt.Errorf("idem: registering this client with the journal: %w", err)

@@ -984,6 +984,9 @@ func (c *Client) transition(from, to Record, why Event) {
 // flight is one operation being driven by this process; other callers for
 // the same operation wait for it instead of racing it.
 type flight struct {
+	// done is closed when the leader is done. The first caller to wait
+	// makes it, under c.mu: a call that no other joins, most of them,
+	// makes no channel.
 	done chan struct{}
 	// fingerprint is the request the leader drives ("" when it drives a
 	// journaled operation as it is): a call with another shares nothing.
@@ -998,18 +1001,26 @@ func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f, running := c.flights[op]; running {
+		if f.done == nil {
+			f.done = make(chan struct{})
+		}
 		return f, false
 	}
-	f = &flight{done: make(chan struct{}), fingerprint: fingerprint}
+	f = &flight{fingerprint: fingerprint}
 	c.flights[op] = f
 	return f, true
 }
 
+// endFlight ends the leader's flight: once it is out of c.flights no
+// caller can join it, so a channel none made then is needed by none.
 func (c *Client) endFlight(op scopeID, f *flight) {
 	c.mu.Lock()
 	delete(c.flights, op)
+	done := f.done
 	c.mu.Unlock()
-	close(f.done)
+	if done != nil {
+		close(done)
+	}
 }
 
 // run executes fn for (scope, id) unless another call in this process is

@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hashicorp/go-cleanhttp"
+	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemkit/idem/internal/wire"
 )
@@ -206,10 +207,11 @@ type Client struct {
 	lastURL    atomic.Pointer[resolvedURL] // see resolve
 	keyHeader  string
 	secrets    []string
-	owner      string        // the lease owner: Config.Owner and a unique suffix
-	http       *http.Client  // the client's transport, closed by Close
-	attempts   *http.Client  // the same, for attempts and status checks
-	status     StatusChecker // Config.Status
+	owner      string                // the lease owner: Config.Owner and a unique suffix
+	http       *http.Client          // the client's transport, closed by Close
+	attempts   *http.Client          // the same, for attempts and status checks
+	sender     *retryablehttp.Client // sends rounds of attempts (newSender)
+	status     StatusChecker         // Config.Status
 	statusName string
 	classify   Classifier
 	retry      RetryPolicy
@@ -343,6 +345,7 @@ func New(cfg Config) (*Client, error) {
 		c.log = slog.New(slog.DiscardHandler)
 	}
 	c.http, c.attempts = c.newHTTPClients()
+	c.sender = newSender(c.attempts)
 	unregister, err := c.journal.Register(context.Background(), c.owner)
 	if err != nil {
 		return nil, fmt.Errorf("idem: registering this client with the journal: %w", err)
@@ -1034,6 +1037,9 @@ func (c *Client) transition(from, to Record, why Event) {
 // flight is one operation being driven by this process; other callers for
 // the same operation wait for it instead of racing it.
 type flight struct {
+	// done is closed when the leader is done. The first caller to wait
+	// makes it, under c.mu: a call that no other joins, most of them,
+	// makes no channel.
 	done chan struct{}
 	// fingerprint is the request the leader drives ("" when it drives a
 	// journaled operation as it is): a call with another shares nothing.
@@ -1054,24 +1060,29 @@ func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader 
 	defer c.mu.Unlock()
 	if f, running := c.flights[op]; running {
 		f.followers++
+		if f.done == nil {
+			f.done = make(chan struct{})
+		}
 		return f, false
 	}
-	f = &flight{done: make(chan struct{}), fingerprint: fingerprint}
+	f = &flight{fingerprint: fingerprint}
 	c.flights[op] = f
 	return f, true
 }
 
+// endFlight ends the leader's flight: once it is out of c.flights no
+// caller can join it, so a channel none made then is needed by none.
 func (c *Client) endFlight(op scopeID, f *flight) {
 	c.mu.Lock()
 	delete(c.flights, op)
-	shared := f.followers > 0
+	done := f.done
 	c.mu.Unlock()
-	if shared {
+	if done != nil {
 		// The leader returns f.res to its caller; the followers copy this
 		// one, which no caller holds.
 		f.res = f.res.clone()
+		close(done)
 	}
-	close(f.done)
 }
 
 // run executes fn for (scope, id) unless another call in this process is

@@ -31,14 +31,17 @@ import (
 //	                                 the lease, before it is sent
 //
 // The hooks run on the goroutine that called send, one after another; only
-// the trace runs on the transport's goroutines, hence the atomics.
+// the trace runs on the transport's goroutines, hence the atomics. They are
+// the client's (see newSender), allocated once: each finds its round from
+// the request's context, the round's opCtx, which every hook but Backoff
+// is given. Backoff is given no request when there is no response, so the
+// wait is PrepareRetry's.
 type round struct {
 	d   *driver
 	ctx context.Context
 	cur atomic.Pointer[attempt]
-	// rc sends the round's attempts, trace counts their writes and op is
-	// their requests' context: fields, not allocations of their own.
-	rc    retryablehttp.Client
+	// trace counts the attempts' writes and op is their requests' context:
+	// fields, not allocations of their own.
 	trace httptrace.ClientTrace
 	op    opCtx
 
@@ -85,16 +88,7 @@ func (d *driver) newRound(ctx context.Context) *round { return &round{d: d, ctx:
 // verdict is final or the plan says stop. It returns the last attempt that
 // finished, or nil and the error when none did.
 func (rd *round) run(req *retryablehttp.Request) (*attempt, error) {
-	rd.rc = retryablehttp.Client{
-		HTTPClient:     rd.d.c.attempts,
-		RetryMax:       math.MaxInt32, // checkRetry enforces the policy
-		CheckRetry:     rd.checkRetry,
-		Backoff:        rd.backoff,
-		RequestLogHook: rd.beforeAttempt,
-		PrepareRetry:   rd.prepareRetry,
-		ErrorHandler:   retryablehttp.PassthroughErrorHandler,
-	}
-	resp, err := rd.rc.Do(req)
+	resp, err := rd.d.c.sender.Do(req)
 	if resp != nil {
 		resp.Body.Close()
 	}
@@ -112,6 +106,7 @@ func (rd *round) request() (*retryablehttp.Request, error) {
 	d := rd.d
 	rd.trace.WroteHeaders = rd.wroteHeaders
 	ctx := d.withOperation(&rd.op, httptrace.WithClientTrace(rd.ctx, &rd.trace), false)
+	rd.op.rd = rd
 	req, err := retryablehttp.NewRequestWithContext(ctx, d.rec.Method, d.rec.URL, d.rec.Body)
 	if err != nil {
 		return nil, fmt.Errorf("idem: building the journaled request: %w", err)
@@ -135,8 +130,31 @@ func (d *driver) setHeaders(h http.Header) {
 	d.form.set(h, d.rec.Key)
 }
 
+// newSender returns the client's go-retryablehttp client, which sends
+// every round's attempts over attempts; its hooks are the round's, found
+// in the request's context (roundOf).
+func newSender(attempts *http.Client) *retryablehttp.Client {
+	return &retryablehttp.Client{
+		HTTPClient: attempts,
+		RetryMax:   math.MaxInt32, // checkRetry enforces the policy
+		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
+			return roundOf(ctx).checkRetry(ctx, resp, err)
+		},
+		Backoff: noBackoff,
+		RequestLogHook: func(_ retryablehttp.Logger, req *http.Request, _ int) {
+			roundOf(req.Context()).beforeAttempt()
+		},
+		PrepareRetry: func(req *http.Request) error { return roundOf(req.Context()).prepareRetry(req) },
+		ErrorHandler: retryablehttp.PassthroughErrorHandler,
+	}
+}
+
+// roundOf returns the round whose attempt's context ctx is: the round's
+// opCtx, which request made the request's context.
+func roundOf(ctx context.Context) *round { return ctx.(*opCtx).rd }
+
 // beforeAttempt is retryablehttp's RequestLogHook: an attempt starts.
-func (rd *round) beforeAttempt(_ retryablehttp.Logger, _ *http.Request, _ int) {
+func (rd *round) beforeAttempt() {
 	a := &attempt{}
 	if rd.d.obs != nil {
 		a.start = rd.d.c.now()
@@ -270,16 +288,23 @@ func (d *driver) countResends(a *attempt) {
 	d.c.log.Debug("idem: the transport re-sent the request", "key", d.rec.Key, "times", extra)
 }
 
-// backoff is retryablehttp's Backoff: checkRetry has already chosen the wait.
-func (rd *round) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Duration { return rd.wait }
+// noBackoff is retryablehttp's Backoff: no wait there. checkRetry has
+// chosen the wait, which prepareRetry spends: Backoff is given no request
+// when there is no response, so it could not tell whose round it is.
+func noBackoff(_, _ time.Duration, _ int, _ *http.Response) time.Duration { return 0 }
 
-// prepareRetry is retryablehttp's PrepareRetry: it runs Config.Authorize
-// for the attempt about to start, then journals it, and why. A failing
-// Authorize stops the loop with nothing journaled: no attempt. The record
-// is already in_flight, so the journal write is buffered; a lost lease
-// stops the loop before anything is sent.
+// prepareRetry is retryablehttp's PrepareRetry: it waits as checkRetry
+// chose (the context ending stops the loop, as it would have stopped
+// retryablehttp's own wait), runs Config.Authorize for the attempt about
+// to start, then journals it, and why. A failing Authorize stops the loop
+// with nothing journaled: no attempt. The record is already in_flight, so
+// the journal write is buffered; a lost lease stops the loop before
+// anything is sent.
 func (rd *round) prepareRetry(req *http.Request) error {
 	d := rd.d
+	if err := sleep(req.Context(), rd.wait); err != nil {
+		return err
+	}
 	if err := d.preauthorize(req); err != nil {
 		rd.unauthorized = err
 		return err
@@ -345,6 +370,7 @@ type opCtx struct {
 	context.Context
 	info OperationInfo
 	slot *preauth
+	rd   *round // the round whose attempts these are, or nil (a status check)
 }
 
 func (c *opCtx) Value(key any) any {

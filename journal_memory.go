@@ -229,18 +229,28 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 		}
 		return existing, false, nil
 	}
-	if _, ok := m.byKey[out.Key]; ok {
-		m.mu.Unlock()
-		return Record{}, false, fmt.Errorf("%w: %s", ErrDuplicateKey, out.Key)
-	}
-	m.seq++
 	// Room for the outcome's event: a call that goes right writes two.
 	history := make([]Event, 1, 2)
 	history[0] = ev
 	stored := out
 	stored.Header = nil
-	e := &memEntry{seq: m.seq, rec: stored, header: packHeader(out.Header), history: history}
+	e := &memEntry{seq: m.seq + 1, rec: stored, header: packHeader(out.Header), history: history}
+	// The key is stored without a lookup first, one hashing of it less
+	// per Create: a map that did not grow had it already, under another
+	// operation, which is put back (a scan, for a refused Create only).
+	n := len(m.byKey)
 	m.byKey[out.Key] = e
+	if len(m.byKey) == n {
+		for _, other := range m.byOp {
+			if other.rec.Key == out.Key {
+				m.byKey[out.Key] = other
+				break
+			}
+		}
+		m.mu.Unlock()
+		return Record{}, false, fmt.Errorf("%w: %s", ErrDuplicateKey, out.Key)
+	}
+	m.seq++
 	m.byOp[scopeID{out.Scope, out.ID}] = e
 	m.mu.Unlock()
 	if share {

@@ -1039,18 +1039,15 @@ func (c *Client) transition(from, to Record, why Event) {
 type flight struct {
 	// done is closed when the leader is done. The first caller to wait
 	// makes it, under c.mu: a call that no other joins, most of them,
-	// makes no channel.
+	// makes no channel. When there is one, each follower gets its own copy
+	// of the Result, for a caller may change its Header or Body (the
+	// standard client's *http.Response shares them with the Result).
 	done chan struct{}
 	// fingerprint is the request the leader drives ("" when it drives a
 	// journaled operation as it is): a call with another shares nothing.
 	fingerprint string
 	res         *Result
 	err         error
-	// followers counts the calls that found this flight running (under
-	// c.mu): when there are any, each gets its own copy of the Result,
-	// for a caller may change its Header or Body (the standard client's
-	// *http.Response shares them with the Result).
-	followers int
 }
 
 // startFlight registers this call as the one driving op in this process,
@@ -1059,7 +1056,6 @@ func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f, running := c.flights[op]; running {
-		f.followers++
 		if f.done == nil {
 			f.done = make(chan struct{})
 		}

@@ -26,14 +26,33 @@
 // operation with its request, key, state, lease and response; due, the
 // active operations by when they are due; events, its history (but the
 // event of an operation's current version, which its row holds); owners,
-// the workers ever registered; sync, one row that Sync commits; and
-// idem_schema, the version of each kind of idem's tables. OpenJournal
+// the workers ever registered; server_up (unlogged), when the server was
+// last found up, from which a liveness grace counts (see Liveness); sync,
+// one row that Sync commits; and idem_schema, the version of each kind of
+// idem's tables, with their sequences. OpenJournal
 // migrates them; MigrateJournal does it alone, for teams that migrate
 // apart, and WithoutMigration then refuses tables that are missing or
 // older (ErrNotMigrated). Another program's operations table is refused
 // (idem.ErrNotJournal), and so is a newer journal (idem.ErrSchemaTooNew),
 // changing nothing. ReadOnly opens a journal to read it only (idem ls):
 // each read in a transaction begun READ ONLY, every write refused.
+//
+// Privileges. A workers' role that does not own the tables (migrated apart,
+// opened WithoutMigration) needs, in the schema "idem":
+//
+//	GRANT USAGE ON SCHEMA idem TO workers;
+//	GRANT SELECT, INSERT, UPDATE, DELETE ON idem.operations, idem.due, idem.events, idem.owners, idem.sync TO workers;
+//	GRANT SELECT, INSERT ON idem.server_up TO workers;
+//	GRANT SELECT ON idem.idem_schema TO workers;
+//	GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA idem TO workers;
+//
+// and a ReadOnly journal (idem ls, idem ui) SELECT on the tables alone. A
+// role without INSERT on server_up still claims and acquires while the
+// table holds its row; when the table is empty (after a crash recovery, or
+// on a promoted standby) and no role that may insert into it has judged a
+// worker since, a killed worker's operations are taken when their leases
+// lapse rather than after the grace: the judgement then counts from now,
+// as it must not count the server's downtime as the worker's absence.
 //
 // Claims. Claim selects due operations FOR UPDATE SKIP LOCKED: workers
 // claiming at once take different operations and never wait for each
@@ -73,7 +92,10 @@
 // The grace counts no time the database was down: it counts from when the
 // journal found the server up again at the earliest, after a restart or a
 // crash (one backend's included, after which PostgreSQL reinitialises
-// without a restart), whatever the privileges of the journal's role.
+// without a restart), given the privileges that Privileges names.
+// Owners lists the workers and whether each is alive; on a hot standby,
+// whose locks are not the primary's, it cannot tell and says so
+// (ErrLivenessUnknown): run it against the primary.
 // While a worker has no liveness session it keeps driving what it holds
 // under its leases, fenced by their epochs, and nobody takes those before
 // the leases lapse unless the worker stays without a session for the

@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,11 +20,18 @@ type Owner struct {
 	Alive        bool
 }
 
+// ErrLivenessUnknown reports Owners called on a hot standby: the liveness
+// locks live in the primary's memory alone, and a standby would call every
+// worker gone, the live ones too. Run it against the primary.
+var ErrLivenessUnknown = errors.New("liveness unknown on a standby: run this against the primary")
+
 // Owners returns the workers an operator of the fleet needs to see: those
 // alive, and those gone whose leases active operations still carry,
 // oldest registration first. It only reads (a ReadOnly journal, or a
 // read-only session, may call it) and takes no lock; under
-// WithoutLiveness no worker is known alive.
+// WithoutLiveness no worker is known alive. On a hot standby
+// (pg_is_in_recovery) it returns an error matching ErrLivenessUnknown and
+// no owners: whether a worker is alive can be read only on the primary.
 func (j *Journal) Owners(ctx context.Context) ([]Owner, error) {
 	done, err := j.enter(ctx)
 	if err != nil {
@@ -30,7 +39,11 @@ func (j *Journal) Owners(ctx context.Context) ([]Owner, error) {
 	}
 	defer done()
 	var owners []Owner
+	standby := false
 	err = j.read(ctx, func(q reader) error {
+		if err := q.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&standby); err != nil || standby {
+			return err
+		}
 		rows, err := q.Query(ctx, `SELECT o.name, o.registered_at, $2::bool AND EXISTS (SELECT 1 FROM pg_locks l
 				WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 				AND l.classid = $1::bigint::oid AND l.objid = o.id::oid AND l.objsubid = 2 AND l.granted) AS alive
@@ -53,5 +66,8 @@ func (j *Journal) Owners(ctx context.Context) ([]Owner, error) {
 		})
 		return err
 	})
+	if err == nil && standby {
+		return nil, fmt.Errorf("postgres journal in schema %q: listing owners: %w", j.schema, ErrLivenessUnknown)
+	}
 	return owners, j.fail(ctx, "listing owners", err)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/wire"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
 )
 
 // An owner's liveness lock is the advisory lock (owners, id): the first key
@@ -87,16 +88,18 @@ func (q *queries) ownerQueries(s string) {
 	// postmaster's start, which any role may read. A crash recovery
 	// (after an immediate stop, or after one backend's crash, when the
 	// postmaster reinitialises and keeps its start) empties the unlogged
-	// table server_up, and a promoted standby has it empty; the first
-	// judgement to find it empty writes the database's time in it, in the
-	// same statement. (The judgement that would find it empty when another
-	// has just filled it, unseen by its snapshot, takes now.) So the grace
-	// counts from a moment the server took connections, whatever the role
-	// and however it came back.
+	// table server_up, and a promoted standby has it empty; a judgement
+	// that finds it empty counts from now, and says so (its last row, with
+	// a NULL name), and the journal then writes the database's time in it
+	// (insertUp). So the grace counts from a moment the server took
+	// connections, whatever the role and however it came back. The insert
+	// is a statement of its own, run only when the table is empty, so that
+	// a role without INSERT on server_up judges while the row is there
+	// (see errServerUpPrivilege).
 	q.judge = `WITH ` + held + `,
-		began AS (INSERT INTO ` + s + `.server_up (id, at) VALUES (1, ` + dbMillis + `) ON CONFLICT (id) DO NOTHING RETURNING at),
+		began AS MATERIALIZED (SELECT at FROM ` + s + `.server_up WHERE id = 1),
 		up AS MATERIALIZED (SELECT greatest((extract(epoch FROM pg_postmaster_start_time()) * 1000)::bigint,
-			coalesce((SELECT at FROM began), (SELECT at FROM ` + s + `.server_up WHERE id = 1), ` + dbMillis + `)) AS at),
+			coalesce((SELECT at FROM began), ` + dbMillis + `)) AS at),
 		o AS MATERIALIZED (SELECT id, name, session, ended_at, lost_session = session AS lost,
 			greatest(lost_at, (SELECT at FROM up)) AS lost_at,
 			id::oid IN (SELECT objid FROM held) AS live, ` + dbMillis + ` AS now
@@ -108,7 +111,9 @@ func (q *queries) ownerQueries(s string) {
 					ELSE o.ended_at IS NULL AND x.session = o.session AND x.lost_session IS DISTINCT FROM x.session END
 				FOR UPDATE OF x SKIP LOCKED))
 		SELECT name FROM o WHERE NOT live AND (ended_at IS NOT NULL
-			OR (CASE WHEN lost THEN lost_at ELSE now END) <= now - $3)`
+			OR (CASE WHEN lost THEN lost_at ELSE now END) <= now - $3)
+		UNION ALL SELECT NULL WHERE NOT EXISTS (SELECT 1 FROM began)`
+	q.insertUp = `INSERT INTO ` + s + `.server_up (id, at) VALUES (1, ` + dbMillis + `) ON CONFLICT (id) DO NOTHING`
 	// Owners whose lock is free and that hold no live lease ($2: now) are
 	// of no use to anyone: a judgement of an owner without a row finds it
 	// not gone, and it holds nothing to judge. A live owner without a
@@ -565,32 +570,100 @@ func (j *Journal) registered(owner string) bool {
 	return j.mine[owner] != nil
 }
 
-// querier is a pool or a transaction.
+// querier is a pool, a transaction or a connection.
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
+// errServerUpPrivilege reports a judgement of owners that found the table
+// server_up empty (after a crash recovery, or on a promoted standby) and
+// could not fill it: the journal's role lacks INSERT on it. The judgement
+// itself stands, counting from now, so that no owner is found gone by its
+// absence until a role that may insert into server_up has judged: a killed
+// worker's operations are then taken when their leases lapse. Claim and
+// Acquire degrade so rather than fail (see the package doc's Tables).
+var errServerUpPrivilege = errors.New("the journal's role may not insert into server_up")
+
 // judge returns the owners among names that are gone, marking those whose
-// lock it finds free (see the top of this file).
-func (j *Journal) judge(ctx context.Context, q querier, names []string) ([]string, error) {
+// lock it finds free (see the top of this file). q may be a write
+// transaction's connection: the judgement runs on it, never asking the
+// pool for another while that transaction holds one (on a small pool
+// there may be none). An error of errServerUpPrivilege comes with the
+// judgement's answer.
+func (j *Journal) judge(ctx context.Context, q querier, names []string, inTx bool) ([]string, error) {
 	rows, err := q.Query(ctx, j.q.judge, int64(j.ownersOID), names, j.grace.Milliseconds())
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	found, err := pgx.CollectRows(rows, pgx.RowTo[*string])
+	if err != nil {
+		return nil, err
+	}
+	var gone []string
+	empty := false
+	for _, n := range found {
+		if n == nil {
+			empty = true
+			continue
+		}
+		gone = append(gone, *n)
+	}
+	if !empty {
+		return gone, nil
+	}
+	// server_up is empty: filled, in a transaction in a subtransaction,
+	// whose failure leaves the transaction as it was.
+	if inTx {
+		if _, err := q.Exec(ctx, `SAVEPOINT idem_server_up`); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := q.Exec(ctx, j.q.insertUp); err != nil {
+		if inTx {
+			if _, rerr := q.Exec(ctx, `ROLLBACK TO SAVEPOINT idem_server_up`); rerr != nil {
+				return nil, rerr
+			}
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return gone, fmt.Errorf("postgres journal in schema %q: %w: %w; run GRANT INSERT ON %s.server_up TO the workers' role",
+				j.schema, errServerUpPrivilege, err, pgschema.Ident(j.schema))
+		}
+		return nil, err
+	}
+	if inTx {
+		_, err = q.Exec(ctx, `RELEASE SAVEPOINT idem_server_up`)
+	}
+	return gone, err
 }
 
-// isGone reports whether owner is gone, judged now. An owner this journal
-// does not know of (never registered with liveness, or swept) is not known
-// to be gone: its leases lapse.
-func (j *Journal) isGone(owner string) bool {
-	if !j.liveness || owner == "" || j.registered(owner) {
-		return false
+// goneOn returns the judgement of one owner for the rules (ApplyUpdate,
+// ApplyClaim), run on conn, which may be in the write's transaction: in a
+// subtransaction there, so that a judgement that fails leaves the write as
+// it was. An owner this journal does not know of (never registered with
+// liveness, or swept) is not known to be gone: its leases lapse; nor is
+// one whose judgement fails.
+func (j *Journal) goneOn(ctx context.Context, conn *pgxpool.Conn, inTx bool) func(string) bool {
+	return func(owner string) bool {
+		if !j.liveness || owner == "" || j.registered(owner) {
+			return false
+		}
+		if !inTx {
+			gone, err := j.judge(ctx, conn, []string{owner}, false)
+			return (err == nil || errors.Is(err, errServerUpPrivilege)) && len(gone) == 1
+		}
+		if _, err := conn.Exec(ctx, `SAVEPOINT idem_judge`); err != nil {
+			return false
+		}
+		gone, err := j.judge(ctx, conn, []string{owner}, true)
+		if err != nil && !errors.Is(err, errServerUpPrivilege) {
+			_, _ = conn.Exec(ctx, `ROLLBACK TO SAVEPOINT idem_judge`)
+			return false
+		}
+		_, _ = conn.Exec(ctx, `RELEASE SAVEPOINT idem_judge`)
+		return len(gone) == 1
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	gone, err := j.judge(ctx, j.pool, []string{owner})
-	return err == nil && len(gone) == 1 // an error cannot tell: not gone
 }
 
 // goneOwners returns the owners of live leases on due records whose owner
@@ -611,5 +684,9 @@ func (j *Journal) goneOwners(ctx context.Context, tx pgx.Tx, due, now time.Time)
 	if len(owners) == 0 {
 		return nil, nil
 	}
-	return j.judge(ctx, tx, owners)
+	gone, err := j.judge(ctx, tx, owners, true)
+	if errors.Is(err, errServerUpPrivilege) {
+		return gone, nil // the judgement stands: see errServerUpPrivilege
+	}
+	return gone, err
 }

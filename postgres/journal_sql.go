@@ -36,6 +36,7 @@ type queries struct {
 	claim             string
 	register          string
 	judge, newSession string
+	insertUp          string
 	endOwner, sweep   string
 	renew             string
 }

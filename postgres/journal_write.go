@@ -342,6 +342,9 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	// The rules, in Go, in arrival order: a later write of the batch sees
 	// what an earlier one did.
 	now := j.now()
+	// Judged on this transaction's own connection: the pool may have no
+	// other to give while it holds this one.
+	gone := j.goneOn(ctx, conn, true)
 	b = &pgx.Batch{}
 	for _, r := range reqs {
 		switch r.op {
@@ -388,7 +391,7 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 				r.again = true
 				continue
 			}
-			j.apply(b, r, rw, now)
+			j.apply(b, r, rw, now, gone)
 		}
 	}
 	// This journal's copies of the rows: forgotten, then taken from the
@@ -417,10 +420,10 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 
 // apply runs the rule of an Update, Acquire or Release against the row and
 // queues its writes.
-func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
+func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time, gone func(string) bool) {
 	switch r.op {
 	case opUpdate:
-		next, ev, err := journal.ApplyUpdate(rw.rec, r.rec, now, r.ev, j.isGone)
+		next, ev, err := journal.ApplyUpdate(rw.rec, r.rec, now, r.ev, gone)
 		if err != nil {
 			r.err = err
 			return
@@ -429,7 +432,7 @@ func (j *Journal) apply(b *pgx.Batch, r *writeReq, rw *row, now time.Time) {
 		j.q.queueEvent(b, rw.id, ev)
 		rw.rec, rw.written, r.out, r.sent = next, true, next, &next
 	case opAcquire:
-		claimed, ev, err := journal.ApplyClaim(rw.rec, r.owner, r.lease, now, j.isGone)
+		claimed, ev, err := journal.ApplyClaim(rw.rec, r.owner, r.lease, now, gone)
 		if err != nil {
 			r.out, r.err = rw.rec, err
 			return
@@ -556,6 +559,9 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	var creates []*writeReq
 	var updates []*update
 	now := j.now()
+	// Judged on the write's own connection, before its transaction begins:
+	// the pool may have no other to give while the write holds this one.
+	gone := j.goneOn(ctx, conn, false)
 	for _, r := range reqs {
 		durable = durable || r.dur == idem.Durable
 		switch r.op {
@@ -563,7 +569,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 			creates = append(creates, r)
 		case opUpdate:
 			c := copies[r.key]
-			next, ev, err := journal.ApplyUpdate(c.rec, r.rec, now, r.ev, j.isGone)
+			next, ev, err := journal.ApplyUpdate(c.rec, r.rec, now, r.ev, gone)
 			if err != nil {
 				r.again = true
 				continue

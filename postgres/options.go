@@ -20,7 +20,8 @@ var ErrNotMigrated = errors.New("idem tables are not migrated")
 // standby, or a role or database with default_transaction_read_only on.
 // OpenJournal and OpenStore refuse such a pool when they would migrate,
 // and OpenStore always (every claim writes); a journal may be opened
-// WithoutMigration on it to be read (idem ls, idem ui on a replica).
+// WithoutMigration on it to be read (idem ls, idem ui on a replica; on a
+// standby, whether workers are alive is unknown: see ErrLivenessUnknown).
 var ErrReadOnly = pgschema.ErrReadOnly
 
 // An Option configures OpenJournal or OpenStore. Schema and

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/operator"
 	"github.com/idemkit/idem/postgres"
 )
 
@@ -52,12 +53,16 @@ func (j *openJournal) Close() error {
 
 // alive tells which workers are alive, on a journal that can tell
 // (PostgreSQL); nil on SQLite, whose liveness locks a reader does not
-// probe (probing one is taking it).
+// probe (probing one is taking it). On a standby it returns an error
+// matching operator.ErrLivenessUnknown, which the views show as a note.
 func (j *openJournal) alive(ctx context.Context) (map[string]bool, error) {
 	if j.pg == nil {
 		return nil, nil
 	}
 	owners, err := j.pg.Owners(ctx)
+	if errors.Is(err, postgres.ErrLivenessUnknown) {
+		return nil, fmt.Errorf("%w (%w)", operator.ErrLivenessUnknown, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"strconv"
@@ -63,6 +64,9 @@ func journalStats(ctx context.Context, e *env, j *openJournal, counts []idem.Cou
 		return s, err
 	}
 	alive, err := j.alive(ctx)
+	if errors.Is(err, operator.ErrLivenessUnknown) {
+		s.LivenessUnknown, alive, err = operator.ErrLivenessUnknown.Error(), nil, nil
+	}
 	if err != nil {
 		return s, err
 	}
@@ -102,6 +106,9 @@ func printStats(e *env, s operator.Stats, onPostgres bool) error {
 	}
 
 	fmt.Fprintln(w, "\nworkers (owners of leases; on PostgreSQL, alive or gone):")
+	if s.LivenessUnknown != "" {
+		fmt.Fprintf(w, "  %s; the statuses below are the leases'\n", s.LivenessUnknown)
+	}
 	if len(s.Workers) == 0 {
 		fmt.Fprintln(w, "  (none)")
 	} else {

@@ -2,6 +2,7 @@ package operator
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"time"
 
@@ -24,6 +25,12 @@ type Worker struct {
 	// none.
 	OldestLease *time.Time `json:"oldest_lease_until,omitempty"`
 }
+
+// ErrLivenessUnknown is what an Alive func returns when the journal cannot
+// tell which workers are alive where it was opened: a PostgreSQL hot
+// standby, whose locks are not the primary's. The views then show each
+// worker's status by its leases, with this error's message as a note.
+var ErrLivenessUnknown = errors.New("liveness unknown on a standby: run this against the primary")
 
 // Fleet lists the owners of the leases of j's active operations (pending,
 // in_flight, unknown) with their counts; alive, when not nil, tells which

@@ -29,6 +29,9 @@ type Stats struct {
 	// PostgreSQL journal the workers alive (see Fleet); filled by the
 	// caller.
 	Workers []Worker `json:"workers"`
+	// LivenessUnknown, when not empty, says why Workers' statuses are
+	// their leases' and not alive or gone (see ErrLivenessUnknown).
+	LivenessUnknown string `json:"liveness_unknown,omitempty"`
 }
 
 // ScopeCount is one scope's operations by state.

@@ -128,7 +128,11 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	var alive map[string]bool
 	if h.cfg.Alive != nil {
-		if alive, err = h.cfg.Alive(ctx); err != nil {
+		alive, err = h.cfg.Alive(ctx)
+		if errors.Is(err, operator.ErrLivenessUnknown) {
+			st.LivenessUnknown, alive, err = operator.ErrLivenessUnknown.Error(), nil, nil
+		}
+		if err != nil {
 			h.fail(w, r, http.StatusInternalServerError, err)
 			return
 		}

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sort"
 	"testing"
@@ -282,5 +283,48 @@ func TestReview4DueTableAfterLostCommitReplies(t *testing.T) {
 			require.NoError(t, err)
 			review4CheckDue(t, ctx, direct, dj, schema, name)
 		})
+	}
+}
+
+// Writes of one operation that meet in one batch (a deferred update that
+// moves its due time, then its release, then a claim, sent back to back
+// without waiting): each finds its due row by the time it was due at,
+// which the write before it in the batch changed.
+func TestReview4DueTableWhenOneOperationsWritesShareABatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j.Close() })
+	for round := range 10 {
+		r := newRecord("review4")
+		r.State, r.Attempts = idem.StateInFlight, 1
+		r.Lease = idem.Lease{Owner: "review4-a", ExpiresAt: time.Now().Add(time.Minute)}
+		rec, _, err := j.Create(ctx, r)
+		require.NoError(t, err)
+		next := rec
+		next.State = idem.StateUnknown
+		next.LastError = "timeout"
+		next.NextAttemptAt = time.Now().Add(-time.Duration(round+1) * time.Second)
+		out, err := j.Update(ctx, next, idem.Deferred, idem.Event{Detail: "review4"})
+		require.NoError(t, err)
+		next2 := out
+		next2.NextAttemptAt = time.Now().Add(-time.Duration(round+5) * time.Second)
+		out2, err := j.Update(ctx, next2, idem.Deferred, idem.Event{Detail: "review4 again"})
+		require.NoError(t, err)
+		require.NoError(t, j.Release(ctx, out2.Key, out2.Lease))
+		got, err := j.Claim(ctx, idem.ClaimRequest{Owner: "review4-b", Lease: time.Minute, Limit: 1})
+		require.NoError(t, err)
+		if len(got) == 1 {
+			settled := got[0]
+			settled.State = idem.StateSucceeded
+			settled.Response = &idem.Response{StatusCode: 201}
+			_, err = j.Update(ctx, settled, idem.Deferred, idem.Event{Kind: idem.EventAnswer})
+			require.NoError(t, err)
+		}
+		require.NoError(t, j.Sync(ctx))
+		review4CheckDue(t, ctx, pool, j, schema, fmt.Sprintf("round %d", round))
 	}
 }

@@ -35,8 +35,11 @@ type Proxy struct {
 	sessions map[*session]struct{}
 	refuse   time.Time // new connections are closed at once until then
 	delay    time.Duration
-	faults   []*Fault // armed, in order: the first matching message fires one
-	wg       sync.WaitGroup
+	// delayChanged is closed when the delay changes or the proxy closes,
+	// so that held messages are judged by the new delay at once.
+	delayChanged chan struct{}
+	faults       []*Fault // armed, in order: the first matching message fires one
+	wg           sync.WaitGroup
 }
 
 // Start listens on a free port of 127.0.0.1 and forwards each connection to
@@ -46,7 +49,7 @@ func Start(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, sessions: map[*session]struct{}{}}
+	p := &Proxy{ln: ln, target: target, sessions: map[*session]struct{}{}, delayChanged: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -59,6 +62,9 @@ func (p *Proxy) Addr() *net.TCPAddr { return p.ln.Addr().(*net.TCPAddr) }
 // goroutines to end.
 func (p *Proxy) Close() error {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.delayChanged)
+	}
 	p.closed = true
 	p.mu.Unlock()
 	err := p.ln.Close()
@@ -145,11 +151,16 @@ func (p *Proxy) Refuse(d time.Duration) {
 }
 
 // Delay holds every message of the server for d before it goes to the
-// client; 0 forwards at once.
+// client; 0 forwards at once. A message held already is held for the new
+// delay from when it came (Delay(0) lets it go now).
 func (p *Proxy) Delay(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.delay = d
+	if !p.closed {
+		close(p.delayChanged)
+		p.delayChanged = make(chan struct{})
+	}
 }
 
 // Message is a message of a client, as a fault's match sees it.
@@ -254,10 +265,35 @@ func (p *Proxy) take(m Message) *Fault {
 	return nil
 }
 
-func (p *Proxy) currentDelay() time.Duration {
+func (p *Proxy) currentDelay() (time.Duration, <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.delay
+	return p.delay, p.delayChanged
+}
+
+// hold holds a message that came at since for the proxy's delay, judged
+// again whenever the delay changes.
+func (p *Proxy) hold(since time.Time) {
+	for {
+		d, changed := p.currentDelay()
+		left := d - time.Since(since)
+		if left <= 0 {
+			return
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-t.C:
+			return
+		case <-changed:
+			t.Stop()
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			if closed {
+				return
+			}
+		}
+	}
 }
 
 func (p *Proxy) accept() {
@@ -535,9 +571,7 @@ func (s *session) fromServer() {
 			}
 			continue
 		}
-		if d := s.p.currentDelay(); d > 0 {
-			time.Sleep(d)
-		}
+		s.p.hold(time.Now())
 		if _, err := s.client.Write(msg); err != nil {
 			return
 		}

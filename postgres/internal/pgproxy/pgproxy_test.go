@@ -82,6 +82,25 @@ func TestDelaysReplies(t *testing.T) {
 	assert.GreaterOrEqual(t, time.Since(start), d)
 }
 
+// A reply held for an hour goes at once when the delay is lifted: a test
+// that makes the database slow and then well again does not wait out the
+// first delay.
+func TestLiftedDelayLetsHeldRepliesGo(t *testing.T) {
+	t.Parallel()
+	p, cfg := start(t)
+	c := connect(t, cfg)
+	p.Delay(time.Hour)
+	pinged := make(chan error, 1)
+	go func() { pinged <- c.Ping(context.Background()) }()
+	select {
+	case err := <-pinged:
+		t.Fatalf("the reply came through a delay of an hour: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	p.Delay(0)
+	require.NoError(t, <-pinged)
+}
+
 // A COMMIT that the proxy lets through and whose reply it drops: the
 // client gets an error, the server committed. Through pgx's extended
 // protocol (a batch) and its simple one (Tx.Commit).

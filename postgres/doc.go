@@ -252,5 +252,8 @@
 // end 15 seconds from its now. The journal keeps the offset in whole
 // milliseconds, its unit of time; the store in nanoseconds, as it keeps
 // its times. A step of a process's clock is followed within 30 seconds;
-// until then its times are off by the step.
+// until then its times are off by the step. The times stored are on the
+// clock of the server that stored them: across a fail-over, keep the
+// servers' clocks synchronised, for a promoted standby whose clock runs
+// ahead sees the old primary's leases end that much sooner.
 package postgres

@@ -117,8 +117,10 @@ func MigrateJournal(ctx context.Context, pool *pgxpool.Pool, schema string) erro
 // first unless WithoutMigration. It refuses, changing nothing, a schema
 // that holds another program's tables (idem.ErrNotJournal), a journal
 // written by a newer idem (idem.ErrSchemaTooNew), and, without migration,
-// tables that are missing or older (ErrNotMigrated). The pool belongs to
-// the application; the journal never closes it.
+// tables that are missing or older (ErrNotMigrated); and a journal with
+// liveness whose role may not insert into server_up (see the package
+// doc's Privileges). The pool belongs to the application; the journal
+// never closes it.
 func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Journal, error) {
 	cfg := newOptions(opts)
 	if pool == nil {
@@ -158,6 +160,11 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 		}
 		if err := q.QueryRow(ctx, `SELECT $1::regclass::oid`, pgschema.Ident(cfg.schema)+".owners").Scan(&ownersOID); err != nil {
 			return err
+		}
+		if cfg.liveness && !cfg.readOnly {
+			if err := mayMarkServerUp(ctx, q, cfg.schema); err != nil {
+				return err
+			}
 		}
 		return clock.refresh(ctx, q)
 	})

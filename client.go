@@ -536,9 +536,9 @@ func (k keepIdle) RoundTrip(req *http.Request) (*http.Response, error) { return 
 
 func (c *Client) secretHeader(canon string) bool { return slices.Contains(c.secrets, canon) }
 
-// closeTimeout bounds what Close spends on the journal once the calls in
-// progress have returned: making the client's writes durable and leaving
-// the journal's owners.
+// closeTimeout bounds what Close spends on the journal once it has
+// interrupted the calls in progress: their last writes, making the
+// client's writes durable and leaving the journal's owners.
 const closeTimeout = 30 * time.Second
 
 // Close interrupts the calls in progress (their operations stay
@@ -546,8 +546,8 @@ const closeTimeout = 30 * time.Second
 // client's goroutines, makes every journal write the client made durable
 // (Journal.Sync), leaves the journal's owners and closes idle connections.
 // It does not close the journal. Close gives the journal at most 30 s for
-// Sync and for leaving the owners; it returns an error when the writes
-// could not be made durable within them. A process that must stop sooner
+// the calls' last writes, Sync and leaving the owners; it returns an error
+// when the writes could not be made durable within them. A process that must stop sooner
 // (or may wait longer) calls Shutdown with a context of its own. Shutdown
 // lets calls in progress finish first.
 func (c *Client) Close() error {
@@ -578,7 +578,9 @@ func (c *Client) Close() error {
 // one Sync (a few seconds on a healthy journal). A ctx that ends during
 // the wait for the calls leaves no time for Sync: what was not made
 // durable is what a crash could cost (below), and the caller may still
-// call the journal's Sync itself under a context of its own.
+// call the journal's Sync itself under a context of its own. A call
+// interrupted while it journals an answer it received goes on with that
+// write after Shutdown returned, if it must: the answer is not dropped.
 //
 // What a crash (as opposed to Close or Shutdown) can cost: nothing that
 // Do or Send reported. A success is committed before it is returned; what
@@ -632,10 +634,22 @@ func (c *Client) stop(wait, finish context.Context) (waitErr, finishErr error) {
 	case <-wait.Done():
 		waitErr = wait.Err()
 		c.interrupt()
-		<-done
 	}
-	c.cancelBG()
-	c.bg.Wait()
+	// An interrupted call may still be journaling what already happened
+	// (outcomeCtx), which no interruption stops: it is waited for until
+	// finish ends, then left to end on its own, the lease renewer with it.
+	stopped := make(chan struct{})
+	go func() {
+		<-done
+		c.cancelBG()
+		c.bg.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-finish.Done():
+		c.log.Warn("idem: a call's last journal write was not done when the shutdown's context ended; it goes on in the background", "owner", c.owner, "error", finish.Err())
+	}
 	if serr := c.journal.Sync(finish); serr != nil && !errors.Is(serr, ErrJournalClosed) {
 		finishErr = fmt.Errorf("idem: making the journal durable: %w", serr)
 	}

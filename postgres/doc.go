@@ -46,13 +46,15 @@
 //	GRANT SELECT ON idem.idem_schema TO workers;
 //	GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA idem TO workers;
 //
-// and a ReadOnly journal (idem ls, idem ui) SELECT on the tables alone. A
-// role without INSERT on server_up still claims and acquires while the
-// table holds its row; when the table is empty (after a crash recovery, or
-// on a promoted standby) and no role that may insert into it has judged a
-// worker since, a killed worker's operations are taken when their leases
-// lapse rather than after the grace: the judgement then counts from now,
-// as it must not count the server's downtime as the worker's absence.
+// and a ReadOnly journal (idem ls, idem ui) SELECT on the tables alone.
+// OpenJournal refuses a journal with liveness for a role without INSERT on
+// server_up, naming the grant. A role that loses it once its journal is
+// open still claims and acquires while the table holds its row; when the
+// table is empty (after a crash recovery, or on a promoted standby) and no
+// role that may insert into it has judged a worker since, a killed
+// worker's operations are taken when their leases lapse rather than after
+// the grace: the judgement then counts from now, as it must not count the
+// server's downtime as the worker's absence.
 //
 // Claims. Claim selects due operations FOR UPDATE SKIP LOCKED: workers
 // claiming at once take different operations and never wait for each

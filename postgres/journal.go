@@ -117,8 +117,10 @@ func MigrateJournal(ctx context.Context, pool *pgxpool.Pool, schema string) erro
 // first unless WithoutMigration. It refuses, changing nothing, a schema
 // that holds another program's tables (idem.ErrNotJournal), a journal
 // written by a newer idem (idem.ErrSchemaTooNew), and, without migration,
-// tables that are missing or older (ErrNotMigrated). The pool belongs to
-// the application; the journal never closes it.
+// tables that are missing or older (ErrNotMigrated); and a journal with
+// liveness whose role may not insert into server_up (see the package
+// doc's Privileges). The pool belongs to the application; the journal
+// never closes it.
 func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Journal, error) {
 	cfg := newOptions(opts)
 	if pool == nil {
@@ -158,6 +160,11 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 		}
 		if err := q.QueryRow(ctx, `SELECT $1::regclass::oid`, pgschema.Ident(cfg.schema)+".owners").Scan(&ownersOID); err != nil {
 			return err
+		}
+		if cfg.liveness && !cfg.readOnly {
+			if err := mayMarkServerUp(ctx, q, cfg.schema); err != nil {
+				return err
+			}
 		}
 		return clock.refresh(ctx, q)
 	})
@@ -234,17 +241,21 @@ type reader interface {
 var readOnlyTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadOnly}
 
 // read runs fn, which reads, on the pool; on a ReadOnly journal, in a
-// transaction begun READ ONLY. fn consumes the rows it queries.
+// transaction begun READ ONLY. fn consumes the rows it queries, and sets
+// whatever it returns afresh: it runs again on another session when its
+// session was ended for idling (onLiveSession).
 func (j *Journal) read(ctx context.Context, fn func(q reader) error) error {
 	return readOn(ctx, j.pool, j.readOnly, fn)
 }
 
 // readOn is read on pool, before the journal exists.
 func readOn(ctx context.Context, pool *pgxpool.Pool, readOnly bool, fn func(q reader) error) error {
-	if !readOnly {
-		return fn(pool)
-	}
-	return pgx.BeginTxFunc(ctx, pool, readOnlyTx, func(tx pgx.Tx) error { return fn(tx) })
+	return onLiveSession(ctx, pool, func() error {
+		if !readOnly {
+			return fn(pool)
+		}
+		return pgx.BeginTxFunc(ctx, pool, readOnlyTx, func(tx pgx.Tx) error { return fn(tx) })
+	})
 }
 
 func (j *Journal) enter(ctx context.Context) (func(), error) {
@@ -343,11 +354,9 @@ func (j *Journal) readOne(ctx context.Context, what, query string, args ...any) 
 	defer done()
 	off := j.off()
 	var rec idem.Record
-	err = onLiveSession(ctx, j.pool, func() error {
-		return j.read(ctx, func(q reader) (err error) {
-			_, rec, err = scanRecord(q.QueryRow(ctx, query, args...))
-			return err
-		})
+	err = j.read(ctx, func(q reader) (err error) {
+		_, rec, err = scanRecord(q.QueryRow(ctx, query, args...))
+		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return idem.Record{}, journal.NotFound(what)
@@ -615,15 +624,7 @@ func (j *Journal) rowID(ctx context.Context, key string) (int64, error) {
 	return id, j.fail(ctx, "the read of operation "+key, err)
 }
 
-func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, after int64) (page []idem.Record, id int64, err error) {
-	err = onLiveSession(ctx, j.pool, func() (err error) {
-		page, id, err = j.listPageOnce(ctx, f, states, after)
-		return err
-	})
-	return page, id, err
-}
-
-func (j *Journal) listPageOnce(ctx context.Context, f idem.Filter, states []int16, after int64) ([]idem.Record, int64, error) {
+func (j *Journal) listPage(ctx context.Context, f idem.Filter, states []int16, after int64) ([]idem.Record, int64, error) {
 	done, err := j.enter(ctx)
 	if err != nil {
 		return nil, 0, err

@@ -585,6 +585,23 @@ type querier interface {
 // Acquire degrade so rather than fail (see the package doc's Tables).
 var errServerUpPrivilege = errors.New("the journal's role may not insert into server_up")
 
+// mayMarkServerUp refuses, at OpenJournal, a journal that would judge
+// owners (liveness, not ReadOnly) for a role that may not insert into
+// server_up: its judgements would degrade as errServerUpPrivilege says,
+// with nothing to tell the operator that a fleet's take-over had slowed
+// from LivenessGrace to the leases' length.
+func mayMarkServerUp(ctx context.Context, q reader, schema string) error {
+	var may bool
+	var role string
+	if err := q.QueryRow(ctx, `SELECT has_table_privilege($1::regclass, 'INSERT'), current_user`, pgschema.Ident(schema)+".server_up").Scan(&may, &role); err != nil || may {
+		return err
+	}
+	return fmt.Errorf("postgres journal in schema %q: %w: without it, after a crash recovery or a promotion of the database, "+
+		"a dead worker's operations are taken only when their leases lapse, not after LivenessGrace; "+
+		"run GRANT INSERT ON %s.server_up TO %s (see the package doc's Privileges), or open the journal WithoutLiveness, ReadOnly if it only reads",
+		schema, errServerUpPrivilege, pgschema.Ident(schema), pgschema.Ident(role))
+}
+
 // judge returns the owners among names that are gone, marking those whose
 // lock it finds free (see the top of this file). q may be a write
 // transaction's connection: the judgement runs on it, never asking the

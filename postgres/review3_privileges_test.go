@@ -108,21 +108,51 @@ func TestReview3ClaimWithARoleGrantedTheDocumentedTables(t *testing.T) {
 	claimUntilTaken(t, jb, keys[0])
 }
 
-// A role that lost INSERT on server_up degrades rather than stopping the
-// fleet: its claims work, and while server_up is empty (as after a crash
-// recovery, or a promotion) a killed worker's operation is left to its
-// lease, for the judgement cannot tell the worker's absence from the
-// server's downtime; once a role that may insert has filled server_up,
-// the operation is taken after the grace.
-func TestReview3ClaimWithoutInsertOnServerUp(t *testing.T) {
-	t.Parallel()
+// withoutInsertOnServerUp is documentedGrants but INSERT on server_up.
+func withoutInsertOnServerUp(t *testing.T) string {
 	grants := strings.Replace(documentedGrants, "GRANT SELECT, INSERT ON idem.server_up", "GRANT SELECT ON idem.server_up", 1)
 	require.NotEqual(t, documentedGrants, grants)
-	schema, pool, admin := workersRole(t, grants)
+	return grants
+}
+
+// A journal with liveness opened by a role without INSERT on server_up
+// would judge owners without it, silently slow to take a killed worker's
+// operations after a crash recovery or a promotion (see
+// TestReview3ClaimWithoutInsertOnServerUp): OpenJournal refuses it, saying
+// which grant is missing and what it costs. A journal that does not judge
+// (ReadOnly, WithoutLiveness) needs no such grant, and opens.
+func TestOpenRefusesARoleWithoutInsertOnServerUp(t *testing.T) {
+	t.Parallel()
+	schema, pool, _ := workersRole(t, withoutInsertOnServerUp(t))
+	_, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "GRANT INSERT ON "+pgschema.Ident(schema)+".server_up")
+	assert.Contains(t, err.Error(), "leases lapse")
+	for name, opt := range map[string]postgres.Option{"ReadOnly": postgres.ReadOnly(), "WithoutLiveness": postgres.WithoutLiveness()} {
+		j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration(), opt)
+		if assert.NoError(t, err, name) {
+			assert.NoError(t, j.Close())
+		}
+	}
+}
+
+// A role that lost INSERT on server_up once its journal was open degrades
+// rather than stopping the fleet: its claims work, and while server_up is
+// empty (as after a crash recovery, or a promotion) a killed worker's
+// operation is left to its lease, for the judgement cannot tell the
+// worker's absence from the server's downtime; once a role that may
+// insert has filled server_up, the operation is taken after the grace.
+func TestReview3ClaimWithoutInsertOnServerUp(t *testing.T) {
+	t.Parallel()
+	schema, pool, admin := workersRole(t, documentedGrants)
 	const grace = time.Second
 	jb, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration(), postgres.LivenessGrace(grace))
 	require.NoError(t, err)
 	defer jb.Close()
+	var role string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT current_user`).Scan(&role))
+	_, err = admin.Exec(ctx, `REVOKE INSERT ON `+pgschema.Ident(schema)+`.server_up FROM `+pgschema.Ident(role))
+	require.NoError(t, err)
 	keys := createRecords(t, jb, 1)
 	kill := startHolder(t, schema, "worker-a", time.Hour, true, keys...)
 	unregister, err := jb.Register(ctx, "worker-b")

@@ -165,12 +165,7 @@ func TestAuthorizeTokensNeverReachTheJournalOrLogs(t *testing.T) {
 			// Cutting the connection, not outlasting AttemptTimeout: a
 			// timeout also bounds the status check and the resend, which a
 			// loaded machine can make outlast it too.
-			conn, _, err := http.NewResponseController(w).Hijack()
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			_ = conn.Close()
+			dropConn(w)
 		default:
 			w.Header().Set("Set-Cookie", "session="+token)
 			w.WriteHeader(http.StatusCreated)

@@ -297,25 +297,14 @@ func runClientLoop(t *testing.T, cfg clientLoop) *clientFigures {
 	recs := snapshotJournal(t, durable)
 	orders := readOrders(t, ordersPath)
 	fig.ops, fig.orders = len(recs), len(orders)
-	byItem := map[string][]order{}
-	for _, o := range orders {
-		byItem[o.item] = append(byItem[o.item], o)
-		if r, ok := recs[o.item]; !ok || r.key != o.key {
-			if fig.ordersWithoutIntent[o.key] == "" {
-				fig.ordersWithoutIntent[o.key] = o.item
-			}
+	tally := tallyOrders(recs, orders)
+	byItem := tally.byItem
+	for _, o := range tally.unheld {
+		if fig.ordersWithoutIntent[o.key] == "" {
+			fig.ordersWithoutIntent[o.key] = o.item
 		}
 	}
-	for id, r := range recs {
-		switch os := byItem[id]; {
-		case len(os) > 1:
-			fig.duplicates++
-		case len(os) == 0 || r.state != idem.StateSucceeded:
-			fig.lost++
-		case os[0].key != r.key:
-			fig.wrong++
-		}
-	}
+	fig.duplicates, fig.lost, fig.wrong = tally.duplicates, tally.lost, tally.wrong
 	for id, as := range acks {
 		r, ok := recs[id]
 		if !ok {

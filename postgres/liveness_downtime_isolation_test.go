@@ -36,14 +36,7 @@ func TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation(t *testin
 	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {
 			schema := pgtest.Schema(t)
-			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
-			require.NoError(t, err)
-			cfg.MaxConns = 3
-			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			defer pool.Close()
-			j := openOn(t, pool, schema)
+			j := openOn(t, poolOfDefaultIsolation(t, level, 3), schema)
 			unregister, err := j.Register(ctx, "worker")
 			require.NoError(t, err)
 			defer unregister()
@@ -62,6 +55,21 @@ func TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation(t *testin
 	}
 }
 
+// poolOfDefaultIsolation returns a pool of maxConns connections to the
+// tests' server whose sessions' default_transaction_isolation is level,
+// as a role or database setting would make it; closed at the test's end.
+func poolOfDefaultIsolation(t *testing.T, level string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // TestClaimsRaceWhateverTheDefaultIsolation: workers that claim at once
 // take different operations and never fail for it (FOR UPDATE SKIP LOCKED
 // at read committed). A role or database whose default isolation is
@@ -73,14 +81,7 @@ func TestClaimsRaceWhateverTheDefaultIsolation(t *testing.T) {
 	for _, level := range []string{"repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {
 			schema := pgtest.Schema(t)
-			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
-			require.NoError(t, err)
-			cfg.MaxConns = 4
-			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			defer pool.Close()
-			j := openOn(t, pool, schema, postgres.WithoutLiveness())
+			j := openOn(t, poolOfDefaultIsolation(t, level, 4), schema, postgres.WithoutLiveness())
 			const n = 60
 			createRecords(t, j, n)
 			var mu sync.Mutex
@@ -123,13 +124,7 @@ func TestStoreWhateverTheDefaultIsolation(t *testing.T) {
 	t.Parallel()
 	for _, level := range []string{"repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {
-			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
-			require.NoError(t, err)
-			cfg.MaxConns = 4
-			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close) // after the suite's parallel tests
+			pool := poolOfDefaultIsolation(t, level, 4) // closed after the suite's parallel tests
 			storetest.Run(t, func(t *testing.T) server.Store { return openStoreIn(t, pool, pgtest.Schema(t)) })
 		})
 	}

@@ -138,6 +138,17 @@ func raceEnabled() bool {
 	return false
 }
 
+// startFaultProxy starts a faultproxy in front of target, closed at the
+// test's end.
+func startFaultProxy(t *testing.T, target string, cfg faultproxy.Config) *faultproxy.Proxy {
+	t.Helper()
+	proxy, err := faultproxy.New(target, cfg)
+	require.NoError(t, err)
+	require.NoError(t, proxy.Start())
+	t.Cleanup(func() { _ = proxy.Close() })
+	return proxy
+}
+
 // startFaultsOrders runs the orders service (testserver.Daemon: the
 // middleware with its SQLite key store, over the orders table with its
 // UNIQUE (tenant, key) constraint) in this process, on files under dir. stop
@@ -256,11 +267,8 @@ func TestThousandsOfOperationsThroughFaults(t *testing.T) {
 	dir := t.TempDir()
 
 	serverURL, stopServer := startFaultsOrders(t, dir)
-	proxy, err := faultproxy.New(serverURL, faultproxy.Config{Rates: cfg.rates, StatusRates: cfg.statusRates,
+	proxy := startFaultProxy(t, serverURL, faultproxy.Config{Rates: cfg.rates, StatusRates: cfg.statusRates,
 		Seed: cfg.seed, Delay: cfg.hold})
-	require.NoError(t, err)
-	require.NoError(t, proxy.Start())
-	t.Cleanup(func() { _ = proxy.Close() })
 
 	var toUnknown, toPending atomic.Int64
 	j := openJournal(t, filepath.Join(dir, "ops.db"))
@@ -529,15 +537,12 @@ func TestFaultsHiddenResendThenRefusedIsNotNotSent(t *testing.T) {
 	srv := testserver.Start(t)
 	policy := fastRetry()
 	policy.MaxAttempts = 5
-	proxy, err := faultproxy.New(srv.URL, faultproxy.Config{RetryAfter: -1, Script: []faultproxy.Fault{
+	proxy := startFaultProxy(t, srv.URL, faultproxy.Config{RetryAfter: -1, Script: []faultproxy.Fault{
 		faultproxy.Pass,                                                                        // warm-up: leaves a keep-alive connection in the client's pool
 		faultproxy.DropResponse,                                                                // the hidden write on the reused connection: committed, then dropped
 		faultproxy.Answer429,                                                                   // net/http's silent re-send on a new connection
 		faultproxy.Answer429, faultproxy.Answer429, faultproxy.Answer429, faultproxy.Answer429, // attempts 2–5
 	}})
-	require.NoError(t, err)
-	require.NoError(t, proxy.Start())
-	t.Cleanup(func() { _ = proxy.Close() })
 	c, j := newClient(t, idem.Config{BaseURL: proxy.URL, Status: idem.StatusEndpoint(proxy.URL + "/idempotency"),
 		Retry: policy, AttemptTimeout: 5 * time.Second})
 	ctx := context.Background()
@@ -586,19 +591,16 @@ func TestFaultsLateArrivalAfterNotFoundIsNotNotSent(t *testing.T) {
 	srv := testserver.Start(t)
 	policy := fastRetry()
 	policy.MaxAttempts = 3
-	proxy, err := faultproxy.New(srv.URL, faultproxy.Config{Delay: time.Second, RetryAfter: -1, Script: []faultproxy.Fault{
+	proxy := startFaultProxy(t, srv.URL, faultproxy.Config{Delay: time.Second, RetryAfter: -1, Script: []faultproxy.Fault{
 		faultproxy.LateForward, // attempt 1: held 1 s, then forwarded; the client gives up at 200 ms
 		faultproxy.Answer429,   // after the status check said not_found: the re-send, attempt 2
 		faultproxy.Answer429,   // attempt 3
 	}})
-	require.NoError(t, err)
-	require.NoError(t, proxy.Start())
-	t.Cleanup(func() { _ = proxy.Close() })
 	c, j := newClient(t, idem.Config{BaseURL: proxy.URL, Status: idem.StatusEndpoint(proxy.URL + "/idempotency"),
 		Retry: policy, AttemptTimeout: 200 * time.Millisecond})
 	ctx := context.Background()
 
-	_, err = c.Do(ctx, orderOp("late/op", 1))
+	_, err := c.Do(ctx, orderOp("late/op", 1))
 	rec, lerr := j.Lookup(ctx, "default", "late/op")
 	require.NoError(t, lerr)
 	// The scenario happened: the status check ran before the held attempt

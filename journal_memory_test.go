@@ -20,20 +20,27 @@ func TestMemoryJournalConformance(t *testing.T) {
 	})
 }
 
-// The client shares a MemoryJournal's records instead of copying them (see
-// createRecord): what a caller does with its Result, its Op's body or
-// headers after Do returns must still not reach the journal.
-func TestMemoryJournalKeepsItsOwnCopies(t *testing.T) {
-	t.Parallel()
+// newMemoryClientOfAnOrder returns a server that answers every request with
+// order 1 (201, a Location, a body), and a client on a MemoryJournal.
+func newMemoryClientOfAnOrder(t *testing.T) (*scripted, *idem.Client) {
+	t.Helper()
 	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Location", "/orders/1")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write([]byte(`{"id":1}`))
 	})
-	j := idem.NewMemoryJournal()
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL})
+	c, err := idem.New(idem.Config{Journal: idem.NewMemoryJournal(), BaseURL: srv.URL})
 	require.NoError(t, err)
-	defer c.Close()
+	t.Cleanup(func() { _ = c.Close() })
+	return srv, c
+}
+
+// The client shares a MemoryJournal's records instead of copying them (see
+// createRecord): what a caller does with its Result, its Op's body or
+// headers after Do returns must still not reach the journal.
+func TestMemoryJournalKeepsItsOwnCopies(t *testing.T) {
+	t.Parallel()
+	srv, c := newMemoryClientOfAnOrder(t)
 	ctx := context.Background()
 	op := idem.Op{ID: "a", URL: "/orders", Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"n":1}`)}
 	res, err := c.Do(ctx, op)
@@ -119,15 +126,7 @@ func TestAJournalEmbeddingAMemoryJournalIsWrittenThroughItsOwnMethods(t *testing
 // must not reach the journaled answer, nor the response a later call gets.
 func TestMemoryJournalKeepsItsOwnCopiesOfAStandardResponse(t *testing.T) {
 	t.Parallel()
-	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Location", "/orders/1")
-		w.WriteHeader(http.StatusCreated)
-		_, _ = w.Write([]byte(`{"id":1}`))
-	})
-	j := idem.NewMemoryJournal()
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL})
-	require.NoError(t, err)
-	defer c.Close()
+	srv, c := newMemoryClientOfAnOrder(t)
 	std := c.StandardClient()
 	call := func() *http.Response {
 		t.Helper()

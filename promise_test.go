@@ -1160,20 +1160,17 @@ func TestTransportResendsAreCountedApart(t *testing.T) {
 	srv := testserver.Start(t)
 	policy := fastRetry()
 	policy.MaxAttempts = 5
-	proxy, err := faultproxy.New(srv.URL, faultproxy.Config{RetryAfter: -1, Script: []faultproxy.Fault{
+	proxy := startFaultProxy(t, srv.URL, faultproxy.Config{RetryAfter: -1, Script: []faultproxy.Fault{
 		faultproxy.Pass,                                                  // warm-up: a keep-alive connection stays in the pool
 		faultproxy.DropResponse,                                          // attempt 1 on the reused connection: committed, then dropped
 		faultproxy.Answer429,                                             // net/http's silent re-send on a new connection
 		faultproxy.Answer429, faultproxy.Answer429, faultproxy.Answer429, // attempts 2–4
 		faultproxy.Pass, // attempt 5: the stored answer
 	}})
-	require.NoError(t, err)
-	require.NoError(t, proxy.Start())
-	t.Cleanup(func() { _ = proxy.Close() })
 	c, j := newClient(t, idem.Config{BaseURL: proxy.URL, Status: idem.StatusEndpoint(proxy.URL + "/idempotency"),
 		Retry: policy, AttemptTimeout: 5 * time.Second})
 	ctx := context.Background()
-	_, err = c.Do(ctx, orderOp("hidden/warm-up", 1))
+	_, err := c.Do(ctx, orderOp("hidden/warm-up", 1))
 	require.NoError(t, err)
 	res, err := c.Do(ctx, orderOp("hidden/op", 1))
 	require.NoError(t, err)
@@ -1278,13 +1275,10 @@ func TestACutInProgressAnswerIsNotTheKeysAnswer(t *testing.T) {
 	t.Parallel()
 	srv := testserver.Start(t)
 	srv.Inject(testserver.SlowHandler(time.Second)) // attempt 1, when it arrives, holds the key in progress
-	proxy, err := faultproxy.New(srv.URL, faultproxy.Config{Delay: 300 * time.Millisecond, Script: []faultproxy.Fault{
+	proxy := startFaultProxy(t, srv.URL, faultproxy.Config{Delay: 300 * time.Millisecond, Script: []faultproxy.Fault{
 		faultproxy.LateForward,   // attempt 1: forwarded after 300 ms; the client gave up at 100 ms
 		faultproxy.ResetResponse, // attempt 2: the server's 409 in progress, cut mid-body
 	}})
-	require.NoError(t, err)
-	require.NoError(t, proxy.Start())
-	t.Cleanup(func() { _ = proxy.Close() })
 	j := openJournal(t, filepath.Join(t.TempDir(), "ops.db"))
 	c, err := idem.New(idem.Config{Journal: j, BaseURL: proxy.URL,
 		Status:         slowAnswer{idem.StatusEndpoint(proxy.URL + "/idempotency")},

@@ -25,25 +25,11 @@ import (
 // is up to RetryPolicy.Budget later.
 func TestBackgroundResumeTakesADeadOwnersOperationWhileAnotherIsSlow(t *testing.T) {
 	t.Parallel()
-	var (
-		hold      atomic.Bool
-		slowEnded atomic.Int64 // slow requests the server answered
-		slowCame  = make(chan struct{}, 16)
-		holdCame  = make(chan struct{}, 16)
-		gate      = make(chan struct{})
-	)
+	var hold atomic.Bool
+	holdCame := make(chan struct{}, 16)
 	hold.Store(true)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		switch r.URL.Path {
-		case "/slow":
-			slowCame <- struct{}{}
-			select {
-			case <-gate:
-			case <-r.Context().Done():
-			}
-			slowEnded.Add(1)
-		case "/hold":
+	srv, slow := startSlowServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
 			holdCame <- struct{}{}
 			if hold.Load() {
 				<-r.Context().Done()
@@ -51,33 +37,18 @@ func TestBackgroundResumeTakesADeadOwnersOperationWhileAnotherIsSlow(t *testing.
 			}
 		}
 		w.WriteHeader(http.StatusCreated)
-	}))
-	t.Cleanup(srv.Close)
+	})
 	path := filepath.Join(t.TempDir(), "ops.db")
 	ctx := context.Background()
-
-	// The slow operation: journaled, never sent, due now.
 	j := openJournal(t, path)
-	c0, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL})
-	require.NoError(t, err)
-	_, err = c0.Begin(ctx, idem.Op{ID: "slow-1", URL: "/slow", Body: []byte(`{}`)})
-	require.NoError(t, err)
-	require.NoError(t, c0.Close())
+	beginSlow(t, j, srv.URL)
 
 	// Another process on the same journal, its request held by the server.
 	child := startHoldChild(t, "IDEM_JOURNAL="+path, "IDEM_URL="+srv.URL, "IDEM_OP=charge-1", "IDEM_PATH=/hold")
 	waitFor(t, holdCame, "the child's request")
 
-	// The survivor: one resume pass in the background, which takes the slow
-	// operation and stays on it for as long as the server holds it.
-	retry := fastRetry()
-	retry.Budget = time.Minute
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Retry: retry, AttemptTimeout: time.Minute,
-		ResumeInterval: 50 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	t.Cleanup(func() { close(gate) }) // before Close, which waits for the pass
-	waitFor(t, slowCame, "the slow operation's request")
+	// The survivor.
+	c := resumeTheSlowOneInBackground(t, j, srv.URL, slow)
 
 	// The child's lease, read before the kill: right after it, the
 	// survivor's pass may already have taken the operation over.
@@ -101,10 +72,10 @@ func TestBackgroundResumeTakesADeadOwnersOperationWhileAnotherIsSlow(t *testing.
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("the dead process's operation settled %s after the kill", time.Since(killed).Round(time.Millisecond))
-	assert.Zero(t, slowEnded.Load(), "the dead owner's operation was settled while the slow one was still held")
-	slow, err := j.Lookup(ctx, "default", "slow-1")
+	assert.Zero(t, slow.ended.Load(), "the dead owner's operation was settled while the slow one was still held")
+	slowRec, err := j.Lookup(ctx, "default", "slow-1")
 	require.NoError(t, err)
-	assert.Equal(t, c.Owner(), slow.Lease.Owner, "the slow operation is still the survivor's")
+	assert.Equal(t, c.Owner(), slowRec.Lease.Owner, "the slow operation is still the survivor's")
 	h, err := j.History(ctx, dead.Key)
 	require.NoError(t, err)
 	var claim idem.Event
@@ -115,6 +86,64 @@ func TestBackgroundResumeTakesADeadOwnersOperationWhileAnotherIsSlow(t *testing.
 	}
 	assert.Equal(t, c.Owner(), claim.Owner, "the survivor claimed it")
 	assert.Equal(t, "taken over from "+dead.Lease.Owner+": its owner is gone", claim.Detail)
+}
+
+// slowEndpoint holds every request to /slow until gate is closed or the
+// request ends.
+type slowEndpoint struct {
+	came  chan struct{} // a request to /slow came
+	gate  chan struct{}
+	ended atomic.Int64 // requests to /slow answered
+}
+
+// startSlowServer starts a server whose /slow is a slowEndpoint, and
+// which hands every other request, its body read, to other.
+func startSlowServer(t *testing.T, other http.HandlerFunc) (*httptest.Server, *slowEndpoint) {
+	t.Helper()
+	slow := &slowEndpoint{came: make(chan struct{}, 16), gate: make(chan struct{})}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path != "/slow" {
+			other(w, r)
+			return
+		}
+		slow.came <- struct{}{}
+		select {
+		case <-slow.gate:
+		case <-r.Context().Done():
+		}
+		slow.ended.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, slow
+}
+
+// beginSlow journals operation slow-1, to /slow of url: never sent, due
+// now.
+func beginSlow(t *testing.T, j idem.Journal, url string) {
+	t.Helper()
+	c0, err := idem.New(idem.Config{Journal: j, BaseURL: url})
+	require.NoError(t, err)
+	_, err = c0.Begin(context.Background(), idem.Op{ID: "slow-1", URL: "/slow", Body: []byte(`{}`)})
+	require.NoError(t, err)
+	require.NoError(t, c0.Close())
+}
+
+// resumeTheSlowOneInBackground returns a client on j whose background
+// resume pass takes slow-1 and stays on it for as long as slow holds its
+// request, once that request came.
+func resumeTheSlowOneInBackground(t *testing.T, j idem.Journal, url string, slow *slowEndpoint) *idem.Client {
+	t.Helper()
+	retry := fastRetry()
+	retry.Budget = time.Minute
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: url, Retry: retry, AttemptTimeout: time.Minute,
+		ResumeInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { close(slow.gate) }) // before Close, which waits for the pass
+	waitFor(t, slow.came, "the slow operation's request")
+	return c
 }
 
 // waitFor waits for one signal on ch, failing the test after a bound that
@@ -134,50 +163,21 @@ func waitFor(t *testing.T, ch <-chan struct{}, what string) {
 // pass, while the slow one is still held.
 func TestBackgroundResumeTakesANewlyDueOperationWhileAnotherIsSlow(t *testing.T) {
 	t.Parallel()
-	var (
-		orders    atomic.Int64
-		slowEnded atomic.Int64
-		slowCame  = make(chan struct{}, 16)
-		gate      = make(chan struct{})
-	)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		switch r.URL.Path {
-		case "/slow":
-			slowCame <- struct{}{}
-			select {
-			case <-gate:
-			case <-r.Context().Done():
-			}
-			slowEnded.Add(1)
-		case "/orders":
-			if orders.Add(1) == 1 {
-				w.Header().Set("Retry-After", "1")
-				w.WriteHeader(http.StatusServiceUnavailable)
-				return
-			}
+	var orders atomic.Int64
+	srv, slow := startSlowServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/orders" && orders.Add(1) == 1 {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
 		}
 		w.WriteHeader(http.StatusCreated)
-	}))
-	t.Cleanup(srv.Close)
+	})
 	ctx := context.Background()
 	j := idem.NewMemoryJournal()
-	c0, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL})
-	require.NoError(t, err)
-	_, err = c0.Begin(ctx, idem.Op{ID: "slow-1", URL: "/slow", Body: []byte(`{}`)})
-	require.NoError(t, err)
-	require.NoError(t, c0.Close())
+	beginSlow(t, j, srv.URL)
+	c := resumeTheSlowOneInBackground(t, j, srv.URL, slow)
 
-	retry := fastRetry()
-	retry.Budget = time.Minute
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Retry: retry, AttemptTimeout: time.Minute,
-		ResumeInterval: 50 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	t.Cleanup(func() { close(gate) })
-	waitFor(t, slowCame, "the slow operation's request")
-
-	_, err = c.Do(ctx, idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
+	_, err := c.Do(ctx, idem.Op{ID: "order-1", URL: "/orders", Body: []byte(`{}`)})
 	require.Error(t, err, "the 503 asks for a second, more than the call waits")
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -191,6 +191,6 @@ func TestBackgroundResumeTakesANewlyDueOperationWhileAnotherIsSlow(t *testing.T)
 			rec.State, rec.NextAttemptAt.Format(time.RFC3339Nano))
 		time.Sleep(10 * time.Millisecond)
 	}
-	assert.Zero(t, slowEnded.Load(), "it was settled while the slow one was still held")
+	assert.Zero(t, slow.ended.Load(), "it was settled while the slow one was still held")
 	assert.EqualValues(t, 2, orders.Load(), "sent again once, when it was due")
 }

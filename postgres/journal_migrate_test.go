@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -23,30 +24,14 @@ import (
 // foreign key's cascade did, and new writes work, their link kept.
 func TestJournalMigratesFromVersion1(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Pool(t), pgtest.Schema(t)
-	require.NoError(t, postgres.MigrateJournalTo(ctx, pool, schema, 1))
-	s := pgschema.Ident(schema)
-	// A settled operation with two events and an active one with one, as
-	// version 1 holds them.
-	old := time.Now().Add(-48 * time.Hour).UnixMilli()
-	_, err := pool.Exec(ctx, `
-		INSERT INTO `+s+`.operations (key, scope, op_id, method, url, body, fingerprint, key_quoted, resends, state,
-			attempts, next_attempt_at, lease_epoch, resp_status, resp_body, resp_replayed, created_at, updated_at, version)
-		VALUES ('k-done', 'shop', 'done', 'POST', 'http://x/orders', '\x7b7d', 'fp1', false, 0, 4,
-			1, 0, 1, 201, '\x7b7d', false, `+itoa(old)+`, `+itoa(old)+`, 2),
-		('k-live', 'shop', 'live', 'POST', 'http://x/orders', '\x7b7d', 'fp2', false, 0, 1,
-			0, 0, 0, NULL, NULL, NULL, `+itoa(old)+`, `+itoa(old)+`, 1);
-		INSERT INTO `+s+`.events (op, version, at, kind, to_state, attempt)
-		SELECT id, 1, created_at, 1, 2, 1 FROM `+s+`.operations WHERE key = 'k-done'
-		UNION ALL SELECT id, 2, updated_at, 3, 4, 1 FROM `+s+`.operations WHERE key = 'k-done'
-		UNION ALL SELECT id, 1, created_at, 1, 1, 0 FROM `+s+`.operations WHERE key = 'k-live'`)
-	require.NoError(t, err)
+	pool, schema, s := journalOfVersion(t, 1)
+	insertDoneAndLive(t, pool, s, 0)
 	var fks int
 	fkCount := `SELECT count(*) FROM pg_constraint WHERE conrelid = '` + s + `.events'::regclass AND contype = 'f'`
 	require.NoError(t, pool.QueryRow(ctx, fkCount).Scan(&fks))
 	require.Equal(t, 1, fks, "version 1 has the foreign key")
 
-	_, err = postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
+	_, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
 	require.ErrorIs(t, err, postgres.ErrNotMigrated, "version 1 is older than this build")
 	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema))
 	require.NoError(t, err)
@@ -99,9 +84,7 @@ func TestJournalMigratesFromVersion4(t *testing.T) {
 	t.Parallel()
 	for _, version := range []int{4, 5} {
 		t.Run(fmt.Sprint(version), func(t *testing.T) {
-			pool, schema := pgtest.Pool(t), pgtest.Schema(t)
-			require.NoError(t, postgres.MigrateJournalTo(ctx, pool, schema, version))
-			s := pgschema.Ident(schema)
+			pool, schema, s := journalOfVersion(t, version)
 			old := time.Now().Add(-time.Hour).UnixMilli()
 			owner := `INSERT INTO ` + s + `.owners (name, registered_at, session, lost_session, lost_at) VALUES ('worker-old', ` + itoa(old) + `, 1, 1, ` + itoa(old) + `)`
 			if version == 5 {
@@ -140,16 +123,20 @@ func TestJournalMigratesFromVersion4(t *testing.T) {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-// TestJournalMigratesTheDueQueueFromVersion4: the due queue, a partial index of
-// operations until version 4, becomes the table due: a journal that an
-// idem with schema 4 wrote opens with a row of due for each active
-// operation and none for a settled one, Claim finds the active one through
-// it, and the settle of the claimed operation deletes its row.
-func TestJournalMigratesTheDueQueueFromVersion4(t *testing.T) {
-	t.Parallel()
+// journalOfVersion returns a pool, a schema of its own holding the journal's
+// tables as version of the schema made them, and the schema quoted.
+func journalOfVersion(t *testing.T, version int) (*pgxpool.Pool, string, string) {
+	t.Helper()
 	pool, schema := pgtest.Pool(t), pgtest.Schema(t)
-	require.NoError(t, postgres.MigrateJournalTo(ctx, pool, schema, 4))
-	s := pgschema.Ident(schema)
+	require.NoError(t, postgres.MigrateJournalTo(ctx, pool, schema, version))
+	return pool, schema, pgschema.Ident(schema)
+}
+
+// insertDoneAndLive writes, as the first versions of the schema held them,
+// two operations made two days ago: k-done settled with two events, and
+// k-live active with one, due at liveDueAt (Unix milliseconds).
+func insertDoneAndLive(t *testing.T, pool *pgxpool.Pool, s string, liveDueAt int64) {
+	t.Helper()
 	old := time.Now().Add(-48 * time.Hour).UnixMilli()
 	_, err := pool.Exec(ctx, `
 		INSERT INTO `+s+`.operations (key, scope, op_id, method, url, body, fingerprint, key_quoted, resends, state,
@@ -157,12 +144,23 @@ func TestJournalMigratesTheDueQueueFromVersion4(t *testing.T) {
 		VALUES ('k-done', 'shop', 'done', 'POST', 'http://x/orders', '\x7b7d', 'fp1', false, 0, 4,
 			1, 0, 1, 201, '\x7b7d', false, `+itoa(old)+`, `+itoa(old)+`, 2),
 		('k-live', 'shop', 'live', 'POST', 'http://x/orders', '\x7b7d', 'fp2', false, 0, 1,
-			0, `+itoa(old)+`, 0, NULL, NULL, NULL, `+itoa(old)+`, `+itoa(old)+`, 1);
+			0, `+itoa(liveDueAt)+`, 0, NULL, NULL, NULL, `+itoa(old)+`, `+itoa(old)+`, 1);
 		INSERT INTO `+s+`.events (op, version, at, kind, to_state, attempt)
 		SELECT id, 1, created_at, 1, 2, 1 FROM `+s+`.operations WHERE key = 'k-done'
 		UNION ALL SELECT id, 2, updated_at, 3, 4, 1 FROM `+s+`.operations WHERE key = 'k-done'
 		UNION ALL SELECT id, 1, created_at, 1, 1, 0 FROM `+s+`.operations WHERE key = 'k-live'`)
 	require.NoError(t, err)
+}
+
+// TestJournalMigratesTheDueQueueFromVersion4: the due queue, a partial index of
+// operations until version 4, becomes the table due: a journal that an
+// idem with schema 4 wrote opens with a row of due for each active
+// operation and none for a settled one, Claim finds the active one through
+// it, and the settle of the claimed operation deletes its row.
+func TestJournalMigratesTheDueQueueFromVersion4(t *testing.T) {
+	t.Parallel()
+	pool, schema, s := journalOfVersion(t, 4)
+	insertDoneAndLive(t, pool, s, time.Now().Add(-48*time.Hour).UnixMilli())
 
 	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema))
 	require.NoError(t, err)

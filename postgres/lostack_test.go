@@ -194,6 +194,39 @@ func TestStoreWriteWhoseAcknowledgementIsLost(t *testing.T) {
 	assert.Equal(t, server.Completed, e.State)
 }
 
+// clientOfACountingServer returns a client on j, with an hour's lease, of
+// a server that answers every request 201 with an order, and the count of
+// the requests the server had.
+func clientOfACountingServer(t *testing.T, j idem.Journal) (*idem.Client, *atomic.Int32) {
+	t.Helper()
+	hits := new(atomic.Int32)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		hits.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"order":1}`))
+	}))
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, LeaseDuration: time.Hour})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c, hits
+}
+
+// doWithTheIntentsCommitInDoubt runs Do for op while the reply to its
+// intent's commit is lost and the database refuses every connection: Do
+// fails in doubt, having sent nothing. The database answers again after.
+func doWithTheIntentsCommitInDoubt(t *testing.T, p *pgproxy.Proxy, c *idem.Client, hits *atomic.Int32, op idem.Op) error {
+	t.Helper()
+	f := p.DropReplyAndRefuse(pgproxy.IsCommit, time.Hour)
+	_, err := c.Do(ctx, op)
+	fired(t, f)
+	require.ErrorIs(t, err, postgres.ErrCommitInDoubt)
+	assert.Zero(t, hits.Load(), "nothing was sent")
+	p.Refuse(0)
+	return err
+}
+
 // Do through a journal whose intent's, then outcome's, acknowledgement is
 // lost: Do answers what the journal holds, and the server sees the
 // request once.
@@ -203,17 +236,7 @@ func TestDoWhoseJournalAcknowledgementIsLost(t *testing.T) {
 		t.Run(write, func(t *testing.T) {
 			t.Parallel()
 			p, j, direct := proxiedJournal(t)
-			var hits atomic.Int32
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				_, _ = io.Copy(io.Discard, r.Body)
-				hits.Add(1)
-				w.WriteHeader(http.StatusCreated)
-				_, _ = w.Write([]byte(`{"order":1}`))
-			}))
-			defer srv.Close()
-			c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, LeaseDuration: time.Hour})
-			require.NoError(t, err)
-			defer c.Close()
+			c, hits := clientOfACountingServer(t, j)
 
 			match := pgproxy.IsCommit
 			if write == "outcome" {
@@ -251,26 +274,12 @@ func TestDoWhoseJournalAcknowledgementIsLost(t *testing.T) {
 func TestDoWhoseIntentCannotBeReadBack(t *testing.T) {
 	t.Parallel()
 	p, j, direct := proxiedJournal(t)
-	var hits atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		hits.Add(1)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer srv.Close()
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, LeaseDuration: time.Hour})
-	require.NoError(t, err)
-	defer c.Close()
+	c, hits := clientOfACountingServer(t, j)
 	op := idem.Op{ID: "order-2", Method: http.MethodPost, URL: "/orders", Body: []byte(`{}`)}
 
-	f := p.DropReplyAndRefuse(pgproxy.IsCommit, time.Hour)
-	_, err = c.Do(ctx, op)
-	fired(t, f)
-	require.ErrorIs(t, err, postgres.ErrCommitInDoubt)
+	err := doWithTheIntentsCommitInDoubt(t, p, c, hits, op)
 	assert.Contains(t, err.Error(), "default/order-2", "the error names the operation")
-	assert.Zero(t, hits.Load(), "nothing was sent")
 
-	p.Refuse(0)
 	dctx, cancel := context.WithTimeout(ctx, time.Minute) // far less than the lease
 	defer cancel()
 	res, err := c.Do(dctx, op)
@@ -314,25 +323,11 @@ func TestStoreTakeOverWhoseAcknowledgementIsLost(t *testing.T) {
 func TestResumeOfAnIntentThatCannotBeReadBack(t *testing.T) {
 	t.Parallel()
 	p, j, direct := proxiedJournal(t)
-	var hits atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		hits.Add(1)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer srv.Close()
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, LeaseDuration: time.Hour})
-	require.NoError(t, err)
-	defer c.Close()
+	c, hits := clientOfACountingServer(t, j)
 	op := idem.Op{ID: "order-3", Method: http.MethodPost, URL: "/orders", Body: []byte(`{}`)}
 
-	f := p.DropReplyAndRefuse(pgproxy.IsCommit, time.Hour)
-	_, err = c.Do(ctx, op)
-	fired(t, f)
-	require.ErrorIs(t, err, postgres.ErrCommitInDoubt)
-	assert.Zero(t, hits.Load(), "nothing was sent")
+	doWithTheIntentsCommitInDoubt(t, p, c, hits, op)
 
-	p.Refuse(0)
 	rctx, cancel := context.WithTimeout(ctx, time.Minute) // far less than the lease
 	defer cancel()
 	rep, err := c.Resume(rctx)

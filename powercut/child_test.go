@@ -64,12 +64,22 @@ func (s printingStatus) CheckStatus(ctx context.Context, q idem.StatusQuery) (id
 // a time, printing "take N" before the first Do of N and "ok ID ORDER KEY"
 // for every success, until it is killed. With PC_FINAL=1 it creates
 // nothing: it drives what the journal holds unsettled until nothing is
-// left, prints "settled" and closes.
+// left, prints "settled" and closes. With PC_WALLIMIT set, the journal has
+// a WAL limit of that many bytes, and each durable commit that finds the
+// WAL shorter than the last one did is marked in PC_MARKS (markShrinks).
 func childClient() error {
 	o := &out{}
 	var opts []idem.SQLiteOption
 	if os.Getenv("PC_SYNC") == "normal" {
 		opts = append(opts, idem.SQLiteSynchronousNormal())
+	}
+	if limit := os.Getenv("PC_WALLIMIT"); limit != "" {
+		n, err := strconv.ParseInt(limit, 10, 64)
+		if err != nil {
+			return fmt.Errorf("PC_WALLIMIT: %w", err)
+		}
+		opts = append(opts, idem.SQLiteWALLimit(n),
+			idem.SQLiteOnCommit(markShrinks(os.Getenv("PC_JOURNAL"), os.Getenv("PC_MARKS"))))
 	}
 	j, err := idem.OpenSQLite(os.Getenv("PC_JOURNAL"), opts...)
 	if err != nil {
@@ -147,6 +157,30 @@ func childClient() error {
 	}
 	wg.Wait()
 	return errors.New("a worker failed")
+}
+
+// markShrinks returns an OnCommit hook that appends a byte to marks
+// (outside the cut file system) each time a durable commit finds the WAL
+// shorter than the previous one did: a TRUNCATE checkpoint (or a restart)
+// came between them in this process.
+func markShrinks(journal, marks string) func(idem.CommitInfo) {
+	var last int64
+	return func(ci idem.CommitInfo) {
+		if !ci.Durable {
+			return
+		}
+		fi, err := os.Stat(journal + "-wal")
+		if err != nil {
+			return
+		}
+		if fi.Size() < last {
+			if f, err := os.OpenFile(marks, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+				_, _ = f.Write([]byte{1})
+				_ = f.Close()
+			}
+		}
+		last = fi.Size()
+	}
 }
 
 // drive runs Do for operation id until it is settled.

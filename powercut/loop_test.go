@@ -208,6 +208,39 @@ type order struct {
 	id, key, item string
 }
 
+// orderTally compares the operations a journal holds at the end of a loop
+// with the orders the server made.
+type orderTally struct {
+	byItem map[string][]order // the orders made for each operation
+	unheld []order            // orders no operation holds under their key
+	// Operations with more than one order, with none or not succeeded, and
+	// with one under another key.
+	duplicates, lost, wrong int
+}
+
+// tallyOrders makes the orderTally of the journal's operations, recs (by
+// ID), and the server's orders.
+func tallyOrders(recs map[string]record, orders []order) orderTally {
+	tally := orderTally{byItem: map[string][]order{}}
+	for _, o := range orders {
+		tally.byItem[o.item] = append(tally.byItem[o.item], o)
+		if r, ok := recs[o.item]; !ok || r.key != o.key {
+			tally.unheld = append(tally.unheld, o)
+		}
+	}
+	for id, r := range recs {
+		switch os := tally.byItem[id]; {
+		case len(os) > 1:
+			tally.duplicates++
+		case len(os) == 0 || r.state != idem.StateSucceeded:
+			tally.lost++
+		case os[0].key != r.key:
+			tally.wrong++
+		}
+	}
+	return tally
+}
+
 func readOrders(t *testing.T, path string) []order {
 	t.Helper()
 	db, err := sql.Open("sqlite3", "file:"+path+"?_busy_timeout=10000")

@@ -238,30 +238,18 @@ func runServerLoop(t *testing.T, binary string) *serverFigures {
 	require.NoError(t, err)
 
 	recs := map[string]idem.Record{}
+	held := map[string]record{}
 	for rec, err := range j.List(ctx, idem.Filter{}) {
 		require.NoError(t, err)
 		recs[rec.ID] = rec
+		held[rec.ID] = record{key: rec.Key, state: rec.State}
 	}
 	fig.ops, fig.recs = len(ops), len(recs)
 	orders := readOrders(t, ordersPath)
 	fig.orders = len(orders)
-	byItem := map[string][]order{}
-	for _, od := range orders {
-		byItem[od.item] = append(byItem[od.item], od)
-		if r, ok := recs[od.item]; !ok || r.Key != od.key {
-			fig.orphans++
-		}
-	}
-	for id, r := range recs {
-		switch os := byItem[id]; {
-		case len(os) > 1:
-			fig.duplicates++
-		case len(os) == 0 || r.State != idem.StateSucceeded:
-			fig.lost++
-		case os[0].key != r.Key:
-			fig.wrongKey++
-		}
-	}
+	tally := tallyOrders(held, orders)
+	byItem := tally.byItem
+	fig.orphans, fig.duplicates, fig.lost, fig.wrongKey = len(tally.unheld), tally.duplicates, tally.lost, tally.wrong
 	for id, names := range acks {
 		for _, name := range names {
 			fig.acked++

@@ -449,20 +449,7 @@ func TestTheBudgetHoldsWhenTheEndpointDropsTheConnection(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			a := &api{}
-			start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if a.requests.Load() != 2 {
-					a.create(w, r)
-					return
-				}
-				// The second request is read whole, then its connection
-				// closed without an answer: the order may exist.
-				_, _ = io.Copy(io.Discard, r.Body)
-				conn, _, err := http.NewResponseController(w).Hijack()
-				if err == nil {
-					conn.Close()
-				}
-			}))
+			a := startDroppingTheSecondRequest(t)
 			rep, err := probe.Run(context.Background(), probe.Config{URL: a.url("/orders"), Body: []byte(orderBody), MaxRequests: 2, HTTPClient: hc})
 			require.NoError(t, err)
 			require.LessOrEqual(t, a.requests.Load(), int64(2), "the endpoint received more than MaxRequests; the report says %d", rep.Requests)
@@ -474,6 +461,26 @@ func TestTheBudgetHoldsWhenTheEndpointDropsTheConnection(t *testing.T) {
 	}
 }
 
+// startDroppingTheSecondRequest starts an endpoint that creates orders,
+// but reads the second request whole, then closes its connection without
+// an answer: the order may exist.
+func startDroppingTheSecondRequest(t *testing.T) *api {
+	t.Helper()
+	a := &api{}
+	start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.requests.Load() != 2 {
+			a.create(w, r)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	return a
+}
+
 // A transport of the application's own type is not reconfigured, and a
 // request without a body is replayable whatever the probe does: when such
 // a transport, shared with the application, holds a connection the
@@ -481,17 +488,7 @@ func TestTheBudgetHoldsWhenTheEndpointDropsTheConnection(t *testing.T) {
 // one, and the report counts what reached the endpoint.
 func TestTheReportCountsTheTransportsOwnResends(t *testing.T) {
 	t.Parallel()
-	a := &api{}
-	start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.requests.Load() != 2 {
-			a.create(w, r)
-			return
-		}
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err == nil {
-			conn.Close()
-		}
-	}))
+	a := startDroppingTheSecondRequest(t)
 	hc := &http.Client{Transport: roundTripper{&http.Transport{}}}
 	// The application's own request leaves its connection idle.
 	resp, err := hc.Get(a.url("/health"))
@@ -512,17 +509,7 @@ func TestTheReportCountsTheTransportsOwnResends(t *testing.T) {
 // probe must never leave a connection to reuse.
 func TestTheBudgetHoldsForABodilessRequestThroughAWrappedTransport(t *testing.T) {
 	t.Parallel()
-	a := &api{}
-	start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.requests.Load() != 2 {
-			a.create(w, r)
-			return
-		}
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err == nil {
-			conn.Close()
-		}
-	}))
+	a := startDroppingTheSecondRequest(t)
 	hc := &http.Client{Transport: roundTripper{&http.Transport{}}}
 	rep, err := probe.Run(context.Background(), probe.Config{URL: a.url("/orders"), MaxRequests: 2, HTTPClient: hc})
 	require.NoError(t, err)
@@ -535,17 +522,7 @@ func TestTheBudgetHoldsForABodilessRequestThroughAWrappedTransport(t *testing.T)
 // same way.
 func TestTheBudgetHoldsThroughAProxy(t *testing.T) {
 	t.Parallel()
-	a := &api{}
-	start(t, a, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.requests.Load() != 2 {
-			a.create(w, r)
-			return
-		}
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err == nil {
-			conn.Close()
-		}
-	}))
+	a := startDroppingTheSecondRequest(t)
 	proxy, err := url.Parse(a.srv.URL)
 	require.NoError(t, err)
 	hc := &http.Client{Transport: roundTripper{&http.Transport{Proxy: http.ProxyURL(proxy)}}}

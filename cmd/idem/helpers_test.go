@@ -331,10 +331,17 @@ type snapshot struct {
 
 func takeSnapshot(t *testing.T, path string) snapshot {
 	t.Helper()
-	ctx := context.Background()
 	j, err := idem.OpenSQLite(path, idem.SQLiteMustExist())
 	require.NoError(t, err)
 	defer j.Close()
+	return snapshotOf(t, j)
+}
+
+// snapshotOf reads everything j holds: its records, their histories and
+// its counts.
+func snapshotOf(t *testing.T, j idem.Journal) snapshot {
+	t.Helper()
+	ctx := context.Background()
 	s := snapshot{History: map[string][]idem.Event{}}
 	for rec, err := range j.List(ctx, idem.Filter{}) {
 		require.NoError(t, err)
@@ -342,6 +349,7 @@ func takeSnapshot(t *testing.T, path string) snapshot {
 		s.History[rec.Key], err = j.History(ctx, rec.Key)
 		require.NoError(t, err)
 	}
+	var err error
 	s.Counts, err = j.Count(ctx)
 	require.NoError(t, err)
 	return s

@@ -128,16 +128,7 @@ func pgSnapshot(t *testing.T, schema string) snapshot {
 	j, err := postgres.OpenJournal(ctx, testPool(t), postgres.Schema(schema), postgres.WithoutMigration())
 	require.NoError(t, err)
 	defer j.Close()
-	s := snapshot{History: map[string][]idem.Event{}}
-	for rec, err := range j.List(ctx, idem.Filter{}) {
-		require.NoError(t, err)
-		s.Records = append(s.Records, rec)
-		s.History[rec.Key], err = j.History(ctx, rec.Key)
-		require.NoError(t, err)
-	}
-	s.Counts, err = j.Count(ctx)
-	require.NoError(t, err)
-	return s
+	return snapshotOf(t, j)
 }
 
 // The read commands on a PostgreSQL journal print what they print on an

@@ -13,7 +13,7 @@ import (
 
 // On a hot standby the journal cannot tell which workers are alive
 // (postgres.ErrLivenessUnknown, tested against a real standby in
-// postgres/review3_standby_test.go): idem stats says so, and shows each
+// postgres/owners_standby_test.go): idem stats says so, and shows each
 // worker by its leases rather than as gone. (A standby cannot be started
 // from this module's tests: the helper that starts one is internal to the
 // postgres module.)

@@ -21,7 +21,7 @@ import (
 // first Do returns the server's bytes; the second answers from the SQLite
 // journal, whose header went through JSON: U+FFFD where the server sent
 // 0xE9 (the PostgreSQL journal does the same,
-// postgres/review2_store_test.go). journaltest has no such input.
+// postgres/headers_bytes_test.go). journaltest has no such input.
 func TestRepeatedDoGetsTheFirstAnswersHeadersByteForByte(t *testing.T) {
 	t.Parallel()
 	const value = "attachment; filename=\"caf\xe9.txt\""

@@ -113,6 +113,23 @@ func connectURL(t *testing.T, url string) *mcp.ClientSession {
 var _ = idem.ErrNotFound
 var _ = json.Marshal
 
+// connectGuardedAccepting guards s, serves it over streamable HTTP
+// (stateless or not) and connects a client that accepts every request for
+// input with what content returns.
+func connectGuardedAccepting(t *testing.T, s *mcp.Server, stateless bool, content func() map[string]any) *mcp.ClientSession {
+	t.Helper()
+	s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{}).Middleware)
+	url := httptestServer(t, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: stateless}))
+	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			return &mcp.ElicitResult{Action: "accept", Content: content()}, nil
+		}})
+	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cs.Close() })
+	return cs
+}
+
 func httptestServer(t *testing.T, h http.Handler) string {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
@@ -138,15 +155,7 @@ func TestGuardLetsAToolAskForInputFirst(t *testing.T) {
 			ran.Add(1)
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sent"}}}, nil
 		})
-		s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{}).Middleware)
-		url := httptestServer(t, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: stateless}))
-		c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, &mcp.ClientOptions{
-			ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
-				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{}}, nil
-			}})
-		cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = cs.Close() })
+		cs := connectGuardedAccepting(t, s, stateless, func() map[string]any { return map[string]any{} })
 		call := func() (*mcp.CallToolResult, error) {
 			return cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "send_email", Arguments: emailIn{To: "ann@example.com"},
 				Meta: mcp.Meta{idemmcp.MetaKey: "call_confirm"}})
@@ -273,16 +282,8 @@ func TestGuardRunsAToolThatAskedForInputOnceWhateverTheAnswers(t *testing.T) {
 		cc := req.Params.InputResponses["confirm"].(*mcp.ElicitResult).Content["cc"]
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprint("sent, cc ", cc)}}}, nil
 	})
-	s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{}).Middleware)
-	url := httptestServer(t, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
 	var asked atomic.Int64
-	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, &mcp.ClientOptions{
-		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
-			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"cc": fmt.Sprint("person-", asked.Add(1))}}, nil
-		}})
-	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cs.Close() })
+	cs := connectGuardedAccepting(t, s, true, func() map[string]any { return map[string]any{"cc": fmt.Sprint("person-", asked.Add(1))} })
 	var answers []string
 	for range 2 {
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "send_email", Arguments: emailIn{To: "ann@example.com"},
@@ -313,15 +314,7 @@ func TestGuardToolThatAsksTwice(t *testing.T) {
 		ran.Add(1)
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sent"}}}, nil
 	})
-	s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{}).Middleware)
-	url := httptestServer(t, mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{Stateless: true}))
-	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, &mcp.ClientOptions{
-		ElicitationHandler: func(context.Context, *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
-			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{}}, nil
-		}})
-	cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cs.Close() })
+	cs := connectGuardedAccepting(t, s, true, func() map[string]any { return map[string]any{} })
 	for range 2 {
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "send_email", Arguments: map[string]any{}, Meta: mcp.Meta{idemmcp.MetaKey: "k"}})
 		require.NoError(t, err)

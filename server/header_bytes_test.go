@@ -19,7 +19,7 @@ import (
 // with the key gets "the stored response, status, headers and body byte
 // for byte"; a client that got the first answer and retries gets the same
 // one. The memory store keeps that promise; the SQLite store (and the
-// PostgreSQL one, postgres/review2_store_test.go) keep the header as JSON,
+// PostgreSQL one, postgres/headers_bytes_test.go) keep the header as JSON,
 // which turns each byte that is not UTF-8 into U+FFFD: the retry's
 // header differs from the first answer's. server/storetest has no such
 // input, so no store is held to it.

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,14 +36,7 @@ func TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation(t *testin
 	for _, level := range []string{"read committed", "repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {
 			schema := pgtest.Schema(t)
-			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
-			require.NoError(t, err)
-			cfg.MaxConns = 3
-			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			defer pool.Close()
-			j := openOn(t, pool, schema)
+			j := openOn(t, poolOfDefaultIsolation(t, level, 3), schema)
 			unregister, err := j.Register(ctx, "worker")
 			require.NoError(t, err)
 			defer unregister()
@@ -61,6 +55,21 @@ func TestLivenessTransactionHoldsNoSnapshotWhateverTheDefaultIsolation(t *testin
 	}
 }
 
+// poolOfDefaultIsolation returns a pool of maxConns connections to the
+// tests' server whose sessions' default_transaction_isolation is level,
+// as a role or database setting would make it; closed at the test's end.
+func poolOfDefaultIsolation(t *testing.T, level string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // TestClaimsRaceWhateverTheDefaultIsolation: workers that claim at once
 // take different operations and never fail for it (FOR UPDATE SKIP LOCKED
 // at read committed). A role or database whose default isolation is
@@ -72,14 +81,7 @@ func TestClaimsRaceWhateverTheDefaultIsolation(t *testing.T) {
 	for _, level := range []string{"repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {
 			schema := pgtest.Schema(t)
-			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
-			require.NoError(t, err)
-			cfg.MaxConns = 4
-			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			defer pool.Close()
-			j := openOn(t, pool, schema, postgres.WithoutLiveness())
+			j := openOn(t, poolOfDefaultIsolation(t, level, 4), schema, postgres.WithoutLiveness())
 			const n = 60
 			createRecords(t, j, n)
 			var mu sync.Mutex
@@ -122,13 +124,7 @@ func TestStoreWhateverTheDefaultIsolation(t *testing.T) {
 	t.Parallel()
 	for _, level := range []string{"repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {
-			cfg, err := pgxpool.ParseConfig(pgtest.DSN())
-			require.NoError(t, err)
-			cfg.MaxConns = 4
-			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = level
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close) // after the suite's parallel tests
+			pool := poolOfDefaultIsolation(t, level, 4) // closed after the suite's parallel tests
 			storetest.Run(t, func(t *testing.T) server.Store { return openStoreIn(t, pool, pgtest.Schema(t)) })
 		})
 	}
@@ -156,35 +152,12 @@ func TestGraceDoesNotCountTheDatabasesDowntime(t *testing.T) {
 
 func graceDoesNotCountTheDatabasesDowntime(t *testing.T, clean bool) {
 	db := pgtest.StartServer(t)
-	proxy, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", db.Port()))
-	require.NoError(t, err)
-	defer proxy.Close()
-	viaProxy := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", proxy.Addr())
+	proxies, hosts := proxiesTo(t, db)
 	const grace = 2 * time.Second
-	ja, err := postgres.OpenJournal(ctx, checkedPool(t, viaProxy))
-	require.NoError(t, err)
-	defer ja.Close()
-	jb, err := postgres.OpenJournal(ctx, checkedPool(t, db.DSN()), postgres.LivenessGrace(grace))
-	require.NoError(t, err)
-	defer jb.Close()
-	observer := checkedPool(t, db.DSN())
-	keys := createRecords(t, jb, 1)
-	unregister, err := ja.Register(ctx, "worker-a")
-	require.NoError(t, err)
-	defer unregister()
-	_, err = ja.Acquire(ctx, keys[0], "worker-a", time.Hour)
-	require.NoError(t, err)
+	ja, jb, observer, _ := workerAHoldsInProcess(t, "postgres://postgres@"+hosts+"/postgres?sslmode=disable", db.DSN(), grace)
 
 	// worker-a's session is cut, and it cannot reconnect for now.
-	proxy.Refuse(time.Hour)
-	proxy.CutAll()
-	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
-	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
-	require.NoError(t, err)
-	require.Empty(t, got, "within the grace")
-	var marked bool
-	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(ja.Schema())+`.owners WHERE name = 'worker-a'`).Scan(&marked))
-	require.True(t, marked, "worker-b found worker-a's lock free")
+	cutOffWorkerA(t, observer, ja.Schema(), jb, proxies)
 
 	// The database stops at once, and is down for longer than the grace.
 	if clean {
@@ -196,10 +169,10 @@ func graceDoesNotCountTheDatabasesDowntime(t *testing.T, clean bool) {
 	db.Start()
 
 	// worker-b judges before worker-a has its session back.
-	got, err = claimAfterRestart(t, jb)
+	got, err := claimAfterRestart(t, jb)
 	require.NoError(t, err)
 	assert.Empty(t, got, "worker-a was without its lock for milliseconds while the database was up, and is taken for dead")
-	proxy.Refuse(0)
+	proxies[0].Refuse(0)
 	waitUntil(t, "worker-a to hold its lock again", func() bool { return ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
 }
 
@@ -219,6 +192,122 @@ func claimAfterRestart(t *testing.T, j *postgres.Journal) ([]idem.Record, error)
 	return got, err
 }
 
+// proxiesTo starts a pgproxy in front of each server, closed at the
+// test's end, and returns them with their addresses joined for a DSN of
+// several hosts.
+func proxiesTo(t *testing.T, servers ...*pgtest.Server) ([]*pgproxy.Proxy, string) {
+	t.Helper()
+	var proxies []*pgproxy.Proxy
+	var hosts []string
+	for _, s := range servers {
+		p, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", s.Port()))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		proxies = append(proxies, p)
+		hosts = append(hosts, p.Addr().String())
+	}
+	return proxies, strings.Join(hosts, ",")
+}
+
+// workerAHoldsInProcess opens worker-a's journal on viaProxy and
+// worker-b's, with grace, on direct; creates an operation, which worker-a,
+// registered, holds for an hour. observer is a pool of its own on direct.
+func workerAHoldsInProcess(t *testing.T, viaProxy, direct string, grace time.Duration) (ja, jb *postgres.Journal, observer *pgxpool.Pool, key string) {
+	t.Helper()
+	ja, err := postgres.OpenJournal(ctx, checkedPool(t, viaProxy))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ja.Close() })
+	jb, err = postgres.OpenJournal(ctx, checkedPool(t, direct), postgres.LivenessGrace(grace))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = jb.Close() })
+	observer = checkedPool(t, direct)
+	key = createRecords(t, jb, 1)[0]
+	unregister, err := ja.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unregister() })
+	_, err = ja.Acquire(ctx, key, "worker-a", time.Hour)
+	require.NoError(t, err)
+	return ja, jb, observer, key
+}
+
+// workerAHoldsUnprivileged creates role idem_worker, an ordinary login
+// role without pg_read_all_stats, through admin, a pool on the primary.
+// As that role it opens worker-b's journal, with grace, on direct, and
+// starts worker-a, a process of its own on viaProxy (a DSN with the
+// role's name in place of %s), holding a new operation for an hour and
+// registered. session reads worker-a's liveness session's number.
+func workerAHoldsUnprivileged(t *testing.T, admin *pgxpool.Pool, observer *pgxpool.Pool, viaProxy, direct string, grace time.Duration) (jb *postgres.Journal, key string, kill func(), session func() int64) {
+	t.Helper()
+	const role = "idem_worker"
+	_, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN; GRANT CREATE ON DATABASE postgres TO `+role)
+	require.NoError(t, err)
+	poolB := checkedPool(t, fmt.Sprintf(direct, role))
+	jb = openOn(t, poolB, unprivilegedSchema, postgres.LivenessGrace(grace))
+	var privileged bool
+	require.NoError(t, poolB.QueryRow(ctx, `SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')`).Scan(&privileged))
+	require.False(t, privileged, "the journals' role reads every row of pg_stat_activity")
+	key = createRecords(t, jb, 1)[0]
+	kill = startHolderOn(t, observer, []string{"IDEM_TEST_POSTGRES=" + fmt.Sprintf(viaProxy, role)}, unprivilegedSchema, "worker-a", time.Hour, true, key)
+	session = func() (n int64) {
+		require.NoError(t, observer.QueryRow(ctx, `SELECT session FROM `+pgschema.Ident(unprivilegedSchema)+`.owners WHERE name = 'worker-a'`).Scan(&n))
+		return n
+	}
+	return jb, key, kill, session
+}
+
+// unprivilegedSchema is the journals' schema in the tests of a role
+// without pg_read_all_stats, each on a server of its own.
+const unprivilegedSchema = "idem"
+
+// cutOffWorkerA cuts worker-a's connections, which go through proxies,
+// and keeps it from reconnecting; once its lock is free, worker-b's claim
+// within the grace takes nothing and marks worker-a's lock found free.
+func cutOffWorkerA(t *testing.T, observer *pgxpool.Pool, schema string, jb *postgres.Journal, proxies []*pgproxy.Proxy) {
+	t.Helper()
+	for _, p := range proxies {
+		p.Refuse(time.Hour)
+		p.CutAll()
+	}
+	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, schema, "worker-a") })
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "within the grace")
+	var marked bool
+	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&marked))
+	require.True(t, marked, "worker-b found worker-a's lock free")
+}
+
+// workerALivesThenGoes lets worker-a reconnect through proxies and waits
+// until it holds its lock in a session newer than before; worker-b then
+// takes nothing. Once worker-a is SIGKILLed (kill), worker-b takes its
+// operation, key, and not before the lock has stayed free for the grace,
+// whatever its lease had to run.
+func workerALivesThenGoes(t *testing.T, observer *pgxpool.Pool, jb *postgres.Journal, proxies []*pgproxy.Proxy,
+	session func() int64, before int64, kill func(), key string, grace time.Duration) {
+	t.Helper()
+	for _, p := range proxies {
+		p.Refuse(0)
+	}
+	// Its lock, and the new session it took it in (written just after).
+	waitUntil(t, "worker-a to hold its lock again", func() bool {
+		return ownerLockHeld(t, observer, unprivilegedSchema, "worker-a") && session() > before
+	})
+	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+	require.NoError(t, err)
+	require.Empty(t, got, "worker-a lives")
+
+	killed := time.Now()
+	kill()
+	got, at := claimUntil(t, jb, "worker-b", 1)
+	require.Len(t, got, 1)
+	assert.Equal(t, key, got[0].Key)
+	assert.GreaterOrEqual(t, at.Sub(killed), grace, "taken before worker-a's lock had been free for the grace")
+	evs, err := jb.History(ctx, key)
+	require.NoError(t, err)
+	assert.Equal(t, "taken over from worker-a: its owner is gone", evs[len(evs)-1].Detail)
+	t.Logf("the killed worker's operation was taken %v after SIGKILL (grace %v)", at.Sub(killed).Round(time.Millisecond), grace)
+}
+
 // TestGraceDoesNotCountAFailoversDowntime is
 // TestGraceDoesNotCountTheDatabasesDowntime across a fail-over: the mark
 // that worker-b made on the primary reached the synchronous standby,
@@ -226,48 +315,18 @@ func claimAfterRestart(t *testing.T, j *postgres.Journal) ([]idem.Record, error)
 func TestGraceDoesNotCountAFailoversDowntime(t *testing.T) {
 	t.Parallel()
 	primary, standby, dsn := failoverPair(t, true)
-	var proxies []*pgproxy.Proxy
-	hosts := ""
-	for _, s := range []*pgtest.Server{primary, standby} {
-		p, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", s.Port()))
-		require.NoError(t, err)
-		defer p.Close()
-		proxies = append(proxies, p)
-		if hosts != "" {
-			hosts += ","
-		}
-		hosts += p.Addr().String()
-	}
-	viaProxy := "postgres://postgres@" + hosts + "/postgres?sslmode=disable&target_session_attrs=read-write"
+	proxies, hosts := proxiesTo(t, primary, standby)
 	const grace = 2 * time.Second
-	ja, err := postgres.OpenJournal(ctx, checkedPool(t, viaProxy))
-	require.NoError(t, err)
-	defer ja.Close()
-	jb, err := postgres.OpenJournal(ctx, checkedPool(t, dsn), postgres.LivenessGrace(grace))
-	require.NoError(t, err)
-	defer jb.Close()
-	observer := checkedPool(t, dsn)
-	keys := createRecords(t, jb, 1)
-	unregister, err := ja.Register(ctx, "worker-a")
-	require.NoError(t, err)
-	defer unregister()
-	_, err = ja.Acquire(ctx, keys[0], "worker-a", time.Hour)
-	require.NoError(t, err)
+	ja, jb, observer, _ := workerAHoldsInProcess(t,
+		"postgres://postgres@"+hosts+"/postgres?sslmode=disable&target_session_attrs=read-write", dsn, grace)
 
-	for _, p := range proxies {
-		p.Refuse(time.Hour)
-		p.CutAll()
-	}
-	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, ja.Schema(), "worker-a") })
-	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
-	require.NoError(t, err)
-	require.Empty(t, got, "within the grace")
+	cutOffWorkerA(t, observer, ja.Schema(), jb, proxies)
 
 	primary.Crash()
 	time.Sleep(grace + time.Second)
 	standby.Promote()
 
-	got, err = claimAfterRestart(t, jb)
+	got, err := claimAfterRestart(t, jb)
 	require.NoError(t, err)
 	assert.Empty(t, got, "worker-a was without its lock for milliseconds while a primary was up, and is taken for dead")
 	for _, p := range proxies {
@@ -292,84 +351,28 @@ func TestGraceDoesNotCountAFailoversDowntime(t *testing.T) {
 func TestLiveWorkerIsNotTakenForDeadAcrossAFailoverWithoutStatsPrivilege(t *testing.T) {
 	t.Parallel()
 	primary, standby, dsn := failoverPair(t, true)
-	const role, schema = "idem_worker", "idem"
 	admin := checkedPool(t, primary.DSN())
-	_, err := admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN; GRANT CREATE ON DATABASE postgres TO `+role)
-	require.NoError(t, err)
-	admin.Close()
-	var proxies []*pgproxy.Proxy
-	hosts := ""
-	for _, s := range []*pgtest.Server{primary, standby} {
-		p, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", s.Port()))
-		require.NoError(t, err)
-		defer p.Close()
-		proxies = append(proxies, p)
-		if hosts != "" {
-			hosts += ","
-		}
-		hosts += p.Addr().String()
-	}
-	viaProxy := "postgres://" + role + "@" + hosts + "/postgres?sslmode=disable&target_session_attrs=read-write"
-	direct := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
-		role, primary.Port(), standby.Port())
+	proxies, hosts := proxiesTo(t, primary, standby)
 	const grace = 2 * time.Second
-	poolB := checkedPool(t, direct)
-	jb := openOn(t, poolB, schema, postgres.LivenessGrace(grace))
-	var privileged bool
-	require.NoError(t, poolB.QueryRow(ctx, `SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')`).Scan(&privileged))
-	require.False(t, privileged, "the journals' role reads every row of pg_stat_activity")
 	observer := checkedPool(t, dsn)
-	keys := createRecords(t, jb, 1)
-	kill := startHolderOn(t, observer, []string{"IDEM_TEST_POSTGRES=" + viaProxy}, schema, "worker-a", time.Hour, true, keys...)
-	session := func() (n int64) {
-		require.NoError(t, observer.QueryRow(ctx, `SELECT session FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&n))
-		return n
-	}
+	jb, key, kill, session := workerAHoldsUnprivileged(t, admin, observer,
+		"postgres://%s@"+hosts+"/postgres?sslmode=disable&target_session_attrs=read-write",
+		fmt.Sprintf("postgres://%%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+			primary.Port(), standby.Port()), grace)
+	admin.Close()
 	before := session()
 
-	for _, p := range proxies {
-		p.Refuse(time.Hour)
-		p.CutAll()
-	}
-	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, schema, "worker-a") })
-	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
-	require.NoError(t, err)
-	require.Empty(t, got, "within the grace")
-	var marked bool
-	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&marked))
-	require.True(t, marked, "worker-b found worker-a's lock free")
+	cutOffWorkerA(t, observer, unprivilegedSchema, jb, proxies)
 
 	primary.Crash()
 	time.Sleep(grace + time.Second) // the fail-over takes longer than the grace
 	standby.Promote()
 
 	// worker-b judges on the new primary before worker-a has its lock back.
-	got, err = claimAfterRestart(t, jb)
+	got, err := claimAfterRestart(t, jb)
 	require.NoError(t, err)
 	require.Empty(t, got, "worker-a was without its lock for milliseconds while the new primary was up, and is taken for dead")
-	for _, p := range proxies {
-		p.Refuse(0)
-	}
-	// Its lock, and the new session it took it in (written just after).
-	waitUntil(t, "worker-a to hold its lock on the new primary", func() bool {
-		return ownerLockHeld(t, observer, schema, "worker-a") && session() > before
-	})
-	got, err = jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
-	require.NoError(t, err)
-	require.Empty(t, got, "worker-a lives")
-
-	// Gone for good: its operation is taken once its lock has stayed free
-	// for the grace, whatever its lease had to run.
-	killed := time.Now()
-	kill()
-	got, at := claimUntil(t, jb, "worker-b", 1)
-	require.Len(t, got, 1)
-	assert.Equal(t, keys[0], got[0].Key)
-	assert.GreaterOrEqual(t, at.Sub(killed), grace, "taken before worker-a's lock had been free for the grace")
-	evs, err := jb.History(ctx, keys[0])
-	require.NoError(t, err)
-	assert.Equal(t, "taken over from worker-a: its owner is gone", evs[len(evs)-1].Detail)
-	t.Logf("the killed worker's operation was taken %v after SIGKILL (grace %v)", at.Sub(killed).Round(time.Millisecond), grace)
+	workerALivesThenGoes(t, observer, jb, proxies, session, before, kill, key, grace)
 }
 
 // TestLiveWorkerIsNotTakenForDeadAcrossABackendCrashWithoutStatsPrivilege
@@ -388,37 +391,15 @@ func TestLiveWorkerIsNotTakenForDeadAcrossAFailoverWithoutStatsPrivilege(t *test
 func TestLiveWorkerIsNotTakenForDeadAcrossABackendCrashWithoutStatsPrivilege(t *testing.T) {
 	t.Parallel()
 	db := pgtest.StartServer(t)
-	const role, schema = "idem_worker", "idem"
 	observer := checkedPool(t, db.DSN())
-	_, err := observer.Exec(ctx, `CREATE ROLE `+role+` LOGIN; GRANT CREATE ON DATABASE postgres TO `+role)
-	require.NoError(t, err)
-	proxy, err := pgproxy.Start(fmt.Sprintf("127.0.0.1:%d", db.Port()))
-	require.NoError(t, err)
-	defer proxy.Close()
-	viaProxy := "postgres://" + role + "@" + proxy.Addr().String() + "/postgres?sslmode=disable"
+	proxies, hosts := proxiesTo(t, db)
 	const grace = 2 * time.Second
-	poolB := checkedPool(t, fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", role, db.Port()))
-	jb := openOn(t, poolB, schema, postgres.LivenessGrace(grace))
-	var privileged bool
-	require.NoError(t, poolB.QueryRow(ctx, `SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')`).Scan(&privileged))
-	require.False(t, privileged, "the journals' role reads every row of pg_stat_activity")
-	keys := createRecords(t, jb, 1)
-	kill := startHolderOn(t, observer, []string{"IDEM_TEST_POSTGRES=" + viaProxy}, schema, "worker-a", time.Hour, true, keys...)
-	session := func() (n int64) {
-		require.NoError(t, observer.QueryRow(ctx, `SELECT session FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&n))
-		return n
-	}
+	jb, key, kill, session := workerAHoldsUnprivileged(t, observer, observer,
+		"postgres://%s@"+hosts+"/postgres?sslmode=disable",
+		fmt.Sprintf("postgres://%%s@127.0.0.1:%d/postgres?sslmode=disable", db.Port()), grace)
 	before := session()
 
-	proxy.Refuse(time.Hour)
-	proxy.CutAll()
-	waitUntil(t, "worker-a's lock to be free", func() bool { return !ownerLockHeld(t, observer, schema, "worker-a") })
-	got, err := jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
-	require.NoError(t, err)
-	require.Empty(t, got, "within the grace")
-	var marked bool
-	require.NoError(t, observer.QueryRow(ctx, `SELECT lost_session = session FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&marked))
-	require.True(t, marked, "worker-b found worker-a's lock free")
+	cutOffWorkerA(t, observer, unprivilegedSchema, jb, proxies)
 
 	// One backend crashes, and the server takes no connection for longer
 	// than the grace.
@@ -431,32 +412,13 @@ func TestLiveWorkerIsNotTakenForDeadAcrossABackendCrashWithoutStatsPrivilege(t *
 	_ = victim.Close(ctx)
 
 	// worker-b judges before worker-a has its session back.
-	got, err = claimAfterRestart(t, jb)
+	got, err := claimAfterRestart(t, jb)
 	require.NoError(t, err)
 	var restarted time.Time
 	require.NoError(t, observer.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&restarted))
 	require.True(t, restarted.Equal(started), "the postmaster restarted (%v, was %v): not a reinitialisation", restarted, started)
 	require.Empty(t, got, "worker-a was without its lock for milliseconds while the server took connections, and is taken for dead")
-	proxy.Refuse(0)
-	waitUntil(t, "worker-a to hold its lock again", func() bool {
-		return ownerLockHeld(t, observer, schema, "worker-a") && session() > before
-	})
-	got, err = jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
-	require.NoError(t, err)
-	require.Empty(t, got, "worker-a lives")
-
-	// Gone for good: its operation is taken once its lock has stayed free
-	// for the grace, whatever its lease had to run.
-	killed := time.Now()
-	kill()
-	got, at := claimUntil(t, jb, "worker-b", 1)
-	require.Len(t, got, 1)
-	assert.Equal(t, keys[0], got[0].Key)
-	assert.GreaterOrEqual(t, at.Sub(killed), grace, "taken before worker-a's lock had been free for the grace")
-	evs, err := jb.History(ctx, keys[0])
-	require.NoError(t, err)
-	assert.Equal(t, "taken over from worker-a: its owner is gone", evs[len(evs)-1].Detail)
-	t.Logf("the killed worker's operation was taken %v after SIGKILL (grace %v)", at.Sub(killed).Round(time.Millisecond), grace)
+	workerALivesThenGoes(t, observer, jb, proxies, session, before, kill, key, grace)
 }
 
 // TestLiveWorkerWhoseLivenessConnectionGoesSilentKeepsItsOperation: the

@@ -37,6 +37,28 @@ type namedOp struct{ scope, id string }
 
 type namedOpKey struct{}
 
+// opContext is a context that names an operation: the context and the
+// name in one allocation, where context.WithValue takes two.
+type opContext struct {
+	context.Context
+	op namedOp
+}
+
+func (c *opContext) Value(key any) any {
+	if _, ok := key.(namedOpKey); ok {
+		return c // a pointer: no allocation to return it
+	}
+	return c.Context.Value(key)
+}
+
+// operationOf returns the operation ctx names, if any.
+func operationOf(ctx context.Context) (namedOp, bool) {
+	if c, ok := ctx.Value(namedOpKey{}).(*opContext); ok {
+		return c.op, true
+	}
+	return namedOp{}, false
+}
+
 // WithOperation returns a copy of ctx that names the operation id: a
 // request sent with it through the client's RoundTripper or
 // StandardClient is that operation, in the client's Config.Scope. See
@@ -48,7 +70,10 @@ func WithOperation(ctx context.Context, id string) context.Context {
 // WithScopedOperation is WithOperation for the operation id of the given
 // scope (tenant); an empty scope is the client's Config.Scope.
 func WithScopedOperation(ctx context.Context, scope, id string) context.Context {
-	return context.WithValue(ctx, namedOpKey{}, namedOp{scope: scope, id: id})
+	if ctx == nil {
+		panic("idem: WithScopedOperation of a nil context") // as context.WithValue
+	}
+	return &opContext{Context: ctx, op: namedOp{scope: scope, id: id}}
 }
 
 // A TransportOption changes how Client.RoundTripper and
@@ -161,7 +186,7 @@ func (c *Client) StandardClient(opts ...TransportOption) *http.Client {
 // standardRedirect is net/http's default policy (at most 10 redirects),
 // except for an operation's write.
 func standardRedirect(req *http.Request, via []*http.Request) error {
-	if _, named := req.Context().Value(namedOpKey{}).(namedOp); named && !safeMethod(req.Method) {
+	if _, named := operationOf(req.Context()); named && !safeMethod(req.Method) {
 		return http.ErrUseLastResponse
 	}
 	if len(via) >= 10 {
@@ -209,7 +234,7 @@ func (t *roundTripper) target(req *http.Request, op namedOp) (string, error) {
 
 // RoundTrip sends req as its context's operation, or passes it through.
 func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
-	op, named := req.Context().Value(namedOpKey{}).(namedOp)
+	op, named := operationOf(req.Context())
 	switch {
 	case !named && t.opts.refuseUnnamed && !safeMethod(req.Method):
 		closeBody(req)

@@ -440,7 +440,7 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Response, error) {
-	creds, _ := ctx.Value(callCredentialsKey{}).(http.Header)
+	creds := credentialsOf(ctx)
 	if a.authorize == nil && a.propagate == nil && len(creds) == 0 {
 		return a.base.RoundTrip(req.WithContext(ctx))
 	}
@@ -468,12 +468,7 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 	// override Authorize's, under whatever spelling it wrote them: they
 	// are in the call's context, never in the journal.
 	if len(creds) > 0 {
-		for name := range r.Header {
-			if _, ok := creds[http.CanonicalHeaderKey(name)]; ok {
-				delete(r.Header, name)
-			}
-		}
-		maps.Copy(r.Header, creds)
+		withCredentials(r.Header, creds)
 	}
 	return a.base.RoundTrip(r)
 }

@@ -37,6 +37,28 @@ type namedOp struct{ scope, id string }
 
 type namedOpKey struct{}
 
+// opContext is a context that names an operation: the context and the
+// name in one allocation, where context.WithValue takes two.
+type opContext struct {
+	context.Context
+	op namedOp
+}
+
+func (c *opContext) Value(key any) any {
+	if _, ok := key.(namedOpKey); ok {
+		return c // a pointer: no allocation to return it
+	}
+	return c.Context.Value(key)
+}
+
+// operationOf returns the operation ctx names, if any.
+func operationOf(ctx context.Context) (namedOp, bool) {
+	if c, ok := ctx.Value(namedOpKey{}).(*opContext); ok {
+		return c.op, true
+	}
+	return namedOp{}, false
+}
+
 // WithOperation returns a copy of ctx that names the operation id: a
 // request sent with it through the client's RoundTripper or
 // StandardClient is that operation, in the client's Config.Scope. See
@@ -48,7 +70,10 @@ func WithOperation(ctx context.Context, id string) context.Context {
 // WithScopedOperation is WithOperation for the operation id of the given
 // scope (tenant); an empty scope is the client's Config.Scope.
 func WithScopedOperation(ctx context.Context, scope, id string) context.Context {
-	return context.WithValue(ctx, namedOpKey{}, namedOp{scope: scope, id: id})
+	if ctx == nil {
+		panic("idem: WithScopedOperation of a nil context") // as context.WithValue
+	}
+	return &opContext{Context: ctx, op: namedOp{scope: scope, id: id}}
 }
 
 // A TransportOption changes how Client.RoundTripper and
@@ -161,7 +186,7 @@ func (c *Client) StandardClient(opts ...TransportOption) *http.Client {
 // standardRedirect is net/http's default policy (at most 10 redirects),
 // except for an operation's write.
 func standardRedirect(req *http.Request, via []*http.Request) error {
-	if _, named := req.Context().Value(namedOpKey{}).(namedOp); named && !safeMethod(req.Method) {
+	if _, named := operationOf(req.Context()); named && !safeMethod(req.Method) {
 		return http.ErrUseLastResponse
 	}
 	if len(via) >= 10 {
@@ -174,8 +199,9 @@ type roundTripper struct {
 	c       *Client
 	opts    transportOptions
 	maxBody int
-	// lastURL is the last URL checked, and the string journaled for it:
-	// an SDK sends most requests to a few URLs (as Client.resolve).
+	// lastURL is the last request URL checked (its origin against
+	// BaseURL's too), and the string journaled for it: an SDK sends most
+	// requests to a few URLs (as Client.resolve).
 	lastURL atomic.Pointer[checkedURL]
 }
 
@@ -184,23 +210,31 @@ type checkedURL struct {
 	target string
 }
 
-// target is u checked as the URL an operation goes to, and as it is
-// journaled.
-func (t *roundTripper) target(req *http.Request, u url.URL) (string, error) {
-	if last := t.lastURL.Load(); last != nil && last.u == u {
+// target is req's URL checked as the URL an operation goes to, and as it
+// is journaled.
+func (t *roundTripper) target(req *http.Request, op namedOp) (string, error) {
+	if last := t.lastURL.Load(); last != nil && last.u == *req.URL {
 		return last.target, nil
 	}
-	key := u
+	u := *req.URL
+	if b := t.c.base; b != nil {
+		if !sameOrigin(&u, b) {
+			return "", invalidOp("%s %s: operation %q goes to another origin than Config.BaseURL (%s://%s); a client's operations, credentials and Resume belong to its BaseURL: use a client for that API",
+				req.Method, redact(req), op.id, b.Scheme, b.Host)
+		}
+		// Spelled as BaseURL is, so that Resume knows it as its origin's.
+		u.Scheme, u.Host = b.Scheme, b.Host
+	}
 	target, err := checkURL(redact(req), &u)
 	if err == nil {
-		t.lastURL.Store(&checkedURL{u: key, target: target})
+		t.lastURL.Store(&checkedURL{u: *req.URL, target: target})
 	}
 	return target, err
 }
 
 // RoundTrip sends req as its context's operation, or passes it through.
 func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
-	op, named := req.Context().Value(namedOpKey{}).(namedOp)
+	op, named := operationOf(req.Context())
 	switch {
 	case !named && t.opts.refuseUnnamed && !safeMethod(req.Method):
 		closeBody(req)
@@ -222,8 +256,9 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx, stop := cancelWith(req)
 	defer stop()
-	if len(creds) > 0 {
-		ctx = context.WithValue(ctx, callCredentialsKey{}, creds)
+	if creds != nil {
+		creds.Context = ctx
+		ctx = creds
 	}
 	res, err := t.c.do(ctx, p)
 	if err != nil && (res == nil || !errors.Is(err, ErrRejected)) {
@@ -291,8 +326,8 @@ func (t *roundTripper) CloseIdleConnections() { t.c.http.CloseIdleConnections() 
 // operation reads req into the operation it stands for, validated as Do
 // validates an Op, and the credentials it carries for this call. It
 // closes the body.
-func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, http.Header, error) {
-	fail := func(err error) (prepared, http.Header, error) {
+func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, *callCredentials, error) {
+	fail := func(err error) (prepared, *callCredentials, error) {
 		closeBody(req)
 		return prepared{}, nil, err
 	}
@@ -305,19 +340,10 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, http.
 	if req.URL == nil || !req.URL.IsAbs() {
 		return fail(invalidOp("%s: the request's URL is not absolute", req.Method))
 	}
-	u := *req.URL
-	if req.Host != "" && !strings.EqualFold(req.Host, u.Host) {
+	if req.Host != "" && !strings.EqualFold(req.Host, req.URL.Host) {
 		return fail(invalidOp("%s %s: Request.Host %q differs from the URL's host; the journaled request is its URL, so set the host there", req.Method, redact(req), req.Host))
 	}
-	if b := t.c.base; b != nil {
-		if !sameOrigin(&u, b) {
-			return fail(invalidOp("%s %s: operation %q goes to another origin than Config.BaseURL (%s://%s); a client's operations, credentials and Resume belong to its BaseURL: use a client for that API",
-				req.Method, redact(req), op.id, b.Scheme, b.Host))
-		}
-		// Spelled as BaseURL is, so that Resume knows it as its origin's.
-		u.Scheme, u.Host = b.Scheme, b.Host
-	}
-	target, err := t.target(req, u)
+	target, err := t.target(req, op)
 	if err != nil {
 		return fail(err)
 	}
@@ -343,7 +369,7 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, http.
 // MemoryJournal keeps as it is: the caller may change the request's once
 // the call returns. The credentials share the request's values, which a
 // RoundTripper may read until it returns and must not change.
-func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
+func (t *roundTripper) split(h http.Header) (journaled http.Header, creds *callCredentials) {
 	n := 0
 	for _, values := range h {
 		n += len(values)
@@ -355,9 +381,10 @@ func (t *roundTripper) split(h http.Header) (journaled, creds http.Header) {
 		switch {
 		case t.c.secretHeader(canon):
 			if creds == nil {
-				creds = http.Header{}
+				creds = &callCredentials{}
+				creds.header = creds.inline[:0]
 			}
-			creds[canon] = spellings(h, canon, creds[canon] != nil, values)
+			creds.add(canon, values, h)
 		case canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
 		case journaled[canon] != nil:
 			// Every spelling's values, in one slice of its own.
@@ -622,7 +649,66 @@ func (c *Client) rawTransport() http.RoundTripper {
 	return c.http.Transport.(authorizing).base
 }
 
-// callCredentialsKey carries the credentials a request gave the
-// RoundTripper, which authorizing adds to every request of that call for
-// its operation, after Config.Authorize.
+// callCredentials are the credentials a request gave the RoundTripper,
+// which authorizing adds to every request of that call for its operation,
+// after Config.Authorize. They are the call's context, the credentials
+// and the room for the usual one or two of them in one allocation, where
+// a header map in a context value took three.
+type callCredentials struct {
+	context.Context
+	header []credential
+	inline [2]credential
+}
+
+// A credential is a header's canonical name and its values, the
+// request's (a RoundTripper may read them until it returns).
+type credential struct {
+	name   string
+	values []string
+}
+
 type callCredentialsKey struct{}
+
+func (c *callCredentials) Value(key any) any {
+	if _, ok := key.(callCredentialsKey); ok {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+// add adds the header canon, whose values under one of h's spellings are
+// values.
+func (c *callCredentials) add(canon string, values []string, h http.Header) {
+	for i := range c.header {
+		if c.header[i].name == canon {
+			c.header[i].values = spellings(h, canon, true, values)
+			return
+		}
+	}
+	c.header = append(c.header, credential{canon, values})
+}
+
+// credentialsOf returns the call's credentials that ctx carries, if any.
+func credentialsOf(ctx context.Context) []credential {
+	if c, ok := ctx.Value(callCredentialsKey{}).(*callCredentials); ok {
+		return c.header
+	}
+	return nil
+}
+
+// withCredentials sets creds in h, in place of the headers of their names
+// under whatever spelling h has them.
+func withCredentials(h http.Header, creds []credential) {
+	for name := range h {
+		canon := http.CanonicalHeaderKey(name)
+		for _, c := range creds {
+			if c.name == canon {
+				delete(h, name)
+				break
+			}
+		}
+	}
+	for _, c := range creds {
+		h[c.name] = c.values
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,42 +51,22 @@ var benchBody = bytes.Repeat([]byte("x"), 200)
 // included), where the system tells it.
 func runConcurrent(b *testing.B, n int, fn func(i int64) error) {
 	b.Helper()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var failed atomic.Value
 	// Call i's latency goes to lat[i-1]: preallocated, outside the timer,
 	// and no goroutine waits for another to record one.
 	lat := make([]time.Duration, b.N)
-	start := make(chan struct{})
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			for {
-				i := next.Add(1)
-				if i > int64(b.N) {
-					return
-				}
-				t0 := time.Now()
-				err := fn(i)
-				lat[i-1] = time.Since(t0)
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-			}
-		}()
-	}
 	cpu0, cpuOK := benchcpu.Process()
 	b.ResetTimer()
 	t0 := time.Now()
-	close(start)
-	wg.Wait()
+	err := spread(b.N, n, func(i int64) error {
+		t0 := time.Now()
+		err := fn(i)
+		lat[i-1] = time.Since(t0)
+		return err
+	})
 	elapsed := time.Since(t0)
 	b.StopTimer()
 	cpu1, _ := benchcpu.Process()
-	if err, ok := failed.Load().(error); ok {
+	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")

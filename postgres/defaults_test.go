@@ -66,6 +66,13 @@ func (l *logTally) all() []string {
 // logged as failed.
 func storeStorm(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
+	// The lock of the two replicas that run the slow keys. A renewal,
+	// sent at a third of it, must commit within another third, while
+	// hundreds of requests queue for the pool's six sessions: at 3 s (a
+	// third of a second to spare) a renewal on a loaded machine (the
+	// module's tests with -parallel 4) missed it, the handler was told
+	// to stop and its key ran again.
+	const lockTimeout = 6 * time.Second
 	logs := &logTally{}
 	var (
 		mu   sync.Mutex
@@ -84,7 +91,7 @@ func storeStorm(t *testing.T, pool *pgxpool.Pool) {
 			}
 			if strings.HasPrefix(r.Header.Get("Idempotency-Key"), "slow-") {
 				select {
-				case <-time.After(1200 * time.Millisecond): // over a third of LockTimeout: renewed
+				case <-time.After(lockTimeout/3 + 200*time.Millisecond): // renewed once
 				case <-r.Context().Done():
 					http.Error(w, "interrupted", http.StatusServiceUnavailable)
 					return
@@ -95,10 +102,14 @@ func storeStorm(t *testing.T, pool *pgxpool.Pool) {
 		}
 	}
 	var replicas []*httptest.Server
-	for i, retention := range []time.Duration{time.Hour, time.Hour, 3200 * time.Millisecond} {
+	// The third replica's entries expire soon after their run (Retention
+	// must outlast LockTimeout): its keys' handler is quick.
+	for i, c := range []struct{ lock, retention time.Duration }{
+		{lockTimeout, time.Hour}, {lockTimeout, time.Hour}, {3 * time.Second, 3200 * time.Millisecond},
+	} {
 		store := openStoreIn(t, pool, "idem")
-		mw, err := server.New(server.Config{Store: store, Scope: tenantOf, LockTimeout: 3 * time.Second,
-			Retention: retention, SweepInterval: 300 * time.Millisecond, StorePolicy: server.SkipServerErrors,
+		mw, err := server.New(server.Config{Store: store, Scope: tenantOf, LockTimeout: c.lock,
+			Retention: c.retention, SweepInterval: 300 * time.Millisecond, StorePolicy: server.SkipServerErrors,
 			Logger: slog.New(logs)})
 		require.NoError(t, err)
 		srv := httptest.NewServer(mw.Handler(handler(fmt.Sprint("replica-", i))))

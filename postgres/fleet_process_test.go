@@ -208,6 +208,10 @@ func newFleetClient(j idem.Journal, base, owner string, lease time.Duration) (*i
 // leases lapse when it is off) and finish everything: the server ran its handler once per
 // operation and holds one order for each.
 func TestFleetOfWorkerProcesses(t *testing.T) {
+	// Its processes and schema are its own: it runs beside the other
+	// parallel tests instead of before them (the variants under faults,
+	// soaked one after another by .ci/run, stay out of the way).
+	t.Parallel()
 	for _, tc := range fleetCases {
 		t.Run(tc.name, func(t *testing.T) { testFleet(t, plainDB(t), tc.liveness, tc.lease, 0) })
 	}

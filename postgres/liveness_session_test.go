@@ -127,6 +127,9 @@ func TestLiveWorkerKeepsItsOperationWhenEveryConnectionGoesSilent(t *testing.T) 
 		for _, pid := range p.BackendPIDs() {
 			p.Blackhole(pid)
 		}
+		// As silence does: the cleanups' calls on the silent sessions
+		// fail at once instead of waiting out their timeouts.
+		t.Cleanup(p.CutAll)
 		_, err := b.Resume(ctx)
 		require.NoError(t, err)
 		time.Sleep(postgres.DefaultLivenessGrace + 500*time.Millisecond)

@@ -526,6 +526,8 @@ func sendUntilCreated(ctx context.Context, client *http.Client, replicas []*repl
 // lock is stale: the exec log records it, and checkRuns allows that second
 // run, which the UNIQUE guard answers, as the middleware documents.
 func TestReplicaProcessesRunEachKeyOnce(t *testing.T) {
+	// As TestFleetOfWorkerProcesses: beside the other parallel tests.
+	t.Parallel()
 	testReplicas(t, plainDB(t))
 }
 
@@ -851,6 +853,8 @@ func testReplicas(t *testing.T, db *fleetDB) replicaFigures {
 // from the senders (one order, one order ID), and the exec log's check
 // above reports it.
 func TestReplicaProcessesControlDoubleRuns(t *testing.T) {
+	// Its files and processes are its own.
+	t.Parallel()
 	const perTenant = 4
 	tenants := []string{"acme", "globex"}
 	dir := t.TempDir()

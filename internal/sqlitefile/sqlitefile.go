@@ -312,11 +312,14 @@ func (db *DB) open(ctx context.Context) error {
 		return err
 	}
 	// WAL is a property of the file: set it only once the file is known to
-	// be ours, so that a foreign file is left exactly as it was.
-	if err := db.setWAL(ctx, db.writer); err != nil {
+	// be ours, so that a foreign file is left exactly as it was; and after
+	// the migrations, whose failure (tables that do not match the file's
+	// schema version) rolls back all they did, and must leave the file as
+	// it was too.
+	if err := db.migrate(ctx); err != nil {
 		return err
 	}
-	if err := db.migrate(ctx); err != nil {
+	if err := db.setWAL(ctx, db.writer); err != nil {
 		return err
 	}
 	if err := db.checkSync(ctx, db.writer); err != nil {

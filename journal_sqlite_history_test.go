@@ -227,7 +227,7 @@ func TestSQLiteMigratesASchema4Journal(t *testing.T) {
 		assert.Equal(t, shape(then[name]), shape(now[name]), name)
 	}
 	require.NoError(t, j.Close())
-	assert.Equal(t, 5, userVersion(t, path), "the journal was migrated to the current schema (5)")
+	assert.Equal(t, 6, userVersion(t, path), "the journal was migrated to the current schema (6)")
 }
 
 // TestWriteJournalV4Fixture wrote testdata/journal-v4.db and its histories

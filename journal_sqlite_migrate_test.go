@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,7 +72,7 @@ func TestSQLiteMigratesASchema1Journal(t *testing.T) {
 		assert.Equal(t, rec.Link, got.Link, "schema 3 keeps the link")
 	}
 	require.NoError(t, j.Close())
-	assert.Equal(t, 5, userVersion(t, path), "the journal was migrated to the current schema (5)")
+	assert.Equal(t, 6, userVersion(t, path), "the journal was migrated to the current schema (6)")
 	openJournal(t, path) // and opens again as it is
 }
 
@@ -83,4 +84,46 @@ func userVersion(t *testing.T, path string) int {
 	var v int
 	require.NoError(t, db.QueryRow("PRAGMA user_version").Scan(&v))
 	return v
+}
+
+// testdata/journal-v5.db was written by the code of schema 5 (3f24f53),
+// whose due index is in ascending state order: three pending operations
+// (k-due-first due at 12:00, k-due-second at 12:01, k-later in a century)
+// and one settled (k-settled, 201). Schema 6 rebuilds the index in
+// descending state order; what Claim finds, and in which order, is the same.
+func TestSQLiteMigratesASchema5JournalsDueIndex(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ops.db")
+	b, err := os.ReadFile("testdata/journal-v5.db")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	require.Equal(t, 5, userVersion(t, path), "the fixture is a schema-5 journal")
+
+	ctx := context.Background()
+	j := openJournal(t, path)
+	claimed, err := j.Claim(ctx, idem.ClaimRequest{Owner: "worker", Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	var keys []string
+	for _, rec := range claimed {
+		keys = append(keys, rec.Key)
+	}
+	assert.Equal(t, []string{"k-due-first", "k-due-second"}, keys, "the due ones, oldest due first")
+	settled, err := j.Get(ctx, "k-settled")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, settled.State)
+	require.NotNil(t, settled.Response)
+	assert.Equal(t, 201, settled.Response.StatusCode)
+	evs, err := j.History(ctx, "k-settled")
+	require.NoError(t, err)
+	assert.Len(t, evs, 2, "the settled operation's derived history")
+	require.NoError(t, j.Close())
+
+	assert.Equal(t, 6, userVersion(t, path), "the journal was migrated to the current schema (6)")
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+	require.NoError(t, err)
+	defer db.Close()
+	var desc int
+	require.NoError(t, db.QueryRow(`SELECT "desc" FROM pragma_index_xinfo('operations_due') WHERE name = 'state'`).Scan(&desc))
+	assert.Equal(t, 1, desc, "the due index is in descending state order")
+	openJournal(t, path) // and opens again as it is
 }

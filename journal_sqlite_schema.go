@@ -32,8 +32,9 @@ const journalAppID = 0x69646d6a
 //     row and in every event, and request header sets, the same for most
 //     operations of a client) are stored once in dict and referred to by
 //     number;
-//   - Claim finds due operations through an index on (state,
-//     next_attempt_at). It is not a partial index on the active states,
+//   - Claim finds due operations through an index on (state DESC,
+//     next_attempt_at): descending (schema 6) so that a settle moves an
+//     entry within one leaf. It is not a partial index on the active states,
 //     which would be smaller: SQLite runs an UPDATE that moves a row out of
 //     a partial index through a temporary b-tree, allocated and freed on
 //     every settle, which costs more than the index's entries.
@@ -130,6 +131,23 @@ var journalSchema = []string{
 	// no change; the version makes a build of schema 4, which would read
 	// such a record without its history, refuse the file.
 	`SELECT 1;`,
+
+	// 6: the due index in descending state order, so that a settle writes
+	// one of its leaves instead of two. A settle moves a record's entry
+	// from the in-flight range, which holds the few operations in flight,
+	// to the end of the succeeded range (its due time is zero, so its
+	// entries are in row order, the newest last). In ascending order
+	// unknown and in-flight come before succeeded and the two places are
+	// on different leaves; in descending order (7 … 1) the end of the
+	// succeeded range is followed by the unknown and in-flight ranges, on
+	// the same leaf while few operations are in flight: one WAL frame
+	// fewer per operation, measured in BENCHMARKS.md ("Seventh speed
+	// session"). The new entries go to the end of their range, as before,
+	// so the leaves behind it stay full (839b3ce, which put them first,
+	// left them a third to half full). Claim's queries, one state at a
+	// time, read the index as they did.
+	`DROP INDEX operations_due;
+	CREATE INDEX operations_due ON operations (state DESC, next_attempt_at);`,
 }
 
 // selectRecord reads a whole record; scanRecord reads its columns. The

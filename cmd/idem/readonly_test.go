@@ -37,13 +37,13 @@ func TestReadCommandsDoNotMigrate(t *testing.T) {
 
 	r = idemOn(t, path, "migrate")
 	requireOK(t, r)
-	assert.Contains(t, r.stdout, "from schema version 1 to 5")
+	assert.Contains(t, r.stdout, "from schema version 1 to 6")
 	r = idemOn(t, path, "ls", "--json")
 	requireOK(t, r)
 	assert.Len(t, jsonLines(t, r.stdout), 3)
 	r = idemOn(t, path, "migrate")
 	requireOK(t, r)
-	assert.Contains(t, r.stdout, "already at schema version 5")
+	assert.Contains(t, r.stdout, "already at schema version 6")
 }
 
 // On a journal of this build's schema, the read commands leave the

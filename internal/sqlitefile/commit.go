@@ -414,11 +414,18 @@ func (db *DB) commit() error {
 			err = fmt.Errorf("idem %s %s: %w: %w", db.what, db.path, errNotSynced, err)
 		}
 	}
-	if (!full || err != nil) && !db.opts.SyncNormal {
-		select {
-		case db.dirty <- struct{}{}:
-		default:
+	if !db.opts.SyncNormal {
+		db.unsyncedMu.Lock()
+		if full && err == nil {
+			// The fsync covered every commit before this one too.
+			db.unsyncedSince = time.Time{}
+		} else {
+			if db.unsyncedSince.IsZero() {
+				db.unsyncedSince = time.Now()
+			}
+			db.unsyncedN++
 		}
+		db.unsyncedMu.Unlock()
 	}
 	return err
 }
@@ -472,25 +479,35 @@ func (db *DB) rolledBack() {
 }
 
 // flushLoop makes deferred commits durable within FlushInterval, by
-// syncing the WAL as a FULL commit would.
+// syncing the WAL as a FULL commit would, unless a durable commit's fsync
+// has done it first.
 func (db *DB) flushLoop() {
 	defer db.wg.Done()
 	tick := time.NewTicker(min(db.opts.FlushInterval, 100*time.Millisecond))
 	defer tick.Stop()
-	var dirtySince time.Time
 	for {
 		select {
 		case <-db.closing:
 			return
-		case <-db.dirty:
-			if dirtySince.IsZero() {
-				dirtySince = time.Now()
-			}
 		case <-tick.C:
-			if !dirtySince.IsZero() && time.Since(dirtySince) >= db.opts.FlushInterval {
-				_ = db.flush() // a failed fsync is retried by the next commit's
-				dirtySince = time.Time{}
+			db.unsyncedMu.Lock()
+			since, n, seen := db.unsyncedSince, db.unsyncedN, time.Now()
+			db.unsyncedMu.Unlock()
+			if since.IsZero() || seen.Sub(since) < db.opts.FlushInterval {
+				continue
 			}
+			if db.flush() != nil {
+				continue // tried again at the next tick
+			}
+			db.unsyncedMu.Lock()
+			if db.unsyncedN == n {
+				db.unsyncedSince = time.Time{}
+			} else if !db.unsyncedSince.IsZero() && db.unsyncedSince.Before(seen) {
+				// Commits made since it looked may have missed the
+				// fsync; none of them is older than that look.
+				db.unsyncedSince = seen
+			}
+			db.unsyncedMu.Unlock()
 		}
 	}
 }

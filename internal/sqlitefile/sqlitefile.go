@@ -158,7 +158,15 @@ type DB struct {
 
 	stats   Stats
 	statsMu sync.Mutex
-	dirty   chan struct{} // signalled after a deferred commit
+	// unsynced is what the flusher must fsync: the time of the oldest
+	// commit not yet known to be on disk (zero when none is), and a count
+	// of the commits made without fsync, so that a flush clears only what
+	// its fsync covered. The committer sets it rather than waking the
+	// flusher: at one writer that was a goroutine's wake-up per operation,
+	// for an fsync that the next durable commit usually makes.
+	unsyncedMu    sync.Mutex
+	unsyncedSince time.Time
+	unsyncedN     int64
 
 	lastWALCheck time.Time
 
@@ -199,7 +207,6 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		return nil, db.openError(err)
 	}
 	db.closing = make(chan struct{})
-	db.dirty = make(chan struct{}, 1)
 	db.linger = time.AfterFunc(time.Hour, func() {
 		// Fails only once Close has begun, and Close commits them.
 		_ = db.CommitBuffered(context.Background())
@@ -312,11 +319,14 @@ func (db *DB) open(ctx context.Context) error {
 		return err
 	}
 	// WAL is a property of the file: set it only once the file is known to
-	// be ours, so that a foreign file is left exactly as it was.
-	if err := db.setWAL(ctx, db.writer); err != nil {
+	// be ours, so that a foreign file is left exactly as it was; and after
+	// the migrations, whose failure (tables that do not match the file's
+	// schema version) rolls back all they did, and must leave the file as
+	// it was too.
+	if err := db.migrate(ctx); err != nil {
 		return err
 	}
-	if err := db.migrate(ctx); err != nil {
+	if err := db.setWAL(ctx, db.writer); err != nil {
 		return err
 	}
 	if err := db.checkSync(ctx, db.writer); err != nil {

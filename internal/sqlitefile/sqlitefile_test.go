@@ -603,3 +603,19 @@ func TestCommitBufferedRightAfterABufferedWriteSeesIt(t *testing.T) {
 		}
 	}
 }
+
+// A durable commit's fsync covers the deferred commits before it: the
+// flusher has nothing left to sync for them.
+func TestDurableCommitSparesTheFlushOfDeferredOnes(t *testing.T) {
+	t.Parallel()
+	db := openTest(t, func(o *Options) { o.FlushInterval = time.Hour })
+	unsynced := func() bool {
+		db.unsyncedMu.Lock()
+		defer db.unsyncedMu.Unlock()
+		return !db.unsyncedSince.IsZero()
+	}
+	require.NoError(t, db.Write(context.Background(), Deferred, put("a", "1")))
+	assert.True(t, unsynced(), "a deferred commit is for the flusher to sync")
+	require.NoError(t, db.Write(context.Background(), Durable, put("b", "2")))
+	assert.False(t, unsynced(), "the durable commit's fsync synced the deferred one")
+}

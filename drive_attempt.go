@@ -188,8 +188,7 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	d := rd.d
 	a := rd.cur.Load()
 	rd.last = a
-	var ae *authorizeError
-	if resp == nil && !a.written.Load() && errors.As(err, &ae) {
+	if ae := unwritten(resp, a, err); ae != nil {
 		// Authorize runs before the transport: nothing was written, so
 		// this is no attempt, and another now would fail the same way.
 		a.err = err
@@ -254,6 +253,20 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	}
 	d.reportAttempt(ctx, a, written, 0)
 	return false, nil
+}
+
+// unwritten returns Authorize's failure when it stopped attempt a before
+// anything was written. A function of its own: errors.As's target escapes,
+// an allocation every attempt would pay in checkRetry.
+func unwritten(resp *http.Response, a *attempt, err error) *authorizeError {
+	if resp != nil || err == nil || a.written.Load() {
+		return nil
+	}
+	var ae *authorizeError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	return nil
 }
 
 func (v Verdict) retryable() bool { return v == Retry || v == RetrySameKey }

@@ -1106,9 +1106,7 @@ func (c *Client) run(ctx context.Context, scope, id, fingerprint string, fn func
 	for {
 		f, leader := c.startFlight(op, fingerprint)
 		if leader {
-			defer c.endFlight(op, f)
-			f.res, f.err = fn(ctx)
-			return f.res, f.err
+			return c.lead(ctx, op, f, fn)
 		}
 		select {
 		case <-f.done:
@@ -1123,6 +1121,14 @@ func (c *Client) run(ctx context.Context, scope, id, fingerprint string, fn func
 		}
 		return f.res.clone(), f.err
 	}
+}
+
+// lead runs fn as the leader of flight f. A function of its own: a defer
+// in run's loop would be allocated on every call.
+func (c *Client) lead(ctx context.Context, op scopeID, f *flight, fn func(context.Context) (*Result, error)) (*Result, error) {
+	defer c.endFlight(op, f)
+	f.res, f.err = fn(ctx)
+	return f.res, f.err
 }
 
 // continueExisting drives an operation found in the journal: it returns a

@@ -64,6 +64,11 @@ type driver struct {
 	// CallEnd.Settled.
 	obs     *observation
 	unknown bool
+
+	// firstRound is the memory of the call's first round (newRound): most
+	// calls make one, and it costs them no allocation of its own.
+	firstRound     round
+	usedFirstRound bool
 }
 
 type step uint8

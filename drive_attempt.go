@@ -61,6 +61,11 @@ type round struct {
 	// unauthorized: Config.Authorize failed, so the last attempt was not
 	// sent and the round stopped.
 	unauthorized *authorizeError
+
+	// firstAttempt is the memory of the round's first attempt, as
+	// driver.firstRound is the first round's.
+	firstAttempt     attempt
+	usedFirstAttempt bool
 }
 
 // An attempt is one send of the request and what came back.
@@ -82,7 +87,15 @@ type attempt struct {
 	decision Decision
 }
 
-func (d *driver) newRound(ctx context.Context) *round { return &round{d: d, ctx: ctx} }
+func (d *driver) newRound(ctx context.Context) *round {
+	if !d.usedFirstRound {
+		d.usedFirstRound = true
+		rd := &d.firstRound
+		rd.d, rd.ctx = d, ctx
+		return rd
+	}
+	return &round{d: d, ctx: ctx}
+}
 
 // run sends req, the journaled request (see request), until an attempt's
 // verdict is final or the plan says stop. It returns the last attempt that
@@ -155,7 +168,11 @@ func roundOf(ctx context.Context) *round { return ctx.(*opCtx).rd }
 
 // beforeAttempt is retryablehttp's RequestLogHook: an attempt starts.
 func (rd *round) beforeAttempt() {
-	a := &attempt{}
+	a := &rd.firstAttempt
+	if rd.usedFirstAttempt {
+		a = &attempt{}
+	}
+	rd.usedFirstAttempt = true
 	if rd.d.obs != nil {
 		a.start = rd.d.c.now()
 	}
@@ -171,8 +188,7 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	d := rd.d
 	a := rd.cur.Load()
 	rd.last = a
-	var ae *authorizeError
-	if resp == nil && !a.written.Load() && errors.As(err, &ae) {
+	if ae := unwritten(resp, a, err); ae != nil {
 		// Authorize runs before the transport: nothing was written, so
 		// this is no attempt, and another now would fail the same way.
 		a.err = err
@@ -237,6 +253,20 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	}
 	d.reportAttempt(ctx, a, written, 0)
 	return false, nil
+}
+
+// unwritten returns Authorize's failure when it stopped attempt a before
+// anything was written. A function of its own: errors.As's target escapes,
+// an allocation every attempt would pay in checkRetry.
+func unwritten(resp *http.Response, a *attempt, err error) *authorizeError {
+	if resp != nil || err == nil || a.written.Load() {
+		return nil
+	}
+	var ae *authorizeError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	return nil
 }
 
 func (v Verdict) retryable() bool { return v == Retry || v == RetrySameKey }

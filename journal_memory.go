@@ -54,6 +54,9 @@ type memEntry struct {
 	respHeader packedHeader
 	gen        uint64 // counts the writes of rec, for Update's compare-and-swap
 	history    []Event
+	// events is the room of history's first two events, a create and the
+	// outcome of a call that goes right: no allocation of their own.
+	events [2]Event
 }
 
 // copyOf returns a copy of rec, e's record or one the rules made of it
@@ -229,12 +232,11 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 		}
 		return existing, false, nil
 	}
-	// Room for the outcome's event: a call that goes right writes two.
-	history := make([]Event, 1, 2)
-	history[0] = ev
 	stored := out
 	stored.Header = nil
-	e := &memEntry{seq: m.seq + 1, rec: stored, header: packHeader(out.Header), history: history}
+	e := &memEntry{seq: m.seq + 1, rec: stored, header: packHeader(out.Header)}
+	e.events[0] = ev
+	e.history = e.events[:1]
 	// The key is stored without a lookup first, one hashing of it less
 	// per Create: a map that did not grow had it already, under another
 	// operation, which is put back (a scan, for a refused Create only).
@@ -321,9 +323,9 @@ func (m *MemoryJournal) updateShared(ctx context.Context, rec Record, d Durabili
 	// one the client has.
 	out.Header = rec.Header
 	if out.Response != nil && rec.Response != nil {
-		resp := *out.Response
-		resp.Header, resp.Body = rec.Response.Header, rec.Response.Body
-		out.Response = &resp
+		// The stored Response is a copy of rec's, field for field (the
+		// rules' cloneResponse): rec's is the same answer.
+		out.Response = rec.Response
 	}
 	return out, nil
 }

@@ -155,16 +155,17 @@ func startFaultProxy(t *testing.T, target string, cfg faultproxy.Config) *faultp
 
 // holdFirstWrite puts a gateway in front of target that loses the first
 // write's answer by cutting its client's connection, and forwards that
-// write to target only when release is called: it reaches the server
-// after its client gave up on it, as one queued in a gateway does, at the
-// point of the test's choosing rather than after a delay that must
-// outlast whatever the client does meanwhile. Other requests pass
-// untouched. release returns once target has answered the held write.
-func holdFirstWrite(t *testing.T, target string) (url string, release func()) {
+// write to target only once release is called: it reaches the server after
+// its client gave up on it, as one queued in a gateway does, at the point
+// of the test's choosing rather than after a delay that must outlast
+// whatever the client does meanwhile. Other requests pass untouched.
+// arrived is closed when target has answered the held write.
+func holdFirstWrite(t *testing.T, target string) (url string, release func(), arrived <-chan struct{}) {
 	t.Helper()
 	up, err := neturl.Parse(target)
 	require.NoError(t, err)
 	pass := httputil.NewSingleHostReverseProxy(up)
+	pass.FlushInterval = -1 // an answer cut mid-body reaches the client cut, not withheld
 	var writes atomic.Int32
 	held := make(chan *http.Request, 1)
 	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -187,19 +188,30 @@ func holdFirstWrite(t *testing.T, target string) (url string, release func()) {
 		dropConn(w)
 	}))
 	t.Cleanup(gw.Close)
+	done := make(chan struct{})
 	var once sync.Once
+	var released atomic.Bool
 	release = func() {
 		once.Do(func() {
-			resp, err := http.DefaultClient.Do(<-held)
-			if err != nil {
-				t.Errorf("the held write: %v", err)
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			_ = resp.Body.Close()
+			released.Store(true)
+			go func() {
+				defer close(done)
+				resp, err := http.DefaultClient.Do(<-held)
+				if err != nil {
+					t.Errorf("the held write: %v", err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}()
 		})
 	}
-	return gw.URL, release
+	t.Cleanup(func() {
+		if released.Load() {
+			<-done
+		}
+	})
+	return gw.URL, release, done
 }
 
 // startFaultsOrders runs the orders service (testserver.Daemon: the
@@ -651,7 +663,7 @@ func TestFaultsLateArrivalAfterNotFoundIsNotNotSent(t *testing.T) {
 	// The attempt is held until Do has returned, not for a delay: the
 	// client's default AttemptTimeout bounds its status check and re-sends,
 	// which no machine's speed then reorders around the late arrival.
-	gateway, release := holdFirstWrite(t, proxy.URL)
+	gateway, release, arrived := holdFirstWrite(t, proxy.URL)
 	c, j := newClient(t, idem.Config{BaseURL: gateway, Status: idem.StatusEndpoint(gateway + "/idempotency"), Retry: policy})
 	ctx := context.Background()
 
@@ -664,6 +676,7 @@ func TestFaultsLateArrivalAfterNotFoundIsNotNotSent(t *testing.T) {
 	require.Equal(t, 2, proxy.Stats().Requests, "the 2 re-sends; the first attempt is still held")
 	require.Zero(t, srv.TotalOrders())
 	release()
+	<-arrived
 	require.Equal(t, 1, srv.TotalOrders(), "the held attempt reached the server")
 	allSame(t, srv.KeysSeen(), rec.Key)
 

@@ -435,16 +435,20 @@ func TestAcceptanceResume(t *testing.T) {
 	policy.MaxStatusChecks = 1
 
 	first, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.StatusURL), Retry: policy,
-		AttemptTimeout: 200 * time.Millisecond})
+		HTTPClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}})
 	require.NoError(t, err)
 	const pending, unknown = 12, 6
 	for i := range pending {
 		_, err := first.Begin(ctx, orderOp(fmt.Sprint("batch/pending-", i), 1))
 		require.NoError(t, err)
 	}
-	// Each order is created, its answer held past the client's timeout,
-	// and the one status check fails: the outcome stays unknown.
-	srv.InjectN(testserver.HoldPastTimeout, unknown)
+	// Each order is created, its answer lost, and the one status check
+	// fails: the outcome stays unknown. The connection is cut after the
+	// commit, not held past a short AttemptTimeout, which would also bound
+	// the status check and could end the call before the server's commit;
+	// each request has a connection of its own, so that the transport does
+	// not re-send one whose connection was cut.
+	srv.InjectN(testserver.DropAfterCommit, unknown)
 	srv.InjectStatusN(testserver.StatusDown, unknown)
 	for i := range unknown {
 		_, err := first.Do(ctx, orderOp(fmt.Sprint("batch/unknown-", i), 1))

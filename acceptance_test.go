@@ -497,14 +497,18 @@ func TestResumeMakesOnePassWhileTheStatusEndpointIsDown(t *testing.T) {
 	policy.MaxStatusChecks = 1
 	c, _ := acceptanceClient(t, srv, func(c *idem.Config) {
 		c.Retry = policy
-		c.AttemptTimeout = 200 * time.Millisecond
+		// Each request on a connection of its own: the transport does not
+		// re-send one whose connection was cut.
+		c.HTTPClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 		// Fewer workers than operations: the first ones are due again
 		// (after 5 ms) while the last ones still wait for a worker.
 		c.ResumeConcurrency = 2
 	})
 	ctx := context.Background()
 	const n = 12
-	srv.InjectN(testserver.HoldPastTimeout, n)
+	// The answers are lost by a cut connection, not held past a short
+	// AttemptTimeout, which would also bound Resume's status checks.
+	srv.InjectN(testserver.DropAfterCommit, n)
 	srv.InjectStatusN(testserver.StatusDown, 1000)
 	for i := range n {
 		_, err := c.Do(ctx, orderOp(fmt.Sprint("batch/op-", i), 1))

@@ -76,7 +76,13 @@ func TestAcceptanceResponseLostAfterCommit(t *testing.T) {
 				srv := testserver.Start(t)
 				c, _ := acceptanceClient(t, srv, func(c *idem.Config) {
 					c.Status = status(srv)
-					c.AttemptTimeout = 300 * time.Millisecond
+					// Only the faults that hold the answer until the client
+					// gives up need a short AttemptTimeout; it also bounds
+					// the status check or the re-send, which the others then
+					// keep from depending on the machine's speed.
+					if fault == testserver.HoldPastTimeout || fault == testserver.StallMidBody {
+						c.AttemptTimeout = 300 * time.Millisecond
+					}
 				})
 				srv.Inject(fault)
 				res, err := c.Do(context.Background(), orderOp("checkout/cart-1", 1))
@@ -360,7 +366,11 @@ func TestAcceptanceStatusEndpointDown(t *testing.T) {
 			policy.MaxStatusChecks = 3
 			c, j := acceptanceClient(t, srv, func(c *idem.Config) {
 				c.Retry = policy
-				c.AttemptTimeout = 200 * time.Millisecond
+				// Only a hanging status endpoint needs a short
+				// AttemptTimeout to cut its checks; the others answer.
+				if fault == testserver.StatusHang {
+					c.AttemptTimeout = 200 * time.Millisecond
+				}
 			})
 			ctx := context.Background()
 			srv.Inject(testserver.DropAfterCommit)
@@ -369,12 +379,19 @@ func TestAcceptanceStatusEndpointDown(t *testing.T) {
 			require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
 			assert.NotErrorIs(t, err, idem.ErrNotSent)
 			assert.Equal(t, 1, srv.Requests(), "an unanswered status check is never read as not found")
+			// A hanging check the client cut may reach the server's handler
+			// after the call returned.
+			require.Eventually(t, func() bool { return srv.StatusRequests() >= 3 }, 10*time.Second, time.Millisecond)
 			assert.Equal(t, 3, srv.StatusRequests())
 			rec, err := j.Lookup(ctx, "default", "checkout/cart-8")
 			require.NoError(t, err)
 			assert.Equal(t, idem.StateUnknown, rec.State)
 
-			// The endpoint is back: the operation is settled from it.
+			// The endpoint is back: the operation is settled from it, by a
+			// client on the same journal whose status checks are not bound
+			// by the 200 ms that cut hanging ones.
+			require.NoError(t, c.Close())
+			c, _ = acceptanceClient(t, srv, func(c *idem.Config) { c.Journal = j })
 			res, err := c.Do(ctx, orderOp("checkout/cart-8", 1))
 			require.NoError(t, err)
 			assert.Equal(t, "ord_1", orderID(t, res.Body))
@@ -425,16 +442,20 @@ func TestAcceptanceResume(t *testing.T) {
 	policy.MaxStatusChecks = 1
 
 	first, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.StatusURL), Retry: policy,
-		AttemptTimeout: 200 * time.Millisecond})
+		HTTPClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}})
 	require.NoError(t, err)
 	const pending, unknown = 12, 6
 	for i := range pending {
 		_, err := first.Begin(ctx, orderOp(fmt.Sprint("batch/pending-", i), 1))
 		require.NoError(t, err)
 	}
-	// Each order is created, its answer held past the client's timeout,
-	// and the one status check fails: the outcome stays unknown.
-	srv.InjectN(testserver.HoldPastTimeout, unknown)
+	// Each order is created, its answer lost, and the one status check
+	// fails: the outcome stays unknown. The connection is cut after the
+	// commit, not held past a short AttemptTimeout, which would also bound
+	// the status check and could end the call before the server's commit;
+	// each request has a connection of its own, so that the transport does
+	// not re-send one whose connection was cut.
+	srv.InjectN(testserver.DropAfterCommit, unknown)
 	srv.InjectStatusN(testserver.StatusDown, unknown)
 	for i := range unknown {
 		_, err := first.Do(ctx, orderOp(fmt.Sprint("batch/unknown-", i), 1))
@@ -483,14 +504,18 @@ func TestResumeMakesOnePassWhileTheStatusEndpointIsDown(t *testing.T) {
 	policy.MaxStatusChecks = 1
 	c, _ := acceptanceClient(t, srv, func(c *idem.Config) {
 		c.Retry = policy
-		c.AttemptTimeout = 200 * time.Millisecond
+		// Each request on a connection of its own: the transport does not
+		// re-send one whose connection was cut.
+		c.HTTPClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 		// Fewer workers than operations: the first ones are due again
 		// (after 5 ms) while the last ones still wait for a worker.
 		c.ResumeConcurrency = 2
 	})
 	ctx := context.Background()
 	const n = 12
-	srv.InjectN(testserver.HoldPastTimeout, n)
+	// The answers are lost by a cut connection, not held past a short
+	// AttemptTimeout, which would also bound Resume's status checks.
+	srv.InjectN(testserver.DropAfterCommit, n)
 	srv.InjectStatusN(testserver.StatusDown, 1000)
 	for i := range n {
 		_, err := c.Do(ctx, orderOp(fmt.Sprint("batch/op-", i), 1))

@@ -8,6 +8,7 @@ package idem_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -15,6 +16,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -147,6 +151,67 @@ func startFaultProxy(t *testing.T, target string, cfg faultproxy.Config) *faultp
 	require.NoError(t, proxy.Start())
 	t.Cleanup(func() { _ = proxy.Close() })
 	return proxy
+}
+
+// holdFirstWrite puts a gateway in front of target that loses the first
+// write's answer by cutting its client's connection, and forwards that
+// write to target only once release is called: it reaches the server after
+// its client gave up on it, as one queued in a gateway does, at the point
+// of the test's choosing rather than after a delay that must outlast
+// whatever the client does meanwhile. Other requests pass untouched.
+// arrived is closed when target has answered the held write.
+func holdFirstWrite(t *testing.T, target string) (url string, release func(), arrived <-chan struct{}) {
+	t.Helper()
+	up, err := neturl.Parse(target)
+	require.NoError(t, err)
+	pass := httputil.NewSingleHostReverseProxy(up)
+	pass.FlushInterval = -1 // an answer cut mid-body reaches the client cut, not withheld
+	var writes atomic.Int32
+	held := make(chan *http.Request, 1)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet || writes.Add(1) > 1 {
+			pass.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		late, err := http.NewRequest(r.Method, target+r.URL.RequestURI(), bytes.NewReader(body))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		late.Header = r.Header.Clone()
+		held <- late
+		dropConn(w)
+	}))
+	t.Cleanup(gw.Close)
+	done := make(chan struct{})
+	var once sync.Once
+	var released atomic.Bool
+	release = func() {
+		once.Do(func() {
+			released.Store(true)
+			go func() {
+				defer close(done)
+				resp, err := http.DefaultClient.Do(<-held)
+				if err != nil {
+					t.Errorf("the held write: %v", err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}()
+		})
+	}
+	t.Cleanup(func() {
+		if released.Load() {
+			<-done
+		}
+	})
+	return gw.URL, release, done
 }
 
 // startFaultsOrders runs the orders service (testserver.Daemon: the
@@ -579,10 +644,10 @@ func TestFaultsHiddenResendThenRefusedIsNotNotSent(t *testing.T) {
 
 // A status check that says not_found tells what the server has seen so far,
 // not what it will see: an earlier attempt held in a gateway (or delayed in
-// the network) can still arrive after it. Here the first attempt is held by
-// the proxy past the client's timeout and forwarded a second later; the
-// status check finds nothing, the re-send with the same key is refused with
-// 429 until the attempts run out. Then the held attempt creates the order.
+// the network) can still arrive after it. Here the first attempt's answer is
+// lost and the attempt itself held by a gateway; the status check finds
+// nothing, the re-send with the same key is refused with 429 until the
+// attempts run out. Then the held attempt arrives and creates the order.
 // The operation was written to the wire, so it must not come back as
 // ErrNotSent, nor be journaled pending, which Cancel would then withdraw
 // although the server executes it.
@@ -591,13 +656,15 @@ func TestFaultsLateArrivalAfterNotFoundIsNotNotSent(t *testing.T) {
 	srv := testserver.Start(t)
 	policy := fastRetry()
 	policy.MaxAttempts = 3
-	proxy := startFaultProxy(t, srv.URL, faultproxy.Config{Delay: time.Second, RetryAfter: -1, Script: []faultproxy.Fault{
-		faultproxy.LateForward, // attempt 1: held 1 s, then forwarded; the client gives up at 200 ms
-		faultproxy.Answer429,   // after the status check said not_found: the re-send, attempt 2
-		faultproxy.Answer429,   // attempt 3
+	proxy := startFaultProxy(t, srv.URL, faultproxy.Config{RetryAfter: -1, Script: []faultproxy.Fault{
+		faultproxy.Answer429, // after the status check said not_found: the re-send, attempt 2
+		faultproxy.Answer429, // attempt 3
 	}})
-	c, j := newClient(t, idem.Config{BaseURL: proxy.URL, Status: idem.StatusEndpoint(proxy.URL + "/idempotency"),
-		Retry: policy, AttemptTimeout: 200 * time.Millisecond})
+	// The attempt is held until Do has returned, not for a delay: the
+	// client's default AttemptTimeout bounds its status check and re-sends,
+	// which no machine's speed then reorders around the late arrival.
+	gateway, release, arrived := holdFirstWrite(t, proxy.URL)
+	c, j := newClient(t, idem.Config{BaseURL: gateway, Status: idem.StatusEndpoint(gateway + "/idempotency"), Retry: policy})
 	ctx := context.Background()
 
 	_, err := c.Do(ctx, orderOp("late/op", 1))
@@ -606,9 +673,11 @@ func TestFaultsLateArrivalAfterNotFoundIsNotNotSent(t *testing.T) {
 	// The scenario happened: the status check ran before the held attempt
 	// arrived, and the order appears afterwards, under the operation's key.
 	require.GreaterOrEqual(t, proxy.Stats().StatusRequests, 1)
-	require.Equal(t, 3, proxy.Stats().Requests, "3 attempts")
-	require.Eventually(t, func() bool { return srv.TotalOrders() == 1 }, 10*time.Second, 5*time.Millisecond,
-		"the held attempt reaches the server")
+	require.Equal(t, 2, proxy.Stats().Requests, "the 2 re-sends; the first attempt is still held")
+	require.Zero(t, srv.TotalOrders())
+	release()
+	<-arrived
+	require.Equal(t, 1, srv.TotalOrders(), "the held attempt reached the server")
 	allSame(t, srv.KeysSeen(), rec.Key)
 
 	assert.NotErrorIs(t, err, idem.ErrNotSent, "a written attempt was still on its way: not 'certainly not applied'")

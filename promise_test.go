@@ -1256,34 +1256,67 @@ func TestResumeWaitCountsAnOperationOnceWhereItEnded(t *testing.T) {
 	assert.Equal(t, idem.StateSucceeded, rec.State)
 }
 
-// slowAnswer is the status endpoint, whose answer takes 400 ms to come back
-// (it was true when the server gave it).
-type slowAnswer struct{ next idem.StatusChecker }
-
-func (s slowAnswer) CheckStatus(ctx context.Context, q idem.StatusQuery) (idem.Status, error) {
-	st, err := s.next.CheckStatus(ctx, q)
-	time.Sleep(400 * time.Millisecond)
-	return st, err
+// staleNotFound is the status endpoint whose first not_found comes back
+// only after the write held in a gateway was released and holds the key in
+// progress on the server: true when the server gave it, stale when the
+// client acts on it. While the key is processing it asks the client to wait
+// 200 ms before asking again, so that MaxStatusChecks outlasts the hold.
+type staleNotFound struct {
+	next    idem.StatusChecker
+	release func()
+	once    sync.Once
 }
 
-// Attempt 1 is held by a gateway and reaches the server late; the status
-// endpoint says not_found meanwhile, so attempt 2 is sent (same key) and
-// meets attempt 1 in progress: the server answers 409 in progress, and that
-// answer is cut mid-body. The status endpoint then reports the key's one
-// answer, 201. One order; the client should report it succeeded.
+func (s *staleNotFound) CheckStatus(ctx context.Context, q idem.StatusQuery) (idem.Status, error) {
+	st, err := s.next.CheckStatus(ctx, q)
+	if err == nil && st.State == idem.StatusProcessing && st.RetryAfter == 0 {
+		st.RetryAfter = 200 * time.Millisecond
+	}
+	if err != nil || st.State != idem.StatusNotFound {
+		return st, err
+	}
+	var werr error
+	s.once.Do(func() {
+		s.release()
+		for {
+			now, err := s.next.CheckStatus(ctx, q)
+			if err != nil || now.State != idem.StatusNotFound {
+				werr = err
+				return
+			}
+			select {
+			case <-ctx.Done():
+				werr = ctx.Err()
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+	return st, werr
+}
+
+// Attempt 1's answer is lost and the attempt held by a gateway; the status
+// endpoint says not_found, and attempt 1 reaches the server before the
+// client acts on that, so attempt 2 is sent (same key) and meets attempt 1
+// in progress: the server answers 409 in progress, and that answer is cut
+// mid-body. The status endpoint then reports the key's one answer, 201.
+// One order; the client should report it succeeded.
 func TestACutInProgressAnswerIsNotTheKeysAnswer(t *testing.T) {
 	t.Parallel()
 	srv := testserver.Start(t)
 	srv.Inject(testserver.SlowHandler(time.Second)) // attempt 1, when it arrives, holds the key in progress
-	proxy := startFaultProxy(t, srv.URL, faultproxy.Config{Delay: 300 * time.Millisecond, Script: []faultproxy.Fault{
-		faultproxy.LateForward,   // attempt 1: forwarded after 300 ms; the client gave up at 100 ms
+	proxy := startFaultProxy(t, srv.URL, faultproxy.Config{Script: []faultproxy.Fault{
+		faultproxy.Pass,          // attempt 1, released by the first status check
 		faultproxy.ResetResponse, // attempt 2: the server's 409 in progress, cut mid-body
 	}})
+	// The gateway and the status endpoint order the steps, not delays: the
+	// client's default AttemptTimeout bounds its status checks and attempt
+	// 2, which a loaded machine then cannot make outlast it.
+	gateway, release, _ := holdFirstWrite(t, proxy.URL)
 	j := openJournal(t, filepath.Join(t.TempDir(), "ops.db"))
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: proxy.URL,
-		Status:         slowAnswer{idem.StatusEndpoint(proxy.URL + "/idempotency")},
-		AttemptTimeout: 100 * time.Millisecond,
-		Retry:          idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxRetryAfter: 2 * time.Second, MaxStatusChecks: 20}})
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: gateway,
+		Status: &staleNotFound{next: idem.StatusEndpoint(gateway + "/idempotency"), release: release},
+		Retry:  idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, MaxRetryAfter: 2 * time.Second, MaxStatusChecks: 20}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	ctx := context.Background()

@@ -25,8 +25,8 @@ type queries struct {
 	lockByOps         string
 	insert, store     string
 	insertMany        string
-	insertOne         string
-	storeFenced       [3]string // by dueChange
+	insertOne         [3]string    // by level
+	storeFenced       [3][3]string // by dueChange, then level
 	writeHeld         string
 	dueDelete         string
 	dueMove           string
@@ -112,7 +112,9 @@ func newQueries(schema string) queries {
 	// arrays of one element cost, returning the row's id and the
 	// transaction's id (txid_current(), for the journal's copy of the row)
 	// in place of a statement of its own. Its creation event, in the row.
-	q.insertOne = `WITH ins AS (
+	// Alone in its transaction, it sets the commit level itself (level).
+	for l := range q.insertOne {
+		q.insertOne[l] = `WITH ins AS (
 		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
 			created_at, updated_at, expires_at, version, link, ev_at, ev_kind, ev_detail, ev_error, ev_owner)
@@ -122,7 +124,8 @@ func newQueries(schema string) queries {
 	), d AS (
 		INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins
 	)
-	SELECT id, txid_current() FROM ins`
+	SELECT id, txid_current() FROM ins` + level(l).from()
+	}
 	// An update of a row this journal wrote last, with its event: found by
 	// its primary key, and written only if its xmin is still the
 	// transaction that wrote it then ($18), that is if nobody changed it
@@ -137,14 +140,16 @@ func newQueries(schema string) queries {
 	// due changes with it, if it does (dueChange). Its event stays in the
 	// row ($19-$24: its time, kind, detail, from-state, error and owner;
 	// the rest is the row's, as journal.ApplyUpdate makes it), and the
-	// event the row held, of the version it leaves, goes to events.
+	// event the row held, of the version it leaves, goes to events. Alone
+	// in its transaction, it sets the commit level itself (level).
 	for c, due := range [...]string{
 		dueKeep:   ``,
 		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
 		dueMove: `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5
 			WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
 	} {
-		q.storeFenced[c] = `WITH old AS (
+		for l := range q.storeFenced[c] {
+			q.storeFenced[c][l] = `WITH old AS (
 		SELECT ` + heldEvent + ` FROM ` + q.operations + `
 		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 AND ev_kind IS NOT NULL
 	), u AS (
@@ -156,7 +161,8 @@ func newQueries(schema string) queries {
 	w AS (
 		INSERT INTO ` + q.events + ` (` + eventColumns + `) SELECT * FROM old WHERE EXISTS (SELECT FROM u)
 	)
-	SELECT txid_current() FROM u`
+	SELECT txid_current() FROM u` + level(l).from()
+		}
 	}
 	// The event a row holds, written into events before a write that
 	// writes its own there (store, after a read under a lock).
@@ -219,9 +225,9 @@ const eventColumns = `op, version, at, kind, detail, from_state, to_state, attem
 // order of eventColumns.
 const heldEvent = `id, version, ev_at, ev_kind, ev_detail, ev_from, state, attempts, resp_status, ev_error, ev_owner`
 
-// queueInsertOne queues insertOne of r with its creation event ev.
-func (q queries) queueInsertOne(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
-	return b.Queue(q.insertOne, insertArgs(r, ev)...)
+// insertOneStmt is insertOne of r with its creation event ev, at level l.
+func (q queries) insertOneStmt(r idem.Record, ev idem.Event, l level) (string, []any) {
+	return q.insertOne[l], insertArgs(r, ev)
 }
 
 // queueStore queues the write of r's mutable fields over the row id, which
@@ -275,9 +281,9 @@ func storeArgs(r idem.Record) []any {
 		nullString(r.LastError), nullString(r.Note), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt), r.Version}
 }
 
-// queueStoreFenced queues the write of r's mutable fields over the row
-// of copy, with its event ev, if the row is still the one copy holds.
-func (q queries) queueStoreFenced(b *pgx.Batch, copy rowCopy, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
+// storeFencedStmt is the write of r's mutable fields over the row of copy,
+// with its event ev, if the row is still the one copy holds, at level l.
+func (q queries) storeFencedStmt(copy rowCopy, r idem.Record, ev idem.Event, l level) (string, []any) {
 	args := append([]any{copy.id}, storeArgs(r)...)
 	args = append(args, copy.xmin)
 	args = append(args, heldArgs(ev)...)
@@ -286,7 +292,7 @@ func (q queries) queueStoreFenced(b *pgx.Batch, copy rowCopy, r idem.Record, ev 
 	if change != dueKeep {
 		args = append(args, wire.Millis(copy.rec.NextAttemptAt))
 	}
-	return b.Queue(q.storeFenced[change], args...)
+	return q.storeFenced[change][l], args
 }
 
 // createColumns are a batch's creates, a column each, for insertMany.
@@ -318,12 +324,12 @@ func (c *createColumns) add(r idem.Record, ev idem.Event) {
 	c.link = append(c.link, nullPtr(r.Link))
 }
 
-// queueInsertMany queues the insert of the creates in c, which returns the
-// id and key of each row it inserted.
-func (q queries) queueInsertMany(b *pgx.Batch, c *createColumns) *pgx.QueuedQuery {
-	return b.Queue(q.insertMany, c.key, c.scope, c.opID, c.method, c.url, c.header, c.body, c.fingerprint,
+// insertManyStmt is the insert of the creates in c, which returns the id
+// and key of each row it inserted.
+func (q queries) insertManyStmt(c *createColumns) (string, []any) {
+	return q.insertMany, []any{c.key, c.scope, c.opID, c.method, c.url, c.header, c.body, c.fingerprint,
 		c.keyHeader, c.keyQuoted, c.resends, c.state, c.attempts, c.next, c.leaseOwner, c.epoch, c.leaseExpires,
-		c.lastError, c.note, c.created, c.updated, c.expires, c.version, c.evKind, c.evDetail, c.link)
+		c.lastError, c.note, c.created, c.updated, c.expires, c.version, c.evKind, c.evDetail, c.link}
 }
 
 // queueLease queues the write of r's lease alone (Release: no event).

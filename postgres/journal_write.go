@@ -498,7 +498,10 @@ func (j *Journal) forget(keys []string) {
 // effect on the next, which readBatch does).
 func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
 	copies := make(map[string]rowCopy, len(reqs))
-	seen := make(map[string]bool, len(reqs))
+	var seen map[string]bool // a batch of one needs none
+	if len(reqs) > 1 {
+		seen = make(map[string]bool, len(reqs))
+	}
 	var ops map[[2]string]bool
 	j.copiesMu.Lock()
 	defer j.copiesMu.Unlock()
@@ -506,13 +509,18 @@ func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
 		if seen[r.key] {
 			return nil, false
 		}
-		seen[r.key] = true
+		if seen != nil {
+			seen[r.key] = true
+		}
 		c, ok := j.copies[r.key]
 		switch r.op {
 		case opCreate:
 			op := [2]string{r.rec.Scope, r.rec.ID}
 			if ok || ops[op] {
 				return nil, false
+			}
+			if len(reqs) == 1 {
+				break
 			}
 			if ops == nil {
 				ops = map[[2]string]bool{}

@@ -27,6 +27,7 @@ type queries struct {
 	insertMany        string
 	insertOne         [3]string    // by level
 	storeFenced       [3][3]string // by dueChange, then level
+	storeFencedFirst  [3][3]string // from version 1: see storeFenced
 	writeHeld         string
 	dueDelete         string
 	dueMove           string
@@ -142,26 +143,44 @@ func newQueries(schema string) queries {
 	// the rest is the row's, as journal.ApplyUpdate makes it), and the
 	// event the row held, of the version it leaves, goes to events. Alone
 	// in its transaction, it sets the commit level itself (level).
-	for c, due := range [...]string{
-		dueKeep:   ``,
-		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
-		dueMove: `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5
+	//
+	// A row at version 1 holds its creation event, when a write without a
+	// read created it (insertOne, insertMany): the write that moves it past
+	// (first, storeFencedFirst) keeps that event in the row, in the cr_
+	// columns (see journalKind's migration 8), copied from the ev_ columns
+	// by the UPDATE itself, which reads no row before and writes none into
+	// events. A Do that goes right writes no event row.
+	for first, sf := range [...]*[3][3]string{&q.storeFenced, &q.storeFencedFirst} {
+		for c, due := range [...]string{
+			dueKeep:   ``,
+			dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
+			dueMove: `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5
 			WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
-	} {
-		for l := range q.storeFenced[c] {
-			q.storeFenced[c][l] = `WITH old AS (
+		} {
+			set := `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
+			lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
+			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
+			version = $17, ev_at = $19, ev_kind = $20, ev_detail = $21, ev_from = $22, ev_error = $23, ev_owner = $24`
+			fence := `
+		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 RETURNING id)`
+			for l := range sf[c] {
+				if first == 1 {
+					sf[c][l] = `WITH u AS (
+		` + set + `,
+			` + keptCreation + fence + due + `
+	SELECT txid_current() FROM u` + level(l).from()
+					continue
+				}
+				sf[c][l] = `WITH old AS (
 		SELECT ` + heldEvent + ` FROM ` + q.operations + `
 		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 AND ev_kind IS NOT NULL
 	), u AS (
-		UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
-			lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
-			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
-			version = $17, ev_at = $19, ev_kind = $20, ev_detail = $21, ev_from = $22, ev_error = $23, ev_owner = $24
-		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 RETURNING id)` + due + `,
+		` + set + fence + due + `,
 	w AS (
 		INSERT INTO ` + q.events + ` (` + eventColumns + `) SELECT * FROM old WHERE EXISTS (SELECT FROM u)
 	)
 	SELECT txid_current() FROM u` + level(l).from()
+			}
 		}
 	}
 	// The event a row holds, written into events before a write that
@@ -217,6 +236,18 @@ func insertArgs(r idem.Record, ev idem.Event) []any {
 		nullString(r.LastError), nullString(r.Note), wire.Millis(r.CreatedAt), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt),
 		r.Version, int16(ev.Kind), nullString(ev.Detail), nullString(r.Link)}
 }
+
+// keptCreation is the SET clause that keeps a row's creation event, held
+// in its ev_ columns at version 1, in its cr_ columns: a row created by a
+// read (insert), whose creation event is in events, holds none (ev_kind
+// NULL), and keeps none.
+const keptCreation = `cr_at = ev_at, cr_kind = ev_kind, cr_detail = ev_detail, cr_from = ev_from, cr_state = state,
+			cr_attempt = attempts, cr_error = ev_error, cr_owner = ev_owner`
+
+// keptColumns are the creation event a row keeps (cr_kind set), in the
+// order of eventColumns after op and version, status left out (a new
+// record has no response).
+const keptColumns = `cr_at, cr_kind, cr_detail, cr_from, cr_state, cr_attempt, NULL::integer, cr_error, cr_owner`
 
 // eventColumns are the columns of events, in eventArgs' order after op.
 const eventColumns = `op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner`
@@ -291,6 +322,9 @@ func (q queries) storeFencedStmt(copy rowCopy, r idem.Record, ev idem.Event, l l
 	change := dueChangeOf(copy.rec, r)
 	if change != dueKeep {
 		args = append(args, wire.Millis(copy.rec.NextAttemptAt))
+	}
+	if copy.rec.Version == 1 {
+		return q.storeFencedFirst[change][l], args
 	}
 	return q.storeFenced[change][l], args
 }

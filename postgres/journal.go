@@ -61,7 +61,11 @@ import (
 // operation at the same version: a fail-over to an asynchronous standby
 // hands out a lost row's id and transaction id again). A write that finds its row
 // changed, or its operation or key taken, or that the rules refuse against
-// the copy, runs again through the read.
+// the copy, runs again through the read. Such a batch needs no BEGIN and
+// no COMMIT: its statements run in the implicit transaction that the
+// server commits at the pipeline's end, and a write alone in its batch (at
+// one caller, every write) is one statement, which sets its commit level
+// itself.
 //
 // # Liveness
 //

@@ -50,6 +50,38 @@ func commitLevel(durable bool) string {
 	return commitDeferred
 }
 
+// level is where a statement of the journal's fast writes (see
+// Journal.fastBatch) stands as to its transaction's commit level: the
+// statement that commits alone sets it itself, joining commitDurable or
+// commitDeferred in its FROM clause, as the store's statements do, in place
+// of a statement of its own.
+type level uint8
+
+const (
+	levelNone     level = iota // set by another statement of the transaction
+	levelDeferred              // commitDeferred
+	levelDurable               // commitDurable
+)
+
+func levelOf(durable bool) level {
+	if durable {
+		return levelDurable
+	}
+	return levelDeferred
+}
+
+// from is the level's part of a FROM clause: empty, or a one-row subquery
+// that sets it, to join with a comma.
+func (l level) from() string {
+	switch l {
+	case levelDurable:
+		return `, (` + commitDurable + `) AS lvl`
+	case levelDeferred:
+		return `, (` + commitDeferred + `) AS lvl`
+	}
+	return ``
+}
+
 // writeTx runs the statements that queue adds to a batch in one
 // transaction begun at read committed (see beginTx), committed in the same
 // round trip, on a connection of pool: a write of one statement at the

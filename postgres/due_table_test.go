@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/postgres"
-	"github.com/idemkit/idem/postgres/internal/pgproxy"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
@@ -277,7 +276,7 @@ func TestReview4DueTableAfterLostCommitReplies(t *testing.T) {
 			r.Lease = idem.Lease{Owner: "review4-a", ExpiresAt: time.Now().Add(50 * time.Millisecond)}
 			rec, _, err := j.Create(ctx, r)
 			require.NoError(t, err)
-			f := p.DropReply(pgproxy.IsCommit)
+			f := p.DropReply(commitsWrite)
 			err = write(t, j, rec)
 			fired(t, f)
 			require.NoError(t, err)

@@ -104,7 +104,7 @@ func proxiedDB(t *testing.T) *fleetDB {
 					tally.add("one session cut")
 				}
 			case 2:
-				armed = append(armed, armedFault{p.DropReply(pgproxy.IsCommit), "COMMIT acknowledgement lost"})
+				armed = append(armed, armedFault{p.DropReply(commitsWrite), "COMMIT acknowledgement lost"})
 			case 3:
 				p.Delay(20 * time.Millisecond)
 				pause(ctx, 400*time.Millisecond)
@@ -114,7 +114,7 @@ func proxiedDB(t *testing.T) *fleetDB {
 				p.Refuse(300 * time.Millisecond)
 				tally.add("connections refused for 300 ms")
 			case 5:
-				armed = append(armed, armedFault{p.DropReplyAndRefuse(pgproxy.IsCommit, 300*time.Millisecond),
+				armed = append(armed, armedFault{p.DropReplyAndRefuse(commitsWrite, 300*time.Millisecond),
 					"COMMIT acknowledgement lost, database out of reach for 300 ms"})
 			}
 		}

@@ -26,7 +26,7 @@ func TestGroupOfCreatesWhoseAcknowledgementIsLostEachGetsItsAnswer(t *testing.T)
 	}
 	outs := make([]out, n)
 	keys := make([]string, n)
-	f := p.DropReply(pgproxy.IsCommit)
+	f := p.DropReply(commitsWrite)
 	start := make(chan struct{})
 	for i := range n {
 		wg.Add(1)

@@ -30,11 +30,18 @@ func endedIdle(err error) bool {
 // onLiveSession runs fn, and runs it again while it meets a session the
 // server ended for idling (see endedIdle): the pool drops each such
 // connection, and may hold as many as it has connections, so fn runs at
-// most once more than that.
+// most once more than that. The pool's size is read only then: its Config
+// is a copy, made anew at each call.
 func onLiveSession(ctx context.Context, pool *pgxpool.Pool, fn func() error) error {
-	for tries := int(pool.Config().MaxConns) + 1; ; tries-- {
+	for tries := -1; ; tries-- {
 		err := fn()
-		if err == nil || tries <= 1 || !endedIdle(err) || ctx.Err() != nil {
+		if err == nil || !endedIdle(err) || ctx.Err() != nil {
+			return err
+		}
+		if tries < 0 {
+			tries = int(pool.Config().MaxConns) + 1
+		}
+		if tries <= 1 {
 			return err
 		}
 	}

@@ -62,6 +62,9 @@ func doubtful(conn *pgx.Conn, err error) error {
 
 // asDoubt returns err's commitDoubt, or nil.
 func asDoubt(err error) *commitDoubt {
+	if err == nil {
+		return nil // errors.As's target would escape, for nothing
+	}
 	var d *commitDoubt
 	if errors.As(err, &d) {
 		return d

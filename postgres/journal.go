@@ -61,7 +61,11 @@ import (
 // operation at the same version: a fail-over to an asynchronous standby
 // hands out a lost row's id and transaction id again). A write that finds its row
 // changed, or its operation or key taken, or that the rules refuse against
-// the copy, runs again through the read.
+// the copy, runs again through the read. Such a batch needs no BEGIN and
+// no COMMIT: its statements run in the implicit transaction that the
+// server commits at the pipeline's end, and a write alone in its batch (at
+// one caller, every write) is one statement, which sets its commit level
+// itself.
 //
 // # Liveness
 //
@@ -702,16 +706,17 @@ func (j *Journal) History(ctx context.Context, key string) ([]idem.Event, error)
 		return nil, err
 	}
 	defer done()
-	// The events written, then the one the row holds (of its version, the
-	// last), read in one statement: a write between two reads could move
+	// The events written, the creation event the row keeps, then the one
+	// the row holds (of its version, the last), read in one statement: a write between two reads could move
 	// the row's event into events after the first.
 	var out []idem.Event
 	found := true
 	err = j.read(ctx, func(q reader) error {
 		out, found = nil, true
-		rows, err := q.Query(ctx, `WITH o AS (SELECT `+heldEvent+` FROM `+j.q.operations+` WHERE key = $1)
+		rows, err := q.Query(ctx, `WITH o AS (SELECT `+heldEvent+`, `+keptColumns+` FROM `+j.q.operations+` WHERE key = $1)
 			SELECT version, at, kind, detail, from_state, to_state, attempt, status, error, owner
 			FROM `+j.q.events+` WHERE op = (SELECT id FROM o)
+			UNION ALL SELECT 1, `+keptColumns+` FROM o WHERE cr_kind IS NOT NULL
 			UNION ALL SELECT version, ev_at, ev_kind, ev_detail, ev_from, state, attempts, resp_status, ev_error, ev_owner
 			FROM o WHERE ev_kind IS NOT NULL
 			UNION ALL SELECT NULL, 0, 0, NULL, NULL, 0, 0, NULL, NULL, NULL WHERE NOT EXISTS (SELECT FROM o)

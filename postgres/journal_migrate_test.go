@@ -198,3 +198,92 @@ func TestJournalMigratesTheDueQueueFromVersion4(t *testing.T) {
 	}
 	assert.Equal(t, idem.StateSucceeded, h[2].To)
 }
+
+// TestJournalMigratesFromVersion7: the creation event of a row created
+// without a read, held in its ev_ columns at version 1, stays in the row
+// from version 8 on when the row moves past (the cr_ columns), in place
+// of a row of events. A journal that an idem with schema 7 wrote (a row at
+// version 1 holding its creation event, a settled row whose creation
+// event is in events and whose settle's event it holds) opens with both
+// histories as they were; the one at version 1 settles through the read,
+// its creation event written into events as before; and a new operation
+// created and settled by the migrated journal (each write without a read)
+// writes no event row, its history the same two events.
+func TestJournalMigratesFromVersion7(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Pool(t), pgtest.Schema(t)
+	require.NoError(t, postgres.MigrateJournalTo(ctx, pool, schema, 7))
+	s := pgschema.Ident(schema)
+	old := time.Now().Add(-time.Hour).UnixMilli()
+	lease := time.Now().Add(time.Hour).UnixMilli()
+	_, err := pool.Exec(ctx, `
+		INSERT INTO `+s+`.operations (key, scope, op_id, method, url, body, fingerprint, key_quoted, resends, state,
+			attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, resp_status, resp_body, resp_replayed,
+			created_at, updated_at, version, ev_at, ev_kind, ev_from, ev_owner)
+		VALUES ('k-done', 'shop', 'done', 'POST', 'http://x/orders', '\x7b7d', 'fp1', false, 0, 4,
+			1, 0, NULL, 1, NULL, 201, '\x7b7d', false, `+itoa(old)+`, `+itoa(old+5)+`, 2, `+itoa(old+5)+`, 3, 2, 'w-old'),
+		('k-live', 'shop', 'live', 'POST', 'http://x/orders', '\x7b7d', 'fp2', false, 0, 2,
+			1, `+itoa(lease)+`, 'w-old', 1, `+itoa(lease)+`, NULL, NULL, NULL, `+itoa(old)+`, `+itoa(old)+`, 1, `+itoa(old)+`, 1, NULL, 'w-old');
+		INSERT INTO `+s+`.events (op, version, at, kind, to_state, attempt, owner)
+		SELECT id, 1, created_at, 1, 2, 1, 'w-old' FROM `+s+`.operations WHERE key = 'k-done';
+		INSERT INTO `+s+`.due SELECT next_attempt_at, id FROM `+s+`.operations WHERE key = 'k-live'`)
+	require.NoError(t, err)
+
+	_, err = postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
+	require.ErrorIs(t, err, postgres.ErrNotMigrated, "version 7 is older than this build")
+	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema))
+	require.NoError(t, err)
+	defer j.Close()
+	eventRows := func(key string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.events e JOIN `+s+`.operations o ON o.id = e.op
+			WHERE o.key = $1`, key).Scan(&n))
+		return n
+	}
+	history := func(key string) []idem.Event {
+		h, err := j.History(ctx, key)
+		require.NoError(t, err)
+		return h
+	}
+	h := history("k-done")
+	require.Len(t, h, 2, "the settled operation's history is kept")
+	assert.Equal(t, idem.EventCreate, h[0].Kind)
+	assert.Equal(t, idem.StateSucceeded, h[1].To)
+	assert.Equal(t, idem.StateInFlight, h[1].From)
+	h = history("k-live")
+	require.Len(t, h, 1, "the creation event held in the row")
+	assert.Equal(t, "w-old", h[0].Owner)
+
+	live, err := j.Get(ctx, "k-live")
+	require.NoError(t, err)
+	live.State, live.Response = idem.StateSucceeded, &idem.Response{StatusCode: 201}
+	_, err = j.Update(ctx, live, idem.Buffered, idem.Event{Kind: idem.EventAnswer})
+	require.NoError(t, err)
+	h = history("k-live")
+	require.Len(t, h, 2)
+	assert.Equal(t, idem.EventCreate, h[0].Kind)
+	assert.Equal(t, "w-old", h[0].Owner)
+	assert.Equal(t, 2, eventRows("k-live"), "settled through the read: its creation event and its settle's written into events")
+
+	rec := newRecord("shop")
+	rec.State, rec.Attempts = idem.StateInFlight, 1
+	rec.Lease = idem.Lease{Owner: "w-new", ExpiresAt: time.Now().Add(time.Minute)}
+	created, _, err := j.Create(ctx, rec)
+	require.NoError(t, err)
+	next := created
+	next.State, next.Response = idem.StateSucceeded, &idem.Response{StatusCode: 201}
+	settled, err := j.Update(ctx, next, idem.Buffered, idem.Event{Kind: idem.EventAnswer})
+	require.NoError(t, err)
+	assert.Zero(t, eventRows(rec.Key), "a create and a settle without a read write no event row")
+	h = history(rec.Key)
+	require.Len(t, h, 2)
+	want := idem.Event{Version: 1, At: created.CreatedAt, Kind: idem.EventCreate, To: idem.StateInFlight, Attempt: 1, Owner: "w-new"}
+	assert.Equal(t, want.Version, h[0].Version)
+	assert.Equal(t, want.At.UnixMilli(), h[0].At.UnixMilli())
+	assert.Equal(t, []any{want.Kind, want.From, want.To, want.Attempt, want.Owner, want.StatusCode, want.Error, want.Detail},
+		[]any{h[0].Kind, h[0].From, h[0].To, h[0].Attempt, h[0].Owner, h[0].StatusCode, h[0].Error, h[0].Detail},
+		"the creation event kept in the row")
+	assert.Equal(t, settled.Version, h[1].Version)
+	assert.Equal(t, idem.EventAnswer, h[1].Kind)
+	assert.Equal(t, 201, h[1].StatusCode)
+}

@@ -75,7 +75,7 @@ func (j *Journal) readBack(reqs []*writeReq, d *commitDoubt) readResult {
 // written waits for the session of d to settle, then reports, for each
 // record, whether its version was written at its time and in its state:
 // its event, which every write of a version writes, is in the journal, in
-// events or still in the row (see journalKind's migration 5).
+// events or still in the row (see journalKind's migrations 7 and 8).
 // Another write of the same version would have needed the operation's
 // lease, and at the same millisecond, to the same state, be mistaken for
 // it.
@@ -92,7 +92,9 @@ func (j *Journal) written(ctx context.Context, d *commitDoubt, recs []idem.Recor
 		b.Queue(`SELECT EXISTS (SELECT 1 FROM `+j.q.operations+` o JOIN `+j.q.events+` e ON e.op = o.id
 			WHERE o.key = $1 AND e.version = $2 AND e.at = $3 AND e.to_state = $4)
 			OR EXISTS (SELECT 1 FROM `+j.q.operations+` WHERE key = $1 AND version = $2 AND ev_at = $3
-				AND state = $4 AND ev_kind IS NOT NULL)`,
+				AND state = $4 AND ev_kind IS NOT NULL)
+			OR EXISTS (SELECT 1 FROM `+j.q.operations+` WHERE key = $1 AND $2::bigint = 1 AND cr_at = $3
+				AND cr_state = $4 AND cr_kind IS NOT NULL)`,
 			rec.Key, rec.Version, wire.Millis(rec.UpdatedAt), int16(rec.State)).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&found[i])
 		})

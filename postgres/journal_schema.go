@@ -139,6 +139,20 @@ var journalKind = pgschema.Kind{Name: "journal", Marker: "operations", Migration
 		ADD COLUMN ev_from smallint, ADD COLUMN ev_error text, ADD COLUMN ev_owner text;
 	DROP INDEX operations_due;
 	ALTER TABLE operations SET (fillfactor = 50);`,
+	// 8: the creation event of a row that a write without a read created,
+	// held in its ev_ columns at version 1, stays in the row when the
+	// write without a read that moves it past comes (see
+	// queries.storeFencedFirst): the cr_ columns, set from the ev_ ones by
+	// that UPDATE, in place of a row of events. A Do that goes right
+	// writes no event row (a heap insert, a b-tree insert and a read of
+	// the row fewer per Do). History and the read-back of a create in
+	// doubt read it from the row; cr_kind NULL: the creation event, if the
+	// row has passed version 1, is in events. The data needs no change;
+	// the version makes a build of schema 7, which would read such a row
+	// without its creation event, refuse the journal.
+	`ALTER TABLE operations ADD COLUMN cr_at bigint, ADD COLUMN cr_kind smallint, ADD COLUMN cr_detail text,
+		ADD COLUMN cr_from smallint, ADD COLUMN cr_state smallint, ADD COLUMN cr_attempt integer,
+		ADD COLUMN cr_error text, ADD COLUMN cr_owner text;`,
 }}
 
 // qualifiedColumns is columns, a list of recordColumns' form, each column

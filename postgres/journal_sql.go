@@ -25,8 +25,9 @@ type queries struct {
 	lockByOps         string
 	insert, store     string
 	insertMany        string
-	insertOne         string
-	storeFenced       [3]string // by dueChange
+	insertOne         [3]string    // by level
+	storeFenced       [3][3]string // by dueChange, then level
+	storeFencedFirst  [3][3]string // from version 1: see storeFenced
 	writeHeld         string
 	dueDelete         string
 	dueMove           string
@@ -112,7 +113,9 @@ func newQueries(schema string) queries {
 	// arrays of one element cost, returning the row's id and the
 	// transaction's id (txid_current(), for the journal's copy of the row)
 	// in place of a statement of its own. Its creation event, in the row.
-	q.insertOne = `WITH ins AS (
+	// Alone in its transaction, it sets the commit level itself (level).
+	for l := range q.insertOne {
+		q.insertOne[l] = `WITH ins AS (
 		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
 			resends, state, attempts, next_attempt_at, lease_owner, lease_epoch, lease_expires_at, last_error, note,
 			created_at, updated_at, expires_at, version, link, ev_at, ev_kind, ev_detail, ev_error, ev_owner)
@@ -122,7 +125,8 @@ func newQueries(schema string) queries {
 	), d AS (
 		INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins
 	)
-	SELECT id, txid_current() FROM ins`
+	SELECT id, txid_current() FROM ins` + level(l).from()
+	}
 	// An update of a row this journal wrote last, with its event: found by
 	// its primary key, and written only if its xmin is still the
 	// transaction that wrote it then ($18), that is if nobody changed it
@@ -137,26 +141,47 @@ func newQueries(schema string) queries {
 	// due changes with it, if it does (dueChange). Its event stays in the
 	// row ($19-$24: its time, kind, detail, from-state, error and owner;
 	// the rest is the row's, as journal.ApplyUpdate makes it), and the
-	// event the row held, of the version it leaves, goes to events.
-	for c, due := range [...]string{
-		dueKeep:   ``,
-		dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
-		dueMove: `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5
+	// event the row held, of the version it leaves, goes to events. Alone
+	// in its transaction, it sets the commit level itself (level).
+	//
+	// A row at version 1 holds its creation event, when a write without a
+	// read created it (insertOne, insertMany): the write that moves it past
+	// (first, storeFencedFirst) keeps that event in the row, in the cr_
+	// columns (see journalKind's migration 8), copied from the ev_ columns
+	// by the UPDATE itself, which reads no row before and writes none into
+	// events. A Do that goes right writes no event row.
+	for first, sf := range [...]*[3][3]string{&q.storeFenced, &q.storeFencedFirst} {
+		for c, due := range [...]string{
+			dueKeep:   ``,
+			dueDelete: `, d AS (DELETE FROM ` + q.due + ` WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
+			dueMove: `, d AS (UPDATE ` + q.due + ` SET next_attempt_at = $5
 			WHERE next_attempt_at = $27 AND id = $1 AND EXISTS (SELECT FROM u))`,
-	} {
-		q.storeFenced[c] = `WITH old AS (
+		} {
+			set := `UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
+			lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
+			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
+			version = $17, ev_at = $19, ev_kind = $20, ev_detail = $21, ev_from = $22, ev_error = $23, ev_owner = $24`
+			fence := `
+		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 RETURNING id)`
+			for l := range sf[c] {
+				if first == 1 {
+					sf[c][l] = `WITH u AS (
+		` + set + `,
+			` + keptCreation + fence + due + `
+	SELECT txid_current() FROM u` + level(l).from()
+					continue
+				}
+				sf[c][l] = `WITH old AS (
 		SELECT ` + heldEvent + ` FROM ` + q.operations + `
 		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 AND ev_kind IS NOT NULL
 	), u AS (
-		UPDATE ` + q.operations + ` SET state = $2, attempts = $3, resends = $4, next_attempt_at = $5,
-			lease_owner = $6, lease_epoch = $7, lease_expires_at = $8, resp_status = $9, resp_header = $10,
-			resp_body = $11, resp_replayed = $12, last_error = $13, note = $14, updated_at = $15, expires_at = $16,
-			version = $17, ev_at = $19, ev_kind = $20, ev_detail = $21, ev_from = $22, ev_error = $23, ev_owner = $24
-		WHERE id = $1 AND xmin = $18::xid AND key = $25 AND version = $26 RETURNING id)` + due + `,
+		` + set + fence + due + `,
 	w AS (
 		INSERT INTO ` + q.events + ` (` + eventColumns + `) SELECT * FROM old WHERE EXISTS (SELECT FROM u)
 	)
-	SELECT txid_current() FROM u`
+	SELECT txid_current() FROM u` + level(l).from()
+			}
+		}
 	}
 	// The event a row holds, written into events before a write that
 	// writes its own there (store, after a read under a lock).
@@ -212,6 +237,18 @@ func insertArgs(r idem.Record, ev idem.Event) []any {
 		r.Version, int16(ev.Kind), nullString(ev.Detail), nullString(r.Link)}
 }
 
+// keptCreation is the SET clause that keeps a row's creation event, held
+// in its ev_ columns at version 1, in its cr_ columns: a row created by a
+// read (insert), whose creation event is in events, holds none (ev_kind
+// NULL), and keeps none.
+const keptCreation = `cr_at = ev_at, cr_kind = ev_kind, cr_detail = ev_detail, cr_from = ev_from, cr_state = state,
+			cr_attempt = attempts, cr_error = ev_error, cr_owner = ev_owner`
+
+// keptColumns are the creation event a row keeps (cr_kind set), in the
+// order of eventColumns after op and version, status left out (a new
+// record has no response).
+const keptColumns = `cr_at, cr_kind, cr_detail, cr_from, cr_state, cr_attempt, NULL::integer, cr_error, cr_owner`
+
 // eventColumns are the columns of events, in eventArgs' order after op.
 const eventColumns = `op, version, at, kind, detail, from_state, to_state, attempt, status, error, owner`
 
@@ -219,9 +256,9 @@ const eventColumns = `op, version, at, kind, detail, from_state, to_state, attem
 // order of eventColumns.
 const heldEvent = `id, version, ev_at, ev_kind, ev_detail, ev_from, state, attempts, resp_status, ev_error, ev_owner`
 
-// queueInsertOne queues insertOne of r with its creation event ev.
-func (q queries) queueInsertOne(b *pgx.Batch, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
-	return b.Queue(q.insertOne, insertArgs(r, ev)...)
+// insertOneStmt is insertOne of r with its creation event ev, at level l.
+func (q queries) insertOneStmt(r idem.Record, ev idem.Event, l level) (string, []any) {
+	return q.insertOne[l], insertArgs(r, ev)
 }
 
 // queueStore queues the write of r's mutable fields over the row id, which
@@ -275,9 +312,9 @@ func storeArgs(r idem.Record) []any {
 		nullString(r.LastError), nullString(r.Note), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt), r.Version}
 }
 
-// queueStoreFenced queues the write of r's mutable fields over the row
-// of copy, with its event ev, if the row is still the one copy holds.
-func (q queries) queueStoreFenced(b *pgx.Batch, copy rowCopy, r idem.Record, ev idem.Event) *pgx.QueuedQuery {
+// storeFencedStmt is the write of r's mutable fields over the row of copy,
+// with its event ev, if the row is still the one copy holds, at level l.
+func (q queries) storeFencedStmt(copy rowCopy, r idem.Record, ev idem.Event, l level) (string, []any) {
 	args := append([]any{copy.id}, storeArgs(r)...)
 	args = append(args, copy.xmin)
 	args = append(args, heldArgs(ev)...)
@@ -286,7 +323,10 @@ func (q queries) queueStoreFenced(b *pgx.Batch, copy rowCopy, r idem.Record, ev 
 	if change != dueKeep {
 		args = append(args, wire.Millis(copy.rec.NextAttemptAt))
 	}
-	return b.Queue(q.storeFenced[change], args...)
+	if copy.rec.Version == 1 {
+		return q.storeFencedFirst[change][l], args
+	}
+	return q.storeFenced[change][l], args
 }
 
 // createColumns are a batch's creates, a column each, for insertMany.
@@ -318,12 +358,12 @@ func (c *createColumns) add(r idem.Record, ev idem.Event) {
 	c.link = append(c.link, nullPtr(r.Link))
 }
 
-// queueInsertMany queues the insert of the creates in c, which returns the
-// id and key of each row it inserted.
-func (q queries) queueInsertMany(b *pgx.Batch, c *createColumns) *pgx.QueuedQuery {
-	return b.Queue(q.insertMany, c.key, c.scope, c.opID, c.method, c.url, c.header, c.body, c.fingerprint,
+// insertManyStmt is the insert of the creates in c, which returns the id
+// and key of each row it inserted.
+func (q queries) insertManyStmt(c *createColumns) (string, []any) {
+	return q.insertMany, []any{c.key, c.scope, c.opID, c.method, c.url, c.header, c.body, c.fingerprint,
 		c.keyHeader, c.keyQuoted, c.resends, c.state, c.attempts, c.next, c.leaseOwner, c.epoch, c.leaseExpires,
-		c.lastError, c.note, c.created, c.updated, c.expires, c.version, c.evKind, c.evDetail, c.link)
+		c.lastError, c.note, c.created, c.updated, c.expires, c.version, c.evKind, c.evDetail, c.link}
 }
 
 // queueLease queues the write of r's lease alone (Release: no event).

@@ -498,7 +498,10 @@ func (j *Journal) forget(keys []string) {
 // effect on the next, which readBatch does).
 func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
 	copies := make(map[string]rowCopy, len(reqs))
-	seen := make(map[string]bool, len(reqs))
+	var seen map[string]bool // a batch of one needs none
+	if len(reqs) > 1 {
+		seen = make(map[string]bool, len(reqs))
+	}
 	var ops map[[2]string]bool
 	j.copiesMu.Lock()
 	defer j.copiesMu.Unlock()
@@ -506,13 +509,18 @@ func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
 		if seen[r.key] {
 			return nil, false
 		}
-		seen[r.key] = true
+		if seen != nil {
+			seen[r.key] = true
+		}
 		c, ok := j.copies[r.key]
 		switch r.op {
 		case opCreate:
 			op := [2]string{r.rec.Scope, r.rec.ID}
 			if ok || ops[op] {
 				return nil, false
+			}
+			if len(reqs) == 1 {
+				break
 			}
 			if ops == nil {
 				ops = map[[2]string]bool{}
@@ -583,17 +591,32 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	slices.SortFunc(creates, func(a, b *writeReq) int { return cmp.Compare(a.key, b.key) })
 	slices.SortFunc(updates, func(a, b *update) int { return cmp.Compare(a.r.key, b.r.key) })
 
-	b := &pgx.Batch{}
-	b.Queue(beginTx)
-	b.Queue(commitLevel(durable))
-	ids := map[string]int64{}
+	// The transaction is the implicit one of the statements sent before
+	// one Sync (PostgreSQL's extended protocol, pgx's batch), committed by
+	// the server at the Sync unless a statement fails: no BEGIN, no COMMIT.
+	// It runs at the session's default isolation, which a role or database
+	// may make stronger than read committed; a statement that then meets a
+	// concurrent write fails with a serialization failure instead of
+	// writing nothing, and the writes run again through the read, which
+	// begins its transaction at read committed. A write alone in its
+	// transaction (at one caller, every write) is one statement, which
+	// sets the commit level itself; a batch of more sets it in the
+	// statement that asks for the transaction's id, last.
+	lvl := levelOf(durable)
+	alone := len(creates)+len(updates) == 1
+	if !alone {
+		lvl = levelNone
+	}
+	var stmts []stmt
+	ids := make(map[string]int64, len(creates))
 	// xid is the transaction's id, returned by the statements that write
 	// (see insertOne, storeFenced); set, it needs no statement of its own.
 	var xid int64
 	if len(creates) == 1 && len(updates) == 0 {
 		r := creates[0]
 		r.sent = &r.rec
-		j.q.queueInsertOne(b, r.rec, r.ev).Query(func(rows pgx.Rows) error {
+		sql, args := j.q.insertOneStmt(r.rec, r.ev, lvl)
+		stmts = append(stmts, stmt{sql, args, func(rows pgx.Rows) error {
 			for rows.Next() {
 				var id int64
 				if err := rows.Scan(&id, &xid); err != nil {
@@ -602,14 +625,15 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 				ids[r.key] = id
 			}
 			return rows.Err()
-		})
+		}})
 	} else if len(creates) > 0 {
 		var cols createColumns
 		for _, r := range creates {
 			cols.add(r.rec, r.ev)
 			r.sent = &r.rec
 		}
-		j.q.queueInsertMany(b, &cols).Query(func(rows pgx.Rows) error {
+		sql, args := j.q.insertManyStmt(&cols)
+		stmts = append(stmts, stmt{sql, args, func(rows pgx.Rows) error {
 			for rows.Next() {
 				var id int64
 				var key string
@@ -619,11 +643,12 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 				ids[key] = id
 			}
 			return rows.Err()
-		})
+		}})
 	}
 	for _, u := range updates {
 		u.r.sent = &u.next
-		j.q.queueStoreFenced(b, copies[u.r.key], u.next, u.ev).Query(func(rows pgx.Rows) error {
+		sql, args := j.q.storeFencedStmt(copies[u.r.key], u.next, u.ev, lvl)
+		stmts = append(stmts, stmt{sql, args, func(rows pgx.Rows) error {
 			for rows.Next() {
 				if err := rows.Scan(&xid); err != nil {
 					return err
@@ -631,20 +656,33 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 				u.written = true
 			}
 			return rows.Err()
-		})
+		}})
 	}
-	if len(reqs) > 1 {
-		// A write that wrote nothing returns no id: asked once more.
-		b.Queue(`SELECT txid_current()`).QueryRow(func(row pgx.Row) error { return row.Scan(&xid) })
+	if !alone {
+		// A write that wrote nothing returns no id: asked once more, with
+		// the commit level.
+		stmts = append(stmts, stmt{`SELECT txid_current() FROM (` + commitLevel(durable) + `) AS lvl`, nil, func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := rows.Scan(&xid); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		}})
 	}
-	b.Queue("COMMIT")
 	keys := make([]string, 0, len(updates))
 	for _, u := range updates {
 		keys = append(keys, u.r.key)
 	}
 	j.forget(keys)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		_, _ = conn.Exec(context.Background(), "ROLLBACK")
+	if err := runStmts(ctx, conn, stmts); err != nil {
+		if isSerializationFailure(err) {
+			// Rolled back at the Sync (see above): nothing was written.
+			for _, r := range reqs {
+				r.again, r.sent = true, nil
+			}
+			return nil
+		}
 		return doubtful(conn.Conn(), err)
 	}
 	for _, r := range creates {
@@ -665,4 +703,33 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 		j.remember(u.r.key, rowCopy{id: u.id, xmin: uint32(xid), rec: u.next})
 	}
 	return nil
+}
+
+// stmt is a statement of a transaction, with its parameters and what reads
+// its rows.
+type stmt struct {
+	sql  string
+	args []any
+	read func(pgx.Rows) error
+}
+
+// runStmts sends stmts, in one round trip, and reads their rows: one
+// statement on its own (pgx's Query, without a batch's pipeline
+// bookkeeping), more as a batch. The statements end with one Sync, and run
+// in its implicit transaction when none is open.
+func runStmts(ctx context.Context, conn *pgxpool.Conn, stmts []stmt) error {
+	if len(stmts) == 1 {
+		rows, err := conn.Query(ctx, stmts[0].sql, stmts[0].args...)
+		if err != nil {
+			return err
+		}
+		err = stmts[0].read(rows)
+		rows.Close()
+		return errors.Join(err, rows.Err())
+	}
+	b := &pgx.Batch{}
+	for _, s := range stmts {
+		b.Queue(s.sql, s.args...).Query(s.read)
+	}
+	return conn.SendBatch(ctx, b).Close()
 }

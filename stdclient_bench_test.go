@@ -128,6 +128,9 @@ func BenchmarkStandardClientPaired(b *testing.B) {
 				return func() time.Duration {
 					c, hc := standardBenchClient(b, srv.URL, "memory")
 					defer c.Close()
+					// The half before left its garbage: collected here,
+					// not in this half.
+					runtime.GC()
 					return halfCPU(b, per, callers, standardBenchCall(c, hc, srv.URL, std))
 				}
 			}
@@ -136,12 +139,10 @@ func BenchmarkStandardClientPaired(b *testing.B) {
 	}
 }
 
-// halfCPU runs fn(1) … fn(n) on callers goroutines, after a collection
-// (so that the garbage of what ran before is not this half's to collect),
-// and returns the process CPU they used.
+// halfCPU runs fn(1) … fn(n) on callers goroutines and returns the
+// process CPU they used.
 func halfCPU(b *testing.B, n, callers int, fn func(i int64) error) time.Duration {
 	b.Helper()
-	runtime.GC()
 	cpu0, ok := benchcpu.Process()
 	if !ok {
 		b.Skip("no process CPU time on this platform")

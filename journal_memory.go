@@ -100,7 +100,30 @@ func (s memStored) record() (Record, packedHeader, packedHeader) {
 }
 
 // copy returns a copy of the stored record that the caller owns.
-func (s memStored) copy() Record { return copyOf(s.record()) }
+func (s memStored) copy() Record {
+	if s.packed == nil {
+		return copyOf(s.rec, s.header, s.respHeader)
+	}
+	// Unpacked, the record's strings and Response are its own already;
+	// its bodies are the stored ones and its headers are to be made.
+	rec, header, resp, _ := unpackRecord(s.packed, s.body, s.respBody, false)
+	rec.Body = cloneBody(rec.Body)
+	rec.Header = header.header()
+	if rec.Response != nil {
+		rec.Response.Body = cloneBody(rec.Response.Body)
+		rec.Response.Header = resp.header()
+	}
+	return rec
+}
+
+// cloneBody returns a copy of b, nil if b is empty, as journals return
+// bodies.
+func cloneBody(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return slices.Clone(b)
+}
 
 // record returns e's record as stored (see memStored.record). The caller
 // holds m.mu.
@@ -644,18 +667,37 @@ func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 			}
 			after = e.seq
 		}
+		// A packed record is found as its slices; a live one, rare in a
+		// journal that keeps what settled, as a copy of its own.
 		type found struct {
-			seq                int64
-			rec                Record
-			header, respHeader packedHeader
+			seq                    int64
+			packed, body, respBody []byte
+			live                   *memStored
 		}
+		stored := func(seq int64, s memStored) found {
+			if s.packed != nil {
+				return found{seq: seq, packed: s.packed, body: s.body, respBody: s.respBody}
+			}
+			return found{seq: seq, live: &s}
+		}
+		// With none of Filter.Match's conditions, every record matches:
+		// a packed one is unpacked once, as it is copied.
+		all := f.Scope == "" && f.CreatedBefore.IsZero() && len(f.States) == 0
 		var match []found
+		if all {
+			match = make([]found, 0, len(m.byKey))
+		}
 		for _, e := range m.byKey {
 			if e.seq <= after {
 				continue
 			}
-			if rec, header, resp := e.stored().record(); f.Match(rec) {
-				match = append(match, found{e.seq, rec, header, resp})
+			s := e.stored()
+			if all {
+				match = append(match, stored(e.seq, s))
+				continue
+			}
+			if rec, header, resp := s.record(); f.Match(rec) {
+				match = append(match, stored(e.seq, memStored{rec: rec, header: header, respHeader: resp}))
 			}
 		}
 		m.mu.Unlock()
@@ -663,7 +705,11 @@ func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 		// the caller after the lock.
 		slices.SortFunc(match, func(a, b found) int { return cmp.Compare(a.seq, b.seq) })
 		for _, x := range match {
-			r := copyOf(x.rec, x.header, x.respHeader)
+			s := memStored{packed: x.packed, body: x.body, respBody: x.respBody}
+			if x.live != nil {
+				s = *x.live
+			}
+			r := s.copy()
 			if err := ctx.Err(); err != nil {
 				yield(Record{}, err)
 				return

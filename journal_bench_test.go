@@ -508,3 +508,63 @@ func BenchmarkJournalBytesPerRecord(b *testing.B) {
 	b.ReportMetric(perRecord, "bytes/record")
 	b.ReportMetric(perRecord-jbBodySize-jbAnswerSize, "overhead-bytes/record")
 }
+
+// BenchmarkMemoryJournalRead measures the reads of a MemoryJournal's
+// settled records, which it keeps packed and unpacks into a fresh Record
+// on each read: Get by key, Lookup by ID, and List of the whole journal
+// (per record listed), on 10,000 records that Do settled.
+//
+//	go test -run '^$' -bench 'MemoryJournalRead' -benchmem .
+func BenchmarkMemoryJournalRead(b *testing.B) {
+	const n = 10_000
+	srv := benchServer(b)
+	j := idem.NewMemoryJournal()
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, HTTPClient: &http.Client{Transport: speedTransport()}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if err := spread(n, 16, func(i int64) error {
+		_, err := c.Do(ctx, idem.Op{ID: jbID(int(i - 1)), URL: "/orders", Header: speedHeader, Body: speedBody})
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	var keys []string
+	for rec, err := range j.List(ctx, idem.Filter{}) {
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys = append(keys, rec.Key)
+	}
+	b.Run("Get", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := range b.N {
+			if _, err := j.Get(ctx, keys[i%n]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Lookup", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := range b.N {
+			if _, err := j.Lookup(ctx, "default", jbID(i%n)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("List", func(b *testing.B) {
+		b.ReportAllocs()
+		listed := 0
+		for range b.N {
+			for _, err := range j.List(ctx, idem.Filter{}) {
+				if err != nil {
+					b.Fatal(err)
+				}
+				listed++
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(listed), "ns/record")
+	})
+}

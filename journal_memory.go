@@ -46,17 +46,130 @@ type MemoryJournal struct {
 type scopeID struct{ scope, id string }
 
 type memEntry struct {
-	seq int64 // insertion order, for List
+	seq int64  // insertion order, for List
+	gen uint64 // counts the writes of the record, for Update's compare-and-swap
+	// live is the record while it is unsettled, nil once it is packed.
+	live *memLive
+	// packed is a settled record and its history (see packRecord), body
+	// and respBody its request's and its Response's bodies; none is
+	// changed in place, so a reader may unpack them after the lock.
+	packed, body, respBody []byte
+}
+
+// memLive is an entry's record as the rules write it.
+type memLive struct {
 	// rec is the record, but for its request's Header and its Response's,
 	// which header and respHeader hold (see packedHeader).
 	rec        Record
 	header     packedHeader
 	respHeader packedHeader
-	gen        uint64 // counts the writes of rec, for Update's compare-and-swap
 	history    []Event
 	// events is the room of history's first two events, a create and the
 	// outcome of a call that goes right: no allocation of their own.
 	events [2]Event
+}
+
+// memLives are the live forms of records that settled, for new ones: a
+// call that goes right makes one and packs it soon after.
+var memLives = sync.Pool{New: func() any { return new(memLive) }}
+
+// memStored is what a reader takes of an entry under the lock, to read
+// after it: the live record (its fields copied) or the packed one.
+type memStored struct {
+	rec                    Record
+	header, respHeader     packedHeader
+	packed, body, respBody []byte
+}
+
+// stored returns what e holds now. The caller holds m.mu.
+func (e *memEntry) stored() memStored {
+	if l := e.live; l != nil {
+		return memStored{rec: l.rec, header: l.header, respHeader: l.respHeader}
+	}
+	return memStored{packed: e.packed, body: e.body, respBody: e.respBody}
+}
+
+// record returns the stored record, sharing its bodies, without its
+// headers, which it returns packed: the request's and the Response's.
+func (s memStored) record() (Record, packedHeader, packedHeader) {
+	if s.packed == nil {
+		return s.rec, s.header, s.respHeader
+	}
+	rec, header, resp, _ := unpackRecord(s.packed, s.body, s.respBody, false)
+	return rec, header, resp
+}
+
+// copy returns a copy of the stored record that the caller owns.
+func (s memStored) copy() Record {
+	if s.packed == nil {
+		return copyOf(s.rec, s.header, s.respHeader)
+	}
+	// Unpacked, the record's strings and Response are its own already;
+	// its bodies are the stored ones and its headers are to be made.
+	rec, header, resp, _ := unpackRecord(s.packed, s.body, s.respBody, false)
+	rec.Body = cloneBody(rec.Body)
+	rec.Header = header.header()
+	if rec.Response != nil {
+		rec.Response.Body = cloneBody(rec.Response.Body)
+		rec.Response.Header = resp.header()
+	}
+	return rec
+}
+
+// cloneBody returns a copy of b, nil if b is empty, as journals return
+// bodies.
+func cloneBody(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return slices.Clone(b)
+}
+
+// record returns e's record as stored (see memStored.record). The caller
+// holds m.mu.
+func (e *memEntry) record() Record {
+	rec, _, _ := e.stored().record()
+	return rec
+}
+
+// open returns e's live form to write, unpacking a packed record (a
+// settled one written again, which is rare). The caller holds m.mu and
+// calls wrote once it has written.
+func (e *memEntry) open() *memLive {
+	if e.live != nil {
+		return e.live
+	}
+	rec, header, resp, history := unpackRecord(e.packed, e.body, e.respBody, true)
+	return &memLive{rec: rec, header: header, respHeader: resp, history: history}
+}
+
+// wrote stores l, written, as e's record: packed if it is settled, the
+// form a journal keeps most of, and that the collector need not scan.
+func (e *memEntry) wrote(l *memLive) {
+	e.gen++
+	if l.rec.State.Terminal() {
+		if p, ok := packRecord(l.rec, l.header, l.respHeader, l.history); ok {
+			e.live, e.packed, e.body, e.respBody = nil, p, l.rec.Body, nil
+			if l.rec.Response != nil {
+				e.respBody = l.rec.Response.Body
+			}
+			// Nothing holds l now: readers copy its fields, and its
+			// history (a slice of its events) only under the lock.
+			*l = memLive{}
+			memLives.Put(l)
+			return
+		}
+	}
+	e.live, e.packed, e.body, e.respBody = l, nil, nil, nil
+}
+
+// historyCopy returns a copy of e's history. The caller holds m.mu.
+func (e *memEntry) historyCopy() []Event {
+	if e.live != nil {
+		return slices.Clone(e.live.history)
+	}
+	_, _, _, history := unpackRecord(e.packed, e.body, e.respBody, true)
+	return history
 }
 
 // copyOf returns a copy of rec, e's record or one the rules made of it
@@ -69,9 +182,6 @@ func copyOf(rec Record, header, resp packedHeader) Record {
 	}
 	return out
 }
-
-// copy returns a copy of e's record. The caller holds m.mu.
-func (e *memEntry) copy() Record { return copyOf(e.rec, e.header, e.respHeader) }
 
 // packedHeader is a stored request's or response's header in one byte slice: the count
 // of names and of values, then each name and its values, each a length and
@@ -150,12 +260,6 @@ func (p packedHeader) header() http.Header {
 	return h
 }
 
-// set stores rec as e's record.
-func (e *memEntry) set(rec Record) {
-	e.rec = rec
-	e.gen++
-}
-
 var _ Journal = (*MemoryJournal)(nil)
 
 // NewMemoryJournal returns an empty in-memory journal that accepts request
@@ -221,22 +325,25 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 	if keepBody && len(body) > 0 {
 		out.Body = body
 	}
+	stored := out
+	stored.Header = nil
+	l := memLives.Get().(*memLive)
+	l.rec, l.header, l.events[0] = stored, packHeader(out.Header), ev
+	l.history = l.events[:1]
+	e := &memEntry{live: l}
 	if err := m.lock(ctx); err != nil {
 		return Record{}, false, err
 	}
 	if e, ok := m.byOp[scopeID{rec.Scope, rec.ID}]; ok {
-		existing := e.copy()
+		s := e.stored()
 		m.mu.Unlock()
+		existing := s.copy()
 		if existing.Fingerprint != rec.Fingerprint {
 			return existing, false, journal.FingerprintMismatch(existing)
 		}
 		return existing, false, nil
 	}
-	stored := out
-	stored.Header = nil
-	e := &memEntry{seq: m.seq + 1, rec: stored, header: packHeader(out.Header)}
-	e.events[0] = ev
-	e.history = e.events[:1]
+	e.seq = m.seq + 1
 	// The key is stored without a lookup first, one hashing of it less
 	// per Create: a map that did not grow had it already, under another
 	// operation, which is put back (a scan, for a refused Create only).
@@ -244,7 +351,7 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 	m.byKey[out.Key] = e
 	if len(m.byKey) == n {
 		for _, other := range m.byOp {
-			if other.rec.Key == out.Key {
+			if other.record().Key == out.Key {
 				m.byKey[out.Key] = other
 				break
 			}
@@ -267,16 +374,15 @@ func (m *MemoryJournal) Get(ctx context.Context, key string) (Record, error) {
 		return Record{}, err
 	}
 	e, ok := m.byKey[key]
-	var rec Record
-	var header, resp packedHeader
+	var s memStored
 	if ok {
-		rec, header, resp = e.rec, e.header, e.respHeader
+		s = e.stored()
 	}
 	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound("key " + key)
 	}
-	return copyOf(rec, header, resp), nil
+	return s.copy(), nil
 }
 
 // Lookup implements Journal.
@@ -285,16 +391,15 @@ func (m *MemoryJournal) Lookup(ctx context.Context, scope, id string) (Record, e
 		return Record{}, err
 	}
 	e, ok := m.byOp[scopeID{scope, id}]
-	var rec Record
-	var header, resp packedHeader
+	var s memStored
 	if ok {
-		rec, header, resp = e.rec, e.header, e.respHeader
+		s = e.stored()
 	}
 	m.mu.Unlock()
 	if !ok {
 		return Record{}, journal.NotFound(scope + "/" + id)
 	}
-	return copyOf(rec, header, resp), nil
+	return s.copy(), nil
 }
 
 // Update implements Journal. Durability is ignored: nothing is durable here.
@@ -367,21 +472,24 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 		if rec.Lease.Owner == "" {
 			// An unleased write's rules ask whether the lease's owner
 			// is gone, which the lock guards.
-			out, ev, err := journal.ApplyUpdate(e.rec, rec, m.now(), why, m.ownerGone)
+			stored, header, _ := e.stored().record()
+			out, ev, err := journal.ApplyUpdate(stored, rec, m.now(), why, m.ownerGone)
 			if err == nil {
-				e.set(out)
-				e.respHeader = packed
-				e.history = append(e.history, ev)
+				l := e.open()
+				l.rec, l.respHeader = out, packed
+				l.history = append(l.history, ev)
+				e.wrote(l)
 			}
 			m.mu.Unlock()
 			if err != nil {
 				return Record{}, nil, err
 			}
-			return out, e.header, nil
+			return out, header, nil
 		}
-		stored, gen := e.rec, e.gen
+		s, gen := e.stored(), e.gen
 		m.mu.Unlock()
 		// A leased write's rules need nothing but the stored record.
+		stored, header, _ := s.record()
 		out, ev, err := journal.ApplyUpdate(stored, rec, m.now(), why, nil)
 		if err != nil {
 			return Record{}, nil, err
@@ -393,10 +501,10 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 			m.mu.Unlock()
 			continue // written (or pruned) meanwhile: judge the write again
 		}
-		e.set(out)
-		e.respHeader = packed
-		e.history = append(e.history, ev)
-		header := e.header
+		l := e.open()
+		l.rec, l.respHeader = out, packed
+		l.history = append(l.history, ev)
+		e.wrote(l)
 		m.mu.Unlock()
 		return out, header, nil
 	}
@@ -414,23 +522,29 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 	now := m.now()
 	var due []*memEntry
 	for _, e := range m.byKey {
-		if journal.Claimable(e.rec, now, req.DueBy, m.ownerGone) && (req.Scope == "" || e.rec.Scope == req.Scope) &&
-			strings.HasPrefix(e.rec.URL, req.URLPrefix) {
+		l := e.live
+		if l == nil {
+			continue // packed: settled, never claimable
+		}
+		if journal.Claimable(l.rec, now, req.DueBy, m.ownerGone) && (req.Scope == "" || l.rec.Scope == req.Scope) &&
+			strings.HasPrefix(l.rec.URL, req.URLPrefix) {
 			due = append(due, e)
 		}
 	}
 	slices.SortFunc(due, func(a, b *memEntry) int {
-		return cmp.Or(a.rec.NextAttemptAt.Compare(b.rec.NextAttemptAt), cmp.Compare(a.seq, b.seq))
+		return cmp.Or(a.live.rec.NextAttemptAt.Compare(b.live.rec.NextAttemptAt), cmp.Compare(a.seq, b.seq))
 	})
 	var out []Record
 	for _, e := range due[:min(len(due), req.Limit)] {
-		rec, ev, err := journal.ApplyClaim(e.rec, req.Owner, req.Lease, now, m.ownerGone)
+		l := e.live
+		rec, ev, err := journal.ApplyClaim(l.rec, req.Owner, req.Lease, now, m.ownerGone)
 		if err != nil {
 			return nil, err
 		}
-		e.set(rec)
-		e.history = append(e.history, ev)
-		out = append(out, copyOf(rec, e.header, e.respHeader))
+		l.rec = rec
+		l.history = append(l.history, ev)
+		out = append(out, copyOf(rec, l.header, l.respHeader))
+		e.wrote(l)
 	}
 	return out, nil
 }
@@ -445,13 +559,17 @@ func (m *MemoryJournal) Acquire(ctx context.Context, key, owner string, lease ti
 	if !ok {
 		return Record{}, journal.NotFound("key " + key)
 	}
-	rec, ev, err := journal.ApplyClaim(e.rec, owner, lease, m.now(), m.ownerGone)
+	s := e.stored()
+	stored, header, resp := s.record()
+	rec, ev, err := journal.ApplyClaim(stored, owner, lease, m.now(), m.ownerGone)
 	if err != nil {
-		return e.copy(), err
+		return copyOf(stored, header, resp), err
 	}
-	e.set(rec)
-	e.history = append(e.history, ev)
-	return copyOf(rec, e.header, e.respHeader), nil
+	l := e.open()
+	l.rec = rec
+	l.history = append(l.history, ev)
+	e.wrote(l)
+	return copyOf(rec, header, resp), nil
 }
 
 // Renew implements Journal.
@@ -467,8 +585,10 @@ func (m *MemoryJournal) Renew(ctx context.Context, held map[string]Lease, lease 
 		if !ok {
 			continue
 		}
-		if rec, renewed := journal.ApplyRenew(e.rec, l, lease, now); renewed {
-			e.set(rec)
+		if rec, renewed := journal.ApplyRenew(e.record(), l, lease, now); renewed {
+			live := e.open()
+			live.rec = rec
+			e.wrote(live)
 			n++
 		}
 	}
@@ -519,16 +639,18 @@ func (m *MemoryJournal) Release(ctx context.Context, key string, l Lease) error 
 	if !ok {
 		return journal.NotFound("key " + key)
 	}
-	rec, err := journal.ApplyRelease(e.rec, l, m.now())
+	rec, err := journal.ApplyRelease(e.record(), l, m.now())
 	if err != nil {
 		return err
 	}
-	e.set(rec)
+	live := e.open()
+	live.rec = rec
+	e.wrote(live)
 	return nil
 }
 
-// List implements Journal. It copies the matching records under the lock,
-// which is what memory allows.
+// List implements Journal. It takes the matching records under the lock,
+// which is what memory allows, and copies each as it yields it.
 func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, error] {
 	return func(yield func(Record, error) bool) {
 		if err := m.lock(ctx); err != nil {
@@ -545,19 +667,49 @@ func (m *MemoryJournal) List(ctx context.Context, f Filter) iter.Seq2[Record, er
 			}
 			after = e.seq
 		}
-		var match []*memEntry
+		// A packed record is found as its slices; a live one, rare in a
+		// journal that keeps what settled, as a copy of its own.
+		type found struct {
+			seq                    int64
+			packed, body, respBody []byte
+			live                   *memStored
+		}
+		stored := func(seq int64, s memStored) found {
+			if s.packed != nil {
+				return found{seq: seq, packed: s.packed, body: s.body, respBody: s.respBody}
+			}
+			return found{seq: seq, live: &s}
+		}
+		// With none of Filter.Match's conditions, every record matches:
+		// a packed one is unpacked once, as it is copied.
+		all := f.Scope == "" && f.CreatedBefore.IsZero() && len(f.States) == 0
+		var match []found
+		if all {
+			match = make([]found, 0, len(m.byKey))
+		}
 		for _, e := range m.byKey {
-			if e.seq > after && f.Match(e.rec) {
-				match = append(match, e)
+			if e.seq <= after {
+				continue
+			}
+			s := e.stored()
+			if all {
+				match = append(match, stored(e.seq, s))
+				continue
+			}
+			if rec, header, resp := s.record(); f.Match(rec) {
+				match = append(match, stored(e.seq, memStored{rec: rec, header: header, respHeader: resp}))
 			}
 		}
-		slices.SortFunc(match, func(a, b *memEntry) int { return cmp.Compare(a.seq, b.seq) })
-		recs := make([]Record, len(match))
-		for i, e := range match {
-			recs[i] = e.copy()
-		}
 		m.mu.Unlock()
-		for _, r := range recs {
+		// What was found is never changed in place: it is copied for
+		// the caller after the lock.
+		slices.SortFunc(match, func(a, b found) int { return cmp.Compare(a.seq, b.seq) })
+		for _, x := range match {
+			s := memStored{packed: x.packed, body: x.body, respBody: x.respBody}
+			if x.live != nil {
+				s = *x.live
+			}
+			r := s.copy()
 			if err := ctx.Err(); err != nil {
 				yield(Record{}, err)
 				return
@@ -581,15 +733,16 @@ func (m *MemoryJournal) Count(ctx context.Context) ([]Count, error) {
 	}
 	counts := map[group]*Count{}
 	for _, e := range m.byKey {
-		g := group{e.rec.Scope, e.rec.State}
+		rec := e.record()
+		g := group{rec.Scope, rec.State}
 		c, ok := counts[g]
 		if !ok {
-			c = &Count{Scope: g.scope, State: g.state, Oldest: e.rec.CreatedAt}
+			c = &Count{Scope: g.scope, State: g.state, Oldest: rec.CreatedAt}
 			counts[g] = c
 		}
 		c.N++
-		if e.rec.CreatedAt.Before(c.Oldest) {
-			c.Oldest = e.rec.CreatedAt
+		if rec.CreatedAt.Before(c.Oldest) {
+			c.Oldest = rec.CreatedAt
 		}
 	}
 	out := make([]Count, 0, len(counts))
@@ -610,7 +763,7 @@ func (m *MemoryJournal) History(ctx context.Context, key string) ([]Event, error
 	if !ok {
 		return nil, journal.NotFound("key " + key)
 	}
-	return slices.Clone(e.history), nil
+	return e.historyCopy(), nil
 }
 
 // Prune implements Journal.
@@ -621,9 +774,9 @@ func (m *MemoryJournal) Prune(ctx context.Context, before time.Time) (int, error
 	defer m.mu.Unlock()
 	n := 0
 	for k, e := range m.byKey {
-		if journal.Prunable(e.rec, before) {
+		if rec := e.record(); journal.Prunable(rec, before) {
 			delete(m.byKey, k)
-			delete(m.byOp, scopeID{e.rec.Scope, e.rec.ID})
+			delete(m.byOp, scopeID{rec.Scope, rec.ID})
 			n++
 		}
 	}

@@ -1,11 +1,15 @@
 package idem
 
 import (
+	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // A MemoryJournal keeps a response's header packed (packedHeader): it
@@ -36,4 +40,71 @@ func TestPackedHeaderReadsBackAsGiven(t *testing.T) {
 	}
 	assert.Nil(t, packHeader(nil).header())
 	assert.Nil(t, packHeader(http.Header{}).header())
+}
+
+// A settled record is kept packed (packRecord): every field of it, of its
+// Response, its Lease and its history's events must read back as it was,
+// a field added to one of them later included (each is set here, by
+// reflection, to a value of its own).
+func TestPackedRecordReadsBackAsGiven(t *testing.T) {
+	n := 0
+	var fill func(v reflect.Value)
+	fill = func(v reflect.Value) {
+		n++
+		switch v.Kind() {
+		case reflect.String:
+			v.SetString(strings.Repeat(fmt.Sprint("s", n), n%7+1))
+		case reflect.Bool:
+			v.SetBool(true)
+		case reflect.Int, reflect.Int64:
+			v.SetInt(int64(n) * 1000003)
+		case reflect.Uint8:
+			v.SetUint(uint64(n % 5))
+		case reflect.Pointer:
+			v.Set(reflect.New(v.Type().Elem()))
+			fill(v.Elem())
+		case reflect.Struct:
+			if v.Type() == reflect.TypeOf(time.Time{}) {
+				v.Set(reflect.ValueOf(time.UnixMilli(int64(n) * 987654321)))
+				return
+			}
+			for i := range v.NumField() {
+				fill(v.Field(i))
+			}
+		case reflect.Slice:
+			if v.Type().Elem().Kind() == reflect.Uint8 {
+				v.SetBytes([]byte(fmt.Sprint("body", n)))
+			}
+		case reflect.Map:
+			v.Set(reflect.ValueOf(http.Header{"X-Field": {fmt.Sprint(n)}}))
+		default:
+			t.Fatalf("%s: a field of a kind the test does not fill", v.Type())
+		}
+	}
+	var rec Record
+	fill(reflect.ValueOf(&rec).Elem())
+	history := make([]Event, 3)
+	for i := range history {
+		fill(reflect.ValueOf(&history[i]).Elem())
+	}
+	history[2].At = time.UnixMilli(5).UTC()
+	stored := rec
+	stored.Header = nil
+	resp := *rec.Response
+	resp.Header = nil
+	stored.Response = &resp
+	p, ok := packRecord(stored, packHeader(rec.Header), packHeader(rec.Response.Header), history)
+	require.True(t, ok)
+	got, header, respHeader, gotHistory := unpackRecord(p, rec.Body, rec.Response.Body, true)
+	got.Header = header.header()
+	got.Response.Header = respHeader.header()
+	assert.Equal(t, rec, got)
+	assert.Equal(t, history, gotHistory)
+	assert.True(t, gotHistory[2].At == history[2].At, "a UTC time stays UTC")
+
+	// A time that would not read back as it is (another location) keeps
+	// the record unpacked.
+	stored.NextAttemptAt = time.UnixMilli(5).In(time.FixedZone("X", 3600))
+	_, ok = packRecord(stored, nil, nil, nil)
+	assert.False(t, ok)
 }

@@ -98,6 +98,63 @@ func BenchmarkSpeed(b *testing.B) {
 	}
 }
 
+// BenchmarkSpeedPaired judges issue #24's target for the client alone
+// (memory at least 0.75× plain's ops/s, its CPU per call at most about
+// 1.33× plain's) on a busy machine: each of its b.N rounds runs 2,000
+// plain go-retryablehttp POSTs and 2,000 Do calls on a MemoryJournal
+// (which goes first alternates) in one process, and reports the median
+// ratio of the two halves' process CPU (see pairedRounds). One
+// MemoryJournal client serves every memory half, so that its kept
+// records grow over the run as in BenchmarkSpeed. No collection is forced
+// between the halves: the collector runs as paced, every so many bytes
+// allocated, marking the kept records each time, as it does in
+// BenchmarkSpeed (a collection forced before each half would do most of
+// that marking outside both halves once the kept records outweigh what a
+// half allocates). The plain half pays for the cycles its own
+// allocations start, which mark the kept records too: the ratio
+// understates what the collector costs memory.
+//
+//	go test -run '^$' -bench 'SpeedPaired' -benchtime 20x .
+func BenchmarkSpeedPaired(b *testing.B) {
+	const per = 2000
+	for _, callers := range speedCallers {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			srv := benchServer(b)
+			rc := speedRetryClient()
+			url := srv.URL + "/orders"
+			plain := func() time.Duration {
+				return halfCPU(b, per, callers, func(int64) error {
+					_, err := speedPost(context.Background(), rc, url, "")
+					return err
+				})
+			}
+			c, err := idem.New(idem.Config{Journal: idem.NewMemoryJournal(), BaseURL: srv.URL,
+				HTTPClient: &http.Client{Transport: speedTransport()}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			var done int64 // operations of the halves before: each call's ID is new
+			memory := func() time.Duration {
+				first := done
+				done += per
+				return halfCPU(b, per, callers, func(i int64) error {
+					res, err := c.Do(context.Background(), idem.Op{ID: fmt.Sprint("checkout/cart-", first+i),
+						URL: "/orders", Header: speedHeader, Body: speedBody})
+					if err != nil {
+						return err
+					}
+					if res.StatusCode != http.StatusCreated {
+						return fmt.Errorf("status %d", res.StatusCode)
+					}
+					return nil
+				})
+			}
+			pairedRounds(b, per, "plain", "memory", plain, memory)
+		})
+	}
+}
+
 func speedPlain(b *testing.B, callers int) {
 	srv := benchServer(b)
 	rc := speedRetryClient()

@@ -124,39 +124,61 @@ func BenchmarkStandardClientPaired(b *testing.B) {
 	for _, callers := range []int{1, 16} {
 		b.Run(fmt.Sprintf("memory/callers=%d", callers), func(b *testing.B) {
 			srv := benchServer(b)
-			half := func(std bool) time.Duration {
-				c, hc := standardBenchClient(b, srv.URL, "memory")
-				runtime.GC()
-				cpu0, ok := benchcpu.Process()
-				if !ok {
-					b.Skip("no process CPU time on this platform")
+			half := func(std bool) func() time.Duration {
+				return func() time.Duration {
+					c, hc := standardBenchClient(b, srv.URL, "memory")
+					defer c.Close()
+					// The half before left its garbage: collected here,
+					// not in this half.
+					runtime.GC()
+					return halfCPU(b, per, callers, standardBenchCall(c, hc, srv.URL, std))
 				}
-				if err := spread(per, callers, standardBenchCall(c, hc, srv.URL, std)); err != nil {
-					b.Fatal(err)
-				}
-				cpu1, _ := benchcpu.Process()
-				_ = c.Close()
-				return cpu1 - cpu0
 			}
-			var ratios, do, std []float64
-			for r := 0; r < b.N; r++ {
-				var d, s time.Duration
-				if r%2 == 0 {
-					d, s = half(false), half(true)
-				} else {
-					s, d = half(true), half(false)
-				}
-				ratios = append(ratios, float64(s)/float64(d))
-				do = append(do, float64(d)/float64(time.Microsecond)/per)
-				std = append(std, float64(s)/float64(time.Microsecond)/per)
-			}
-			median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
-			b.ReportMetric(median(ratios), "std÷do")
-			b.ReportMetric(median(do), "do-cpu-µs/op")
-			b.ReportMetric(median(std), "std-cpu-µs/op")
-			b.ReportMetric(0, "ns/op")
+			pairedRounds(b, per, "do", "std", half(false), half(true))
 		})
 	}
+}
+
+// halfCPU runs fn(1) … fn(n) on callers goroutines and returns the
+// process CPU they used.
+func halfCPU(b *testing.B, n, callers int, fn func(i int64) error) time.Duration {
+	b.Helper()
+	cpu0, ok := benchcpu.Process()
+	if !ok {
+		b.Skip("no process CPU time on this platform")
+	}
+	if err := spread(n, callers, fn); err != nil {
+		b.Fatal(err)
+	}
+	cpu1, _ := benchcpu.Process()
+	return cpu1 - cpu0
+}
+
+// pairedRounds runs b.N rounds of two halves of per operations each, base
+// and other (which goes first alternates), each returning the process CPU
+// it used, and reports the median over the rounds of other's CPU divided
+// by base's ("other÷base"), and each half's median CPU per operation. A
+// load that comes and goes weighs on both halves of a round alike, a
+// fraction of a second apart, where the figures of separate processes
+// move by a third.
+func pairedRounds(b *testing.B, per int, base, other string, baseHalf, otherHalf func() time.Duration) {
+	var ratios, xs, ys []float64
+	for r := 0; r < b.N; r++ {
+		var x, y time.Duration
+		if r%2 == 0 {
+			x, y = baseHalf(), otherHalf()
+		} else {
+			y, x = otherHalf(), baseHalf()
+		}
+		ratios = append(ratios, float64(y)/float64(x))
+		xs = append(xs, float64(x)/float64(time.Microsecond)/float64(per))
+		ys = append(ys, float64(y)/float64(time.Microsecond)/float64(per))
+	}
+	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	b.ReportMetric(median(ratios), other+"÷"+base)
+	b.ReportMetric(median(xs), base+"-cpu-µs/op")
+	b.ReportMetric(median(ys), other+"-cpu-µs/op")
+	b.ReportMetric(0, "ns/op")
 }
 
 // spread runs fn(1) … fn(n) on callers goroutines and returns the first

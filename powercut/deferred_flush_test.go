@@ -1,0 +1,85 @@
+package powercut
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+func init() { children["deferred-settle"] = childDeferredSettle }
+
+// deferredFlushInterval is the journal's flush interval in the child of
+// TestPowerCutDeferredSettleIsFlushedWithinTheInterval.
+const deferredFlushInterval = 100 * time.Millisecond
+
+// childDeferredSettle records one operation in flight (a durable commit),
+// settles it with a Deferred update, says so, and then writes nothing more
+// until it is killed: no durable commit comes along to carry the settle's
+// fsync, only the flusher can.
+func childDeferredSettle() error {
+	j, err := idem.OpenSQLite(os.Getenv("PC_JOURNAL"), idem.SQLiteFlushInterval(deferredFlushInterval))
+	if err != nil {
+		return err
+	}
+	defer j.Close()
+	ctx := context.Background()
+	body := []byte(`{"item":"book"}`)
+	sum := sha256.Sum256(body)
+	rec, _, err := j.Create(ctx, idem.Record{
+		Key: "pc-deferred", Scope: "pc", ID: "op-deferred", Method: http.MethodPost,
+		URL: "http://127.0.0.1:9/orders", Body: body, Fingerprint: hex.EncodeToString(sum[:]),
+		KeyHeader: "Idempotency-Key", State: idem.StateInFlight, Attempts: 1,
+		Lease: idem.Lease{Owner: "pc", ExpiresAt: time.Now().Add(time.Hour)},
+	})
+	if err != nil {
+		return err
+	}
+	rec.State = idem.StateSucceeded
+	rec.Response = &idem.Response{StatusCode: 201}
+	if _, err := j.Update(ctx, rec, idem.Deferred, idem.Event{Kind: idem.EventAnswer}); err != nil {
+		return err
+	}
+	fmt.Println("settled")
+	select {} // killed
+}
+
+// A Deferred update "becomes durable with the next durable write or within
+// the journal's flush interval" (journal.go, journal_sqlite.go's
+// Durability). Since the committer stopped waking the flusher after each
+// deferred commit (schema 6's merge), only the flusher's own bookkeeping
+// syncs a settle that no durable commit follows. Here a process settles an
+// operation deferred, writes nothing more, is SIGKILLed ten flush
+// intervals later, and the power is cut: the operation must read succeeded,
+// not in_flight.
+func TestPowerCutDeferredSettleIsFlushedWithinTheInterval(t *testing.T) {
+	f := mountCutFS(t)
+	child := startChild(t, "", "deferred-settle", "PC_JOURNAL="+filepath.Join(f.Dir(), "journal.db"))
+	_, ok := child.waitFor("settled")
+	if !ok {
+		lines, err := child.wait()
+		t.Fatalf("the child ended before settling (%v): %s", err, strings.Join(lines, "\n"))
+	}
+	// Ten times the bound the documentation gives: the flusher's tick is
+	// no longer than the interval, so any working flusher has synced.
+	time.Sleep(10 * deferredFlushInterval)
+	child.kill()
+	_, err := f.Cut(nil)
+	require.NoError(t, err)
+
+	recs := snapshotJournal(t, filepath.Join(f.Backing(), "journal.db"))
+	require.Contains(t, recs, "op-deferred", "the durable create survived the cut")
+	assert.Equal(t, idem.StateSucceeded, recs["op-deferred"].state,
+		"the deferred settle was fsynced within the flush interval, before the kill and the cut")
+}

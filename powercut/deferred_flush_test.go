@@ -27,9 +27,16 @@ const deferredFlushInterval = 100 * time.Millisecond
 // childDeferredSettle records one operation in flight (a durable commit),
 // settles it with a Deferred update, says so, and then writes nothing more
 // until it is killed: no durable commit comes along to carry the settle's
-// fsync, only the flusher can.
+// fsync, only the flusher can. With PC_THEN_DURABLE set, the flush
+// interval is an hour and a durable create follows the settle: its fsync
+// alone must carry the settle.
 func childDeferredSettle() error {
-	j, err := idem.OpenSQLite(os.Getenv("PC_JOURNAL"), idem.SQLiteFlushInterval(deferredFlushInterval))
+	interval := deferredFlushInterval
+	thenDurable := os.Getenv("PC_THEN_DURABLE") != ""
+	if thenDurable {
+		interval = time.Hour // only the durable commit can sync the settle
+	}
+	j, err := idem.OpenSQLite(os.Getenv("PC_JOURNAL"), idem.SQLiteFlushInterval(interval))
 	if err != nil {
 		return err
 	}
@@ -50,6 +57,16 @@ func childDeferredSettle() error {
 	rec.Response = &idem.Response{StatusCode: 201}
 	if _, err := j.Update(ctx, rec, idem.Deferred, idem.Event{Kind: idem.EventAnswer}); err != nil {
 		return err
+	}
+	if thenDurable {
+		next := idem.Record{
+			Key: "pc-durable", Scope: "pc", ID: "op-durable", Method: http.MethodPost,
+			URL: "http://127.0.0.1:9/orders", Body: body, Fingerprint: hex.EncodeToString(sum[:]),
+			KeyHeader: "Idempotency-Key", State: idem.StatePending,
+		}
+		if _, _, err := j.Create(ctx, next); err != nil {
+			return err
+		}
 	}
 	fmt.Println("settled")
 	select {} // killed
@@ -82,4 +99,25 @@ func TestPowerCutDeferredSettleIsFlushedWithinTheInterval(t *testing.T) {
 	require.Contains(t, recs, "op-deferred", "the durable create survived the cut")
 	assert.Equal(t, idem.StateSucceeded, recs["op-deferred"].state,
 		"the deferred settle was fsynced within the flush interval, before the kill and the cut")
+}
+
+// A durable commit's fsync covers the deferred commits before it (the
+// committer clears the flusher's due time on it): a settle made Deferred,
+// then a durable Create, then SIGKILL at once and a power cut, with a
+// flush interval of an hour, must leave both on disk.
+func TestPowerCutDeferredSettleIsCarriedByTheNextDurableCommit(t *testing.T) {
+	f := mountCutFS(t)
+	child := startChild(t, "", "deferred-settle", "PC_JOURNAL="+filepath.Join(f.Dir(), "journal.db"), "PC_THEN_DURABLE=1")
+	if _, ok := child.waitFor("settled"); !ok {
+		lines, err := child.wait()
+		t.Fatalf("the child ended before settling (%v): %s", err, strings.Join(lines, "\n"))
+	}
+	child.kill()
+	_, err := f.Cut(nil)
+	require.NoError(t, err)
+
+	recs := snapshotJournal(t, filepath.Join(f.Backing(), "journal.db"))
+	require.Contains(t, recs, "op-durable", "the durable create survived the cut")
+	assert.Equal(t, idem.StateSucceeded, recs["op-deferred"].state,
+		"the deferred settle before it was fsynced with it")
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -120,4 +121,34 @@ func TestPowerCutDeferredSettleIsCarriedByTheNextDurableCommit(t *testing.T) {
 	require.Contains(t, recs, "op-durable", "the durable create survived the cut")
 	assert.Equal(t, idem.StateSucceeded, recs["op-deferred"].state,
 		"the deferred settle before it was fsynced with it")
+}
+
+// A new journal is made in rollback-journal mode, its tables created, and
+// only then switched to WAL (schema 6's order): two rollback journals are
+// made and deleted beside it before its first intent. A power cut right
+// after its first durable commits, torn or not, must leave a journal that
+// opens with them: a deleted rollback journal that came back hot would
+// roll the file back to nothing (and SQLite then deletes the WAL of an
+// empty file). Twenty new journals, each cut at once.
+func TestPowerCutNewJournalKeepsItsFirstCommits(t *testing.T) {
+	f := mountCutFS(t)
+	rnd, _ := loopRand(t)
+	for i := range 20 {
+		name := fmt.Sprintf("journal-%d.db", i)
+		child := startChild(t, "", "deferred-settle", "PC_JOURNAL="+filepath.Join(f.Dir(), name), "PC_THEN_DURABLE=1")
+		if _, ok := child.waitFor("settled"); !ok {
+			lines, err := child.wait()
+			t.Fatalf("the child ended before settling (%v): %s", err, strings.Join(lines, "\n"))
+		}
+		child.kill()
+		var tear *rand.Rand
+		if rnd.IntN(2) == 0 {
+			tear = rnd
+		}
+		_, err := f.Cut(tear)
+		require.NoError(t, err)
+		recs := snapshotJournal(t, filepath.Join(f.Backing(), name))
+		require.Contains(t, recs, "op-durable", "cut %d: the durable create survived", i)
+		require.Equal(t, idem.StateSucceeded, recs["op-deferred"].state, "cut %d", i)
+	}
 }

@@ -240,7 +240,10 @@ func (j *SQLiteJournal) Stats() SQLiteStats {
 		Replayed: s.Replayed, LostBuffered: s.LostBuffered}
 }
 
-// Close makes every deferred write durable and closes the file.
+// Close makes every deferred write durable and closes the file. It fsyncs
+// the WAL whether or not its checkpoint can run (another process's read
+// transaction stops it short), and returns an error if that fsync fails:
+// then a power failure may take back the deferred writes.
 func (j *SQLiteJournal) Close() error { return j.db.Close() }
 
 // MaxBodySize is the largest request body the journal accepts

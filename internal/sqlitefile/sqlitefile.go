@@ -541,9 +541,19 @@ func (db *DB) Close() error {
 			// Buffered writes that no write came to carry.
 			err = errors.Join(err, db.commit())
 		}
-		// A last checkpoint syncs what deferred commits left in the WAL.
+		// What deferred commits left in the WAL is made durable by an fsync
+		// of the WAL itself: the checkpoint below cannot be relied on for
+		// it, as another process's read transaction stops a PASSIVE
+		// checkpoint short (and it syncs nothing then), and the WAL
+		// outlives this process's connections while another has the file
+		// open.
+		var serr error
+		if err := db.syncWAL(); err != nil {
+			serr = fmt.Errorf("idem %s %s: %w: %w", db.what, db.path, errNotSynced, err)
+		}
+		// The checkpoint keeps the WAL short for the next opener.
 		_, cerr := db.writer.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
-		db.closeErr = errors.Join(err, db.classify(cerr), db.closeDBs())
+		db.closeErr = errors.Join(err, serr, db.classify(cerr), db.closeDBs())
 	})
 	return db.closeErr
 }

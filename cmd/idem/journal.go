@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/operator"
+	"github.com/idemkit/idem/internal/sqlitefile"
 	"github.com/idemkit/idem/postgres"
 )
 
@@ -353,7 +354,11 @@ func scrub(err error, secrets []string) error {
 // sqliteVersion reads an SQLite journal's schema version without opening
 // it as a journal, on a read-only connection.
 func sqliteVersion(ctx context.Context, path string) (int, error) {
-	db, err := sql.Open("sqlite3", (&url.URL{Scheme: "file", Path: path, RawQuery: "mode=ro"}).String())
+	uri, err := sqlitefile.URI(path, url.Values{"mode": {"ro"}})
+	if err != nil {
+		return 0, err
+	}
+	db, err := sql.Open("sqlite3", uri)
 	if err != nil {
 		return 0, err
 	}

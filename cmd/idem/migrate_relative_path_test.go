@@ -35,3 +35,31 @@ func TestMigrateOfARelativeJournalPath(t *testing.T) {
 	requireOK(t, r)
 	assert.Contains(t, r.stdout, "already at schema version 6")
 }
+
+// The version is read back from the file named, whatever its path holds:
+// characters a URI reserves ('?', '#', '%'), a space, given relative or
+// absolute. A URI built unescaped names another file (or none) and the
+// second migrate would not find the version the first one wrote.
+func TestMigrateOfJournalPathsAURIMustEscape(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join("..", "..", "testdata", "journal-v5.db"))
+	require.NoError(t, err)
+	for _, name := range []string{"o p.db", "ops?mode=rw.db", "ops#1.db", "ops%41.db", "sub dir/ops%20?#.db"} {
+		for _, absolute := range []bool{false, true} {
+			dir := t.TempDir()
+			path := filepath.Join(dir, name)
+			require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o700))
+			require.NoError(t, os.WriteFile(path, b, 0o600))
+			arg := name
+			if absolute {
+				arg = path
+			}
+			r := cli(t, dir, nil, "--journal", arg, "migrate")
+			requireOK(t, r)
+			assert.Contains(t, r.stdout, "from schema version 5 to 6", "%q", arg)
+			r = cli(t, dir, nil, "--journal", arg, "migrate")
+			requireOK(t, r)
+			assert.Contains(t, r.stdout, "already at schema version 6", "%q", arg)
+		}
+	}
+}

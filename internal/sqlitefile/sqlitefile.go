@@ -301,8 +301,22 @@ func (db *DB) dsn(extra ...string) string {
 	for i := 0; i+1 < len(extra); i += 2 {
 		q.Set(extra[i], extra[i+1])
 	}
-	u := url.URL{Scheme: "file", Path: db.path, RawQuery: q.Encode()}
-	return u.String()
+	uri, _ := URI(db.path, q) // db.path is absolute: nothing to fail
+	return uri
+}
+
+// URI is the file: URI, with query q, by which SQLite opens the file at
+// path, made absolute (a relative path would read as an authority,
+// "file://ops.db", which SQLite refuses) and escaped ('?', '#', '%' and
+// spaces included). Every connection of this package, and the CLI's own,
+// is opened by it.
+func URI(path string, q url.Values) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: q.Encode()}
+	return u.String(), nil
 }
 
 func (db *DB) open(ctx context.Context) error {

@@ -37,7 +37,7 @@ func dirFiles(t *testing.T, dir string) map[string]string {
 // read-only must leave both files as they are (and refuse it, or read
 // it). It rolls the hot journal back instead: the file is truncated
 // (36864 bytes to 0 here) and the rollback journal deleted, by a reader.
-// The kill lands at a random point: tries until one leaves a rollback
+// The kill lands at a random point: tries until five leave a rollback
 // journal with something in it behind (about one in thirty), and skips
 // if none does.
 func TestSQLiteReadOnlyOpenAfterAKilledCreationChangesNothing(t *testing.T) {
@@ -45,6 +45,7 @@ func TestSQLiteReadOnlyOpenAfterAKilledCreationChangesNothing(t *testing.T) {
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
 	rnd := rand.New(rand.NewPCG(seed, seed))
+	checked := 0
 	for i := range 400 {
 		dir := t.TempDir()
 		path := filepath.Join(dir, "ops.db")
@@ -60,6 +61,8 @@ func TestSQLiteReadOnlyOpenAfterAKilledCreationChangesNothing(t *testing.T) {
 		}
 		before := dirFiles(t, dir)
 		j, err := idem.OpenSQLite(path, idem.SQLiteReadOnly())
+		t.Logf("try %d: %d bytes and a %d-byte rollback journal; read-only open: %v",
+			i, len(before["ops.db"]), len(before["ops.db-journal"]), err)
 		if err == nil {
 			require.NoError(t, j.Close())
 		}
@@ -73,6 +76,11 @@ func TestSQLiteReadOnlyOpenAfterAKilledCreationChangesNothing(t *testing.T) {
 				return
 			}
 		}
+		if checked++; checked == 5 {
+			return
+		}
 	}
-	t.Skip("no kill left a rollback journal behind")
+	if checked == 0 {
+		t.Skip("no kill left a rollback journal behind")
+	}
 }

@@ -115,6 +115,10 @@ func openJournalFor(ctx context.Context, e *env, a access) (*openJournal, error)
 		return nil, fmt.Errorf("journal %s: %v; a command that only reads does not migrate it: run 'idem --journal %s migrate' first",
 			e.journal, fe.Err, e.journal)
 	}
+	if fe := (*idem.FileError)(nil); errors.Is(err, idem.ErrJournalUnrecovered) && errors.As(err, &fe) {
+		return nil, fmt.Errorf("journal %s: %v: %v; a command that only reads changes neither file: run 'idem --journal %s migrate' first to roll that write back",
+			e.journal, fe.Kind, fe.Err, e.journal)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -38,6 +38,11 @@ var (
 	ErrSchemaTooOld = sqlitefile.ErrSchemaTooOld
 	// ErrJournalReadOnly: a write to a journal opened with SQLiteReadOnly.
 	ErrJournalReadOnly = sqlitefile.ErrReadOnly
+	// ErrJournalUnrecovered: a journal opened with SQLiteReadOnly has a hot
+	// rollback journal beside it (path-journal), left by a process that
+	// ended while it wrote the file (one killed while it created the
+	// journal, say). Opening it without SQLiteReadOnly rolls that write back.
+	ErrJournalUnrecovered = sqlitefile.ErrHot
 )
 
 // FileError is a failure tied to a journal file: its path, the kind of
@@ -141,6 +146,15 @@ func SQLiteMustExist() SQLiteOption {
 // write (Create, Update, Claim, Register, Prune...) fails with
 // ErrJournalReadOnly. A journal of an older schema is refused with
 // ErrSchemaTooOld, a missing or empty file as with SQLiteMustExist.
+//
+// Neither file is changed when a process ended while it wrote the journal
+// in rollback-journal mode (as it does while creating it) and left a hot
+// rollback journal beside it: where SQLite would play that back, rewriting
+// or truncating the file, a read-only open fails with
+// ErrJournalUnrecovered, at once or at a later read; an open without
+// SQLiteReadOnly (idem migrate, an application) rolls it back. A rollback
+// journal that SQLite does not take for hot (another process is writing)
+// is left alone and the file read as it was before that write.
 func SQLiteReadOnly() SQLiteOption {
 	return func(c *sqliteConfig) { c.file.ReadOnly, c.file.MustExist = true, true }
 }
@@ -240,7 +254,10 @@ func (j *SQLiteJournal) Stats() SQLiteStats {
 		Replayed: s.Replayed, LostBuffered: s.LostBuffered}
 }
 
-// Close makes every deferred write durable and closes the file.
+// Close makes every deferred write durable and closes the file. It fsyncs
+// the WAL whether or not its checkpoint can run (another process's read
+// transaction stops it short), and returns an error if that fsync fails:
+// then a power failure may take back the deferred writes.
 func (j *SQLiteJournal) Close() error { return j.db.Close() }
 
 // MaxBodySize is the largest request body the journal accepts

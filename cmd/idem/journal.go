@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/operator"
+	"github.com/idemkit/idem/internal/sqlitefile"
 	"github.com/idemkit/idem/postgres"
 )
 
@@ -113,6 +114,10 @@ func openJournalFor(ctx context.Context, e *env, a access) (*openJournal, error)
 	if fe := (*idem.FileError)(nil); errors.Is(err, idem.ErrSchemaTooOld) && errors.As(err, &fe) {
 		return nil, fmt.Errorf("journal %s: %v; a command that only reads does not migrate it: run 'idem --journal %s migrate' first",
 			e.journal, fe.Err, e.journal)
+	}
+	if fe := (*idem.FileError)(nil); errors.Is(err, idem.ErrJournalUnrecovered) && errors.As(err, &fe) {
+		return nil, fmt.Errorf("journal %s: %v: %v; a command that only reads changes neither file: run 'idem --journal %s migrate' first to roll that write back",
+			e.journal, fe.Kind, fe.Err, e.journal)
 	}
 	if err != nil {
 		return nil, err
@@ -353,7 +358,11 @@ func scrub(err error, secrets []string) error {
 // sqliteVersion reads an SQLite journal's schema version without opening
 // it as a journal, on a read-only connection.
 func sqliteVersion(ctx context.Context, path string) (int, error) {
-	db, err := sql.Open("sqlite3", (&url.URL{Scheme: "file", Path: path, RawQuery: "mode=ro"}).String())
+	uri, err := sqlitefile.URI(path, url.Values{"mode": {"ro"}})
+	if err != nil {
+		return 0, err
+	}
+	db, err := sql.Open("sqlite3", uri)
 	if err != nil {
 		return 0, err
 	}

@@ -52,9 +52,14 @@ func migrateSQLite(ctx context.Context, e *env) error {
 	if err != nil {
 		return err
 	}
-	if verr == nil && from < to {
+	switch {
+	case verr == nil && from < to:
 		_, err = fmt.Fprintf(e.stdout, "migrated journal %s from schema version %d to %d\n", clean(e.journal), from, to)
-	} else {
+	case verr != nil:
+		// Unread before (a hot rollback journal, which the open rolled
+		// back): whether it migrated is not known, only where it is.
+		_, err = fmt.Fprintf(e.stdout, "journal %s is at schema version %d\n", clean(e.journal), to)
+	default:
 		_, err = fmt.Fprintf(e.stdout, "journal %s is already at schema version %d: nothing to do\n", clean(e.journal), to)
 	}
 	return err

@@ -3,6 +3,7 @@ package sqlitefile
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"syscall"
 
 	"github.com/mattn/go-sqlite3"
@@ -25,6 +26,10 @@ var (
 	ErrFull = errors.New("disk full")
 	// ErrClosed: the database was closed.
 	ErrClosed = errors.New("closed")
+	// ErrHot: a file opened with Options.ReadOnly has a hot rollback
+	// journal beside it (a process ended while it wrote the file), which
+	// only a connection that may write plays back.
+	ErrHot = errors.New("left mid-write by a process that ended")
 )
 
 // Error is a failure tied to one file. It says what went wrong and what to
@@ -88,6 +93,11 @@ func (db *DB) classify(err error) error {
 			return &Error{What: db.what, Path: db.path, Kind: ErrFull, Err: err,
 				Hint: "free space on the file system; nothing was written by the failed call"}
 		case sqlite3.ErrReadonly, sqlite3.ErrPerm, sqlite3.ErrCantOpen:
+			if se.ExtendedCode == sqlite3.ErrReadonlyRollback {
+				return &Error{What: db.what, Path: db.path, Kind: ErrHot,
+					Err:  fmt.Errorf("a rollback journal (%s-journal) holds its last, unfinished write", filepath.Base(db.path)),
+					Hint: "a read-only open leaves both files as they are; opening it for writing rolls the write back"}
+			}
 			return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
 				Hint: "the file or its directory is not writable by this process; check ownership and permissions"}
 		case sqlite3.ErrIoErr:

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 )
@@ -15,6 +16,29 @@ var ErrReadOnly = errors.New("opened read-only")
 // ErrSchemaTooOld: a file opened with Options.ReadOnly has an older schema
 // than this build's, which only opening it for writing migrates.
 var ErrSchemaTooOld = errors.New("schema is older than this build's")
+
+// walOnly reports whether the file at path is in WAL mode (its header's
+// read and write versions are 2) with no rollback journal beside it. Only
+// then is it opened read-write by openReadOnly: a connection that may
+// write, finding a hot rollback journal (left by a process killed while it
+// wrote the file in rollback mode, as when it created a journal), plays it
+// back, rewriting or truncating the file and deleting the journal. One
+// opened with mode=ro refuses instead (SQLITE_READONLY_ROLLBACK, ErrHot),
+// at the first read and at every later one, and a file in rollback mode
+// has no -shm for it to leave behind.
+func walOnly(path string) bool {
+	if _, err := os.Lstat(path + "-journal"); !errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var h [20]byte
+	_, err = io.ReadFull(f, h[:])
+	return err == nil && h[18] == 2 && h[19] == 2
+}
 
 // openReadOnly opens the file for reading only, for tools that inspect it
 // while applications write it: the read pool alone, its connections
@@ -50,6 +74,9 @@ func (db *DB) openReadOnly(ctx context.Context) error {
 		extra = append(extra, "mode", "ro")
 	} else {
 		f.Close()
+		if !walOnly(db.path) {
+			extra = append(extra, "mode", "ro")
+		}
 	}
 	if db.Reader, err = sql.Open("sqlite3", db.dsn(extra...)); err != nil {
 		return db.openError(db.classify(err))

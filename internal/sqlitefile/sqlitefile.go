@@ -301,8 +301,22 @@ func (db *DB) dsn(extra ...string) string {
 	for i := 0; i+1 < len(extra); i += 2 {
 		q.Set(extra[i], extra[i+1])
 	}
-	u := url.URL{Scheme: "file", Path: db.path, RawQuery: q.Encode()}
-	return u.String()
+	uri, _ := URI(db.path, q) // db.path is absolute: nothing to fail
+	return uri
+}
+
+// URI is the file: URI, with query q, by which SQLite opens the file at
+// path, made absolute (a relative path would read as an authority,
+// "file://ops.db", which SQLite refuses) and escaped ('?', '#', '%' and
+// spaces included). Every connection of this package, and the CLI's own,
+// is opened by it.
+func URI(path string, q url.Values) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: q.Encode()}
+	return u.String(), nil
 }
 
 func (db *DB) open(ctx context.Context) error {
@@ -541,9 +555,19 @@ func (db *DB) Close() error {
 			// Buffered writes that no write came to carry.
 			err = errors.Join(err, db.commit())
 		}
-		// A last checkpoint syncs what deferred commits left in the WAL.
+		// What deferred commits left in the WAL is made durable by an fsync
+		// of the WAL itself: the checkpoint below cannot be relied on for
+		// it, as another process's read transaction stops a PASSIVE
+		// checkpoint short (and it syncs nothing then), and the WAL
+		// outlives this process's connections while another has the file
+		// open.
+		var serr error
+		if err := db.syncWAL(); err != nil {
+			serr = fmt.Errorf("idem %s %s: %w: %w", db.what, db.path, errNotSynced, err)
+		}
+		// The checkpoint keeps the WAL short for the next opener.
 		_, cerr := db.writer.ExecContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)")
-		db.closeErr = errors.Join(err, db.classify(cerr), db.closeDBs())
+		db.closeErr = errors.Join(err, serr, db.classify(cerr), db.closeDBs())
 	})
 	return db.closeErr
 }

@@ -342,8 +342,11 @@ func eventFor(before, after Record) Event {
 // a journal that stores a time it computes itself (a renewed lease's
 // expiry, say) truncates it with TruncateTime.
 func TruncateTime(t time.Time) time.Time {
-	if t.IsZero() {
-		return time.Time{}
+	// A time within a millisecond after the zero instant truncates to it:
+	// it must come back as the zero Time, as a zero Time does, and not
+	// as that instant in Local, which IsZero but is not == time.Time{}.
+	if t := time.UnixMilli(t.UnixMilli()); !t.IsZero() {
+		return t
 	}
-	return time.UnixMilli(t.UnixMilli())
+	return time.Time{}
 }

@@ -64,3 +64,21 @@ func TestOpenRefusesARoleThatMayInsertIntoServerUpButNotSelect(t *testing.T) {
 	_, err = jb.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
 	assert.NoError(t, err, "OpenJournal accepted the role: its claims while another worker holds a lease must work")
 }
+
+// A role granted INSERT on server_up's columns (GRANT INSERT (id, at)),
+// not on the table, may run the journal's insert into it, every column
+// of which it names; OpenJournal's check asks has_table_privilege, which
+// counts no column privilege, and refuses it. Correct: a role that may
+// run the insert opens (has_any_column_privilege, or the columns'
+// privilege, would say so).
+func TestOpenAcceptsInsertOnServerUpsColumns(t *testing.T) {
+	t.Parallel()
+	grants := strings.Replace(documentedGrants, "GRANT SELECT, INSERT ON idem.server_up", "GRANT SELECT, INSERT (id, at) ON idem.server_up", 1)
+	require.NotEqual(t, documentedGrants, grants)
+	schema, pool, _ := workersRole(t, grants)
+	_, err := pool.Exec(ctx, `INSERT INTO `+pgschema.Ident(schema)+`.server_up (id, at) VALUES (1, 0) ON CONFLICT (id) DO NOTHING`)
+	require.NoError(t, err, "the role may run the journal's insert into server_up")
+	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutMigration())
+	require.NoError(t, err, "a role that may insert into server_up's columns is not refused")
+	require.NoError(t, j.Close())
+}

@@ -122,7 +122,7 @@ func MigrateJournal(ctx context.Context, pool *pgxpool.Pool, schema string) erro
 // that holds another program's tables (idem.ErrNotJournal), a journal
 // written by a newer idem (idem.ErrSchemaTooNew), and, without migration,
 // tables that are missing or older (ErrNotMigrated); and a journal with
-// liveness whose role may not insert into server_up (see the package
+// liveness whose role may not read and insert into server_up (see the package
 // doc's Privileges). The pool belongs to the application; the journal
 // never closes it.
 func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Journal, error) {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
 // warmSessions makes the pool hold n sessions of its own, all idle.
@@ -74,4 +75,18 @@ func TestReadAfterTheServerTerminatedThePoolsIdleSessions(t *testing.T) {
 	require.NotZero(t, ended)
 	_, err := w.Get(ctx, keys[0])
 	assert.NoError(t, err, "a Get after the pool's %d idle sessions were terminated", ended)
+}
+
+// The network cut every session of the pool while they idled (the pool's
+// one-second check before use has not run yet): a read meets a broken
+// connection, and, a read changing nothing, runs again on another.
+func TestReadAfterThePoolsIdleSessionsWereCut(t *testing.T) {
+	t.Parallel()
+	p, pool := proxiedPool(t)
+	w := openOn(t, pool, pgtest.Schema(t))
+	keys := createRecords(t, w, 1)
+	warmSessions(t, pool, int(pool.Config().MaxConns))
+	p.CutAll()
+	_, err := w.Get(ctx, keys[0])
+	assert.NoError(t, err, "a Get after the pool's idle sessions were cut")
 }

@@ -229,10 +229,10 @@ type Client struct {
 	closing  chan struct{}  // closed when Close or Shutdown begins
 	// stopped is closed once, after Close or Shutdown began, the calls
 	// have returned (their last journal writes done) and the background
-	// goroutines have stopped; leftOwners once the client has left the journal's
-	// owners, which it does only then (leaveOwners). unsynced says that the first
-	// Close or Shutdown could not make the journal durable after stopped:
-	// a Close that follows does it.
+	// goroutines have stopped; leftOwners once the client has left the
+	// journal's owners, which it does only then (leaveOwners). unsynced
+	// says that the first Close or Shutdown could not make the journal
+	// durable after stopped: a Close that follows does it.
 	stopped    chan struct{}
 	leftOwners chan struct{}
 	leaving    sync.Once
@@ -684,11 +684,16 @@ func (c *Client) stopAgain(wait, finish context.Context) (waitErr, finishErr err
 		c.interrupt()
 	}
 	for _, ch := range []chan struct{}{c.stopped, c.shutdown} {
-		select {
-		case <-ch:
-		case <-finish.Done():
-			return nil, finish.Err()
+		if !closedChan(ch) { // done is done, whatever finish
+			select {
+			case <-ch:
+			case <-finish.Done():
+				return nil, finish.Err()
+			}
 		}
+	}
+	if !c.unsynced && closedChan(c.leftOwners) {
+		return nil, nil
 	}
 	if c.unsynced {
 		if serr := c.journal.Sync(finish); serr != nil && !errors.Is(serr, ErrJournalClosed) {
@@ -700,6 +705,16 @@ func (c *Client) stopAgain(wait, finish context.Context) (waitErr, finishErr err
 	}
 	c.http.CloseIdleConnections()
 	return nil, finishErr
+}
+
+// closedChan reports whether ch is closed, without waiting.
+func closedChan(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // leaveOwners leaves the journal's owners, once, after stopped: a call that

@@ -227,6 +227,16 @@ type Client struct {
 	calls    sync.WaitGroup // calls in progress
 	bg       sync.WaitGroup // the lease renewer and the background resumer
 	closing  chan struct{}  // closed when Close or Shutdown begins
+	// stopped is closed once, after Close or Shutdown began, the calls
+	// have returned (their last journal writes done) and the background
+	// goroutines have stopped; leftOwners once the client has left the
+	// journal's owners, which it does only then (leaveOwners). unsynced
+	// says that the first Close or Shutdown could not make the journal
+	// durable after stopped: a Close that follows does it.
+	stopped    chan struct{}
+	leftOwners chan struct{}
+	leaving    sync.Once
+	unsynced   bool
 
 	mu       sync.Mutex
 	closed   bool
@@ -253,7 +263,7 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("%w: Config.Journal is nil; open one with idem.OpenSQLite", ErrInvalidConfig)
 	}
 	c := &Client{cfg: cfg, journal: cfg.Journal, flights: map[scopeID]*flight{}, held: map[string]Lease{}, left: map[string]struct{}{}, cancels: map[uint64]context.CancelFunc{},
-		closing: make(chan struct{}), shutdown: make(chan struct{}), observed: cfg.Hooks.observed()}
+		closing: make(chan struct{}), shutdown: make(chan struct{}), stopped: make(chan struct{}), leftOwners: make(chan struct{}), observed: cfg.Hooks.observed()}
 	if cfg.BaseURL != "" {
 		u, err := url.Parse(cfg.BaseURL)
 		if err != nil || !u.IsAbs() || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
@@ -544,7 +554,11 @@ const closeTimeout = 30 * time.Second
 // the calls' last writes, Sync and leaving the owners; it returns an error
 // when the writes could not be made durable within them. A process that must stop sooner
 // (or may wait longer) calls Shutdown with a context of its own. Shutdown
-// lets calls in progress finish first.
+// lets calls in progress finish first. Close after a Shutdown whose
+// context ended does, within its 30 s, what that Shutdown left: it waits
+// for the calls it interrupted to return (their last writes done), makes
+// the journal durable and leaves its owners; once it returned nil, the
+// journal may be closed.
 func (c *Client) Close() error {
 	interrupt, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -575,7 +589,10 @@ func (c *Client) Close() error {
 // durable is what a crash could cost (below), and the caller may still
 // call the journal's Sync itself under a context of its own. A call
 // interrupted while it journals an answer it received goes on with that
-// write after Shutdown returned, if it must: the answer is not dropped.
+// write after Shutdown returned, if it must: the answer is not dropped;
+// the client leaves the journal's owners once the interrupted calls have
+// returned, not while they may still write as the owner of their leases.
+// A Close that follows waits for them (see Close).
 //
 // What a crash (as opposed to Close or Shutdown) can cost: nothing that
 // Do or Send reported. A success is committed before it is returned; what
@@ -600,22 +617,14 @@ func (c *Client) Shutdown(ctx context.Context) error {
 // stop stops the client: calls in progress are waited for until wait
 // ends, then interrupted (waitErr is wait's error then); the journal's
 // Sync and the leaving of its owners run under finish (finishErr says
-// what of them failed, or that finish ended first).
+// what of them failed, or that finish ended first). A stop after the
+// first (Close after Shutdown) does what the first could not within its
+// finish, under its own (stopAgain).
 func (c *Client) stop(wait, finish context.Context) (waitErr, finishErr error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		select {
-		case <-c.shutdown:
-			return nil, nil
-		default:
-		}
-		select {
-		case <-c.shutdown:
-			return nil, nil
-		case <-finish.Done():
-			return nil, finish.Err()
-		}
+		return c.stopAgain(wait, finish)
 	}
 	c.closed = true
 	close(c.closing)
@@ -633,38 +642,106 @@ func (c *Client) stop(wait, finish context.Context) (waitErr, finishErr error) {
 	// An interrupted call may still be journaling what already happened
 	// (outcomeCtx), which no interruption stops: it is waited for until
 	// finish ends, then left to end on its own, the lease renewer with it.
-	stopped := make(chan struct{})
 	go func() {
 		<-done
 		c.cancelBG()
 		c.bg.Wait()
-		close(stopped)
+		close(c.stopped)
 	}()
 	select {
-	case <-stopped:
+	case <-c.stopped:
 	case <-finish.Done():
-		c.log.Warn("idem: a call's last journal write was not done when the shutdown's context ended; it goes on in the background", "owner", c.owner, "error", finish.Err())
-	}
-	if serr := c.journal.Sync(finish); serr != nil && !errors.Is(serr, ErrJournalClosed) {
-		finishErr = fmt.Errorf("idem: making the journal durable: %w", serr)
-	}
-	// Unregister takes no context: it is waited for until finish ends,
-	// and left to end on its own past that.
-	left := make(chan error, 1)
-	go func() { left <- c.unregister() }()
-	select {
-	case uerr := <-left:
-		if uerr != nil {
-			c.log.Warn("idem: leaving the journal's owners", "owner", c.owner, "error", uerr)
-		}
-	case <-finish.Done():
-		c.log.Warn("idem: leaving the journal's owners: not done when the shutdown's context ended; it goes on in the background", "owner", c.owner, "error", finish.Err())
-		if finishErr == nil {
+		c.unsynced = true
+		c.log.Warn("idem: the shutdown's context ended before the calls it interrupted had returned; what they still journal goes on in the background, and the client leaves the journal's owners once they have returned (Close waits for them)", "owner", c.owner, "error", finish.Err())
+		go func() { <-c.stopped; c.leaveOwners() }()
+		if serr := c.journal.Sync(finish); serr != nil && !errors.Is(serr, ErrJournalClosed) {
+			finishErr = fmt.Errorf("idem: making the journal durable: %w", serr)
+		} else {
 			finishErr = finish.Err()
 		}
+		c.http.CloseIdleConnections()
+		return waitErr, finishErr
+	}
+	if serr := c.journal.Sync(finish); serr != nil && !errors.Is(serr, ErrJournalClosed) {
+		c.unsynced = true
+		finishErr = fmt.Errorf("idem: making the journal durable: %w", serr)
+	}
+	if err := c.awaitLeft(finish); err != nil && finishErr == nil {
+		finishErr = err
 	}
 	c.http.CloseIdleConnections()
 	return waitErr, finishErr
+}
+
+// stopAgain is a stop after the first, which may still be under way or
+// may have returned when its finish ended before the calls it
+// interrupted had (their last writes going on): it interrupts the calls
+// if wait has ended, and waits until finish ends for them, for the
+// first stop, for a Sync of what they wrote and for the leaving of the
+// journal's owners.
+func (c *Client) stopAgain(wait, finish context.Context) (waitErr, finishErr error) {
+	if wait.Err() != nil {
+		c.interrupt()
+	}
+	for _, ch := range []chan struct{}{c.stopped, c.shutdown} {
+		if !closedChan(ch) { // done is done, whatever finish
+			select {
+			case <-ch:
+			case <-finish.Done():
+				return nil, finish.Err()
+			}
+		}
+	}
+	if !c.unsynced && closedChan(c.leftOwners) {
+		return nil, nil
+	}
+	if c.unsynced {
+		if serr := c.journal.Sync(finish); serr != nil && !errors.Is(serr, ErrJournalClosed) {
+			finishErr = fmt.Errorf("idem: making the journal durable: %w", serr)
+		}
+	}
+	if err := c.awaitLeft(finish); err != nil && finishErr == nil {
+		finishErr = err
+	}
+	c.http.CloseIdleConnections()
+	return nil, finishErr
+}
+
+// closedChan reports whether ch is closed, without waiting.
+func closedChan(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// leaveOwners leaves the journal's owners, once, after stopped: a call that
+// still journals under its lease does so as a live owner's.
+func (c *Client) leaveOwners() {
+	c.leaving.Do(func() {
+		go func() {
+			if err := c.unregister(); err != nil {
+				c.log.Warn("idem: leaving the journal's owners", "owner", c.owner, "error", err)
+			}
+			close(c.leftOwners)
+		}()
+	})
+}
+
+// awaitLeft leaves the journal's owners and waits for it until finish
+// ends (Unregister takes no context), leaving it to end on its own past
+// that.
+func (c *Client) awaitLeft(finish context.Context) error {
+	c.leaveOwners()
+	select {
+	case <-c.leftOwners:
+		return nil
+	case <-finish.Done():
+		c.log.Warn("idem: leaving the journal's owners: not done when the shutdown's context ended; it goes on in the background", "owner", c.owner, "error", finish.Err())
+		return finish.Err()
+	}
 }
 
 // enter registers a call in progress and ties ctx to the client's life:

@@ -238,7 +238,7 @@ func (c *Client) prepareAt(op Op, u string, copyHeader bool) (prepared, error) {
 		if canon == c.keyHeader {
 			return prepared{}, invalidOp("Op.Header sets %s; the client sets the idempotency key itself", canon)
 		}
-		if err := checkHeader(canon, values); err != nil {
+		if err := checkHeader("Op.Header", canon, values); err != nil {
 			return prepared{}, err
 		}
 		if copyHeader {
@@ -250,14 +250,17 @@ func (c *Client) prepareAt(op Op, u string, copyHeader bool) (prepared, error) {
 }
 
 // checkHeader refuses a header net/http's transport would refuse to write
-// on every attempt: journaled, it would stay pending for ever.
-func checkHeader(name string, values []string) error {
+// on every attempt: journaled, it would stay pending for ever; a call's
+// credential (the standard client's), not journaled, would fail every
+// attempt of an operation that was. field names where the header came
+// from; the error never repeats a value, which may be a credential.
+func checkHeader(field, name string, values []string) error {
 	if !wire.IsToken(name) {
-		return invalidOp("Op.Header name %q is not an HTTP token; nothing was journaled or sent", name)
+		return invalidOp("%s name %q is not an HTTP token; nothing was journaled or sent", field, name)
 	}
 	for _, v := range values {
 		if strings.ContainsFunc(v, func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }) {
-			return invalidOp("Op.Header %s has a value with a control character (CR, LF, NUL...), which HTTP cannot carry; nothing was journaled or sent", name)
+			return invalidOp("%s %s has a value with a control character (CR, LF, NUL...), which HTTP cannot carry; nothing was journaled or sent", field, name)
 		}
 	}
 	return nil

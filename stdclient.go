@@ -348,6 +348,15 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, *call
 		return fail(err)
 	}
 	header, creds := t.split(req.Header)
+	if creds != nil {
+		// The journaled header is checked as Op.Header is (prepareAt);
+		// the call's credentials likewise, before anything is journaled.
+		for _, c := range creds.header {
+			if err := checkHeader("the request's credential header", c.name, c.values); err != nil {
+				return fail(err)
+			}
+		}
+	}
 	body, err := t.readBody(req)
 	if err != nil {
 		return prepared{}, nil, err

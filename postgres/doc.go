@@ -47,8 +47,8 @@
 //	GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA idem TO workers;
 //
 // and a ReadOnly journal (idem ls, idem ui) SELECT on the tables alone.
-// OpenJournal refuses a journal with liveness for a role without INSERT on
-// server_up, naming the grant. A role that loses it once its journal is
+// OpenJournal refuses a journal with liveness for a role without SELECT and
+// INSERT on server_up (on the table, or on its columns), naming the grant. A role that loses it once its journal is
 // open still claims and acquires while the table holds its row; when the
 // table is empty (after a crash recovery, or on a promoted standby) and no
 // role that may insert into it has judged a worker since, a killed

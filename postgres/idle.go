@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"errors"
+	"io"
+	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,9 +35,47 @@ func endedIdle(err error) bool {
 // most once more than that. The pool's size is read only then: its Config
 // is a copy, made anew at each call.
 func onLiveSession(ctx context.Context, pool *pgxpool.Pool, fn func() error) error {
+	return retryEnded(ctx, pool, endedIdle, fn)
+}
+
+// adminShutdown is the SQLSTATE with which the server ends a session
+// that pg_terminate_backend (an administrator, a tool that reaps idle
+// sessions) or a shutdown of the server ended.
+const adminShutdown = "57P01"
+
+// endedForRead reports whether err is that of a session that ended before
+// or while a read ran on it: ended for idling, terminated (adminShutdown,
+// which, unlike 57P05, may come in the middle of a statement), or broken
+// (before anything of the statement was sent, pgconn.SafeToRetry; or after:
+// the connection closed or reset under it, as when the network cut a
+// session that idled, found by the pool only after a second). A read
+// changes nothing, so it may run again on another session whichever it
+// was; a write may not, as the statement may have run (see indoubt.go).
+// A connection that could not be opened, or timed out, is not retried:
+// the server is down or silent, and another try would wait as long.
+func endedForRead(err error) bool {
+	if endedIdle(err) || pgconn.SafeToRetry(err) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == adminShutdown
+	}
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// onLiveSessionRead is onLiveSession for fn that only reads: it runs again
+// on another session too when its session was terminated or broken (see
+// endedForRead).
+func onLiveSessionRead(ctx context.Context, pool *pgxpool.Pool, fn func() error) error {
+	return retryEnded(ctx, pool, endedForRead, fn)
+}
+
+func retryEnded(ctx context.Context, pool *pgxpool.Pool, ended func(error) bool, fn func() error) error {
 	for tries := -1; ; tries-- {
 		err := fn()
-		if err == nil || !endedIdle(err) || ctx.Err() != nil {
+		if err == nil || !ended(err) || ctx.Err() != nil {
 			return err
 		}
 		if tries < 0 {

@@ -122,7 +122,7 @@ func MigrateJournal(ctx context.Context, pool *pgxpool.Pool, schema string) erro
 // that holds another program's tables (idem.ErrNotJournal), a journal
 // written by a newer idem (idem.ErrSchemaTooNew), and, without migration,
 // tables that are missing or older (ErrNotMigrated); and a journal with
-// liveness whose role may not insert into server_up (see the package
+// liveness whose role may not read and insert into server_up (see the package
 // doc's Privileges). The pool belongs to the application; the journal
 // never closes it.
 func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Journal, error) {
@@ -247,14 +247,14 @@ var readOnlyTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.Read
 // read runs fn, which reads, on the pool; on a ReadOnly journal, in a
 // transaction begun READ ONLY. fn consumes the rows it queries, and sets
 // whatever it returns afresh: it runs again on another session when its
-// session was ended for idling (onLiveSession).
+// session was ended, for idling, terminated or broken (onLiveSessionRead).
 func (j *Journal) read(ctx context.Context, fn func(q reader) error) error {
 	return readOn(ctx, j.pool, j.readOnly, fn)
 }
 
 // readOn is read on pool, before the journal exists.
 func readOn(ctx context.Context, pool *pgxpool.Pool, readOnly bool, fn func(q reader) error) error {
-	return onLiveSession(ctx, pool, func() error {
+	return onLiveSessionRead(ctx, pool, func() error {
 		if !readOnly {
 			return fn(pool)
 		}
@@ -380,7 +380,7 @@ func (j *Journal) Claim(ctx context.Context, req idem.ClaimRequest) ([]idem.Reco
 		return nil, err
 	}
 	defer done()
-	if err := onLiveSession(ctx, j.pool, func() error { return j.clock.refresh(ctx, j.pool) }); err != nil {
+	if err := onLiveSessionRead(ctx, j.pool, func() error { return j.clock.refresh(ctx, j.pool) }); err != nil {
 		return nil, j.fail(ctx, "claim by "+req.Owner, err)
 	}
 	off := j.off()
@@ -479,7 +479,7 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 	if len(held) == 0 {
 		return 0, nil
 	}
-	if err := onLiveSession(ctx, j.pool, func() error { return j.clock.refresh(ctx, j.pool) }); err != nil {
+	if err := onLiveSessionRead(ctx, j.pool, func() error { return j.clock.refresh(ctx, j.pool) }); err != nil {
 		return 0, j.fail(ctx, "the renewal of leases", err)
 	}
 	keys := slices.Sorted(maps.Keys(held)) // rows are locked in key order, as every batch does

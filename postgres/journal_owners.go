@@ -586,21 +586,30 @@ type querier interface {
 var errServerUpPrivilege = errors.New("the journal's role may not insert into server_up")
 
 // mayMarkServerUp refuses, at OpenJournal, a journal that would judge
-// owners (liveness, not ReadOnly) for a role that may not insert into
-// server_up: its judgements would degrade as errServerUpPrivilege says,
-// with nothing to tell the operator that a fleet's take-over had slowed
-// from LivenessGrace to the leases' length.
+// owners (liveness, not ReadOnly) for a role that may not both read
+// server_up (every judgement does) and insert into it: without SELECT
+// every judgement fails, so a Claim while another worker holds a lease
+// fails; without INSERT they degrade as errServerUpPrivilege says, with
+// nothing to tell the operator that a fleet's take-over had slowed from
+// LivenessGrace to the leases' length. The privileges asked are those of
+// the columns the judgement reads and the insert writes, which a grant on
+// the table gives as well as one on those columns.
 func mayMarkServerUp(ctx context.Context, q reader, schema string) error {
 	var may bool
 	var role string
-	if err := q.QueryRow(ctx, `SELECT has_table_privilege($1::regclass, 'INSERT'), current_user`, pgschema.Ident(schema)+".server_up").Scan(&may, &role); err != nil || may {
+	if err := q.QueryRow(ctx, `SELECT bool_and(has_column_privilege($1::regclass, c, p)), current_user
+		FROM unnest(ARRAY['id', 'at']) c, unnest(ARRAY['SELECT', 'INSERT']) p`, pgschema.Ident(schema)+".server_up").Scan(&may, &role); err != nil || may {
 		return err
 	}
-	return fmt.Errorf("postgres journal in schema %q: %w: without it, after a crash recovery or a promotion of the database, "+
-		"a dead worker's operations are taken only when their leases lapse, not after LivenessGrace; "+
-		"run GRANT INSERT ON %s.server_up TO %s (see the package doc's Privileges), or open the journal WithoutLiveness, ReadOnly if it only reads",
-		schema, errServerUpPrivilege, pgschema.Ident(schema), pgschema.Ident(role))
+	return fmt.Errorf("postgres journal in schema %q: %w: without them, its claims fail while another worker holds a lease, or, "+
+		"after a crash recovery or a promotion of the database, a dead worker's operations are taken only when their leases lapse, not after LivenessGrace; "+
+		"run GRANT SELECT, INSERT ON %s.server_up TO %s (see the package doc's Privileges), or open the journal WithoutLiveness, ReadOnly if it only reads",
+		schema, errServerUpSelectInsert, pgschema.Ident(schema), pgschema.Ident(role))
 }
+
+// errServerUpSelectInsert is OpenJournal's refusal of a role that may not
+// read and insert into server_up (mayMarkServerUp).
+var errServerUpSelectInsert = errors.New("the journal's role may not select from and insert into server_up")
 
 // judge returns the owners among names that are gone, marking those whose
 // lock it finds free (see the top of this file). q may be a write

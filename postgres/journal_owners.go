@@ -653,7 +653,7 @@ func (j *Journal) judge(ctx context.Context, q querier, names []string, inTx boo
 		}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
-			return gone, fmt.Errorf("postgres journal in schema %q: %w: %w; run GRANT INSERT ON %s.server_up TO the workers' role",
+			return gone, fmt.Errorf("postgres journal in schema %q: %w: %w; run GRANT SELECT, INSERT ON %s.server_up TO the workers' role",
 				j.schema, errServerUpPrivilege, err, pgschema.Ident(j.schema))
 		}
 		return nil, err

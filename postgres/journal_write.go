@@ -201,8 +201,11 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 // of r, in doubt, sent (see doubted).
 func (r *writeReq) wroteEarlier(rec idem.Record) bool {
 	d := r.doubted
+	// The lease too: another worker's write of the same version and
+	// state in the same millisecond holds its own owner or epoch.
 	return d != nil && rec.Key == d.Key && rec.Version == d.Version && rec.State == d.State &&
-		wire.Millis(rec.UpdatedAt) == wire.Millis(d.UpdatedAt)
+		wire.Millis(rec.UpdatedAt) == wire.Millis(d.UpdatedAt) &&
+		rec.Lease.Owner == d.Lease.Owner && rec.Lease.Epoch == d.Lease.Epoch
 }
 
 func resetResult(r *writeReq) {

@@ -25,7 +25,9 @@
 // Tables. In the schema that Schema names: operations, one row per
 // operation with its request, key, state, lease and response; due, the
 // active operations by when they are due; events, its history (but the
-// event of an operation's current version, which its row holds); owners,
+// event of an operation's current version and, for an operation its
+// first write created without a read, its creation event, which its row
+// holds); owners,
 // the workers ever registered; server_up (unlogged), when the server was
 // last found up, from which a liveness grace counts (see Liveness); sync,
 // one row that Sync commits; and idem_schema, the version of each kind of

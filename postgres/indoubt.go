@@ -98,7 +98,11 @@ func readBackCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // its own), the session is not found, and the read-back reads at once. A
 // commit still running then may read as not committed; the write runs
 // again, and the journal's rules refuse what would repeat it (a create
-// finds its operation, an update finds its version taken).
+// finds its operation, an update finds its version taken). Run again, the
+// write waits for the first where that one still holds or waits for the
+// row (the row's lock, the key's uniqueness check), and a row that is
+// what the first sent (writeReq.doubted) is the write's own result: a
+// create that created it, an update that made it.
 func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 	pid := d.pid
 	wait := 2 * time.Millisecond

@@ -57,6 +57,11 @@ func (j *Journal) readBack(reqs []*writeReq, d *commitDoubt) readResult {
 		}
 	}
 	if len(applied) == 0 {
+		for _, r := range reqs {
+			if r.sent != nil && r.op != opRelease {
+				r.doubted = r.sent
+			}
+		}
 		return notCommitted
 	}
 	for _, r := range reqs {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/wire"
 	"github.com/idemkit/idem/journal"
 )
 
@@ -55,6 +56,14 @@ type writeReq struct {
 	// sent is the row the write leaves if its transaction commits, once it
 	// is queued: what a commit in doubt is read back against.
 	sent *idem.Record
+	// doubted is what an earlier run of the write sent, whose commit was
+	// in doubt and read back as not committed. Behind a pooler the session
+	// that ran it cannot be found and waited for (see settle): it may
+	// still commit after the read-back, and the write run again then finds
+	// its row. A row that is this record (its key, version, time and
+	// state) is the earlier run's write, this write's result, not another
+	// process's.
+	doubted *idem.Record
 
 	done chan struct{}
 }
@@ -186,6 +195,17 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 		}
 		close(r.done)
 	}
+}
+
+// wroteEarlier reports whether rec, the row as read, is what an earlier run
+// of r, in doubt, sent (see doubted).
+func (r *writeReq) wroteEarlier(rec idem.Record) bool {
+	d := r.doubted
+	// The lease too: another worker's write of the same version and
+	// state in the same millisecond holds its own owner or epoch.
+	return d != nil && rec.Key == d.Key && rec.Version == d.Version && rec.State == d.State &&
+		wire.Millis(rec.UpdatedAt) == wire.Millis(d.UpdatedAt) &&
+		rec.Lease.Owner == d.Lease.Owner && rec.Lease.Epoch == d.Lease.Epoch
 }
 
 func resetResult(r *writeReq) {
@@ -358,6 +378,10 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 					continue
 				}
 				r.out = ex.rec
+				if r.wroteEarlier(ex.rec) {
+					r.created = true
+					continue
+				}
 				if ex.rec.Fingerprint != r.rec.Fingerprint {
 					r.err = journal.FingerprintMismatch(ex.rec)
 				}
@@ -389,6 +413,10 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 			if rw.id == 0 {
 				// Created by this very batch: nothing can know it yet.
 				r.again = true
+				continue
+			}
+			if r.op != opRelease && r.wroteEarlier(rw.rec) {
+				r.out = rw.rec
 				continue
 			}
 			j.apply(b, r, rw, now, gone)

@@ -26,6 +26,12 @@ import (
 // the test's own that connects through it.
 func proxiedPool(t *testing.T) (*pgproxy.Proxy, *pgxpool.Pool) {
 	t.Helper()
+	return proxiedPoolOf(t, 4)
+}
+
+// proxiedPoolOf is proxiedPool with at most maxConns connections.
+func proxiedPoolOf(t *testing.T, maxConns int32) (*pgproxy.Proxy, *pgxpool.Pool) {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
 	require.NoError(t, err)
 	p, err := pgproxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
@@ -33,7 +39,7 @@ func proxiedPool(t *testing.T) (*pgproxy.Proxy, *pgxpool.Pool) {
 	t.Cleanup(func() { _ = p.Close() })
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(p.Addr().Port)
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
-	cfg.MaxConns = 4
+	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -44,7 +50,14 @@ func proxiedPool(t *testing.T) (*pgproxy.Proxy, *pgxpool.Pool) {
 // direct reads the same schema without it.
 func proxiedJournal(t *testing.T) (p *pgproxy.Proxy, j, direct *postgres.Journal) {
 	t.Helper()
-	p, pool := proxiedPool(t)
+	return proxiedJournalOf(t, 4)
+}
+
+// proxiedJournalOf is proxiedJournal on a pool of at most maxConns
+// connections.
+func proxiedJournalOf(t *testing.T, maxConns int32) (p *pgproxy.Proxy, j, direct *postgres.Journal) {
+	t.Helper()
+	p, pool := proxiedPoolOf(t, maxConns)
 	schema := pgtest.Schema(t)
 	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema))
 	require.NoError(t, err)

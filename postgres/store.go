@@ -175,7 +175,7 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 	if err := s.enter(ctx); err != nil {
 		return server.ClaimResult{}, err
 	}
-	if err := onLiveSession(ctx, s.pool, func() error { return s.clock.refresh(ctx, s.pool) }); err != nil {
+	if err := onLiveSessionRead(ctx, s.pool, func() error { return s.clock.refresh(ctx, s.pool) }); err != nil {
 		return server.ClaimResult{}, s.fail(ctx, "claim", err)
 	}
 	// The request's times are the caller's clock; the entries' are the
@@ -198,7 +198,7 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 			}}, nil
 		}
 		var e server.Entry
-		err := onLiveSession(ctx, s.pool, func() (err error) {
+		err := onLiveSessionRead(ctx, s.pool, func() (err error) {
 			e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, w.id), off)
 			return err
 		})
@@ -288,7 +288,7 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 		// The same completion again (the first one's reply was lost)
 		// finds its own response under its token, and succeeds.
 		var same int
-		err := onLiveSession(ctx, s.pool, func() error {
+		err := onLiveSessionRead(ctx, s.pool, func() error {
 			return s.pool.QueryRow(ctx, s.q.completedAlike, w.id, req.Token, int32(req.Response.Status), w.header, w.body).Scan(&same)
 		})
 		if err != nil {
@@ -340,7 +340,7 @@ func (s *Store) Get(ctx context.Context, scope, key string, now time.Time) (serv
 	}
 	off := s.clock.off()
 	var e server.Entry
-	err := onLiveSession(ctx, s.pool, func() (err error) {
+	err := onLiveSessionRead(ctx, s.pool, func() (err error) {
 		e, err = scanStoreEntry(s.pool.QueryRow(ctx, s.q.get, storeID(scope, key), storeNanos(now, off)), off)
 		return err
 	})

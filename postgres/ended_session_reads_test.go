@@ -26,6 +26,18 @@ func warmSessions(t *testing.T, pool *pgxpool.Pool, n int) {
 	}
 }
 
+// terminateSessions ends every session of db's role but the admin's own
+// with pg_terminate_backend, as an administrator or a reaper of idle
+// sessions would, and returns how many it ended.
+func terminateSessions(t *testing.T, db *defaultsDB) int {
+	t.Helper()
+	var ended int
+	require.NoError(t, db.admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity
+		WHERE usename = $1 AND pid <> pg_backend_pid()`, db.name).Scan(&ended))
+	require.NotZero(t, ended)
+	return ended
+}
+
 // Every idle session of the pool ended for idling (57P05): a read meets
 // one ended session after another, and runs again each time until it
 // finds a live one (a new connection). A List read page by page by a
@@ -69,10 +81,7 @@ func TestReadAfterTheServerTerminatedThePoolsIdleSessions(t *testing.T) {
 	w := openOn(t, db.pool, "idem")
 	keys := createRecords(t, w, 1)
 	warmSessions(t, db.pool, 3)
-	var ended int
-	require.NoError(t, db.admin.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity
-		WHERE usename = $1 AND pid <> pg_backend_pid()`, db.name).Scan(&ended))
-	require.NotZero(t, ended)
+	ended := terminateSessions(t, db)
 	_, err := w.Get(ctx, keys[0])
 	assert.NoError(t, err, "a Get after the pool's %d idle sessions were terminated", ended)
 }

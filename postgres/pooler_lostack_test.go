@@ -27,6 +27,15 @@ import (
 // PgBouncer in transaction mode.
 func journalBehindAProxiedPooler(t *testing.T) (*pgproxy.Proxy, *postgres.Journal, string) {
 	t.Helper()
+	p, pool := poolBehindAProxiedPooler(t)
+	schema := pgtest.Schema(t)
+	return p, openOn(t, pool, schema, postgres.WithoutLiveness()), schema
+}
+
+// poolBehindAProxiedPooler opens a pool that reaches the database through
+// a proxy in front of PgBouncer in transaction mode.
+func poolBehindAProxiedPooler(t *testing.T) (*pgproxy.Proxy, *pgxpool.Pool) {
+	t.Helper()
 	bouncer := pgtest.StartBouncer(t)
 	cfg, err := pgxpool.ParseConfig(bouncer.DSN())
 	require.NoError(t, err)
@@ -38,8 +47,7 @@ func journalBehindAProxiedPooler(t *testing.T) (*pgproxy.Proxy, *postgres.Journa
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	schema := pgtest.Schema(t)
-	return p, openOn(t, pool, schema, postgres.WithoutLiveness()), schema
+	return p, pool
 }
 
 // waitingStatements counts the sessions, but the one of pid, whose

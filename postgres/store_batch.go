@@ -24,7 +24,12 @@ type claimWrite struct {
 	expires  int64
 	inserted bool
 	token    int64
-	err      error
+	// doubted: the insert was in doubt and its read-back found nothing.
+	// Behind a transaction pooler that may be an insert still running on
+	// a server session the store cannot wait for (see settle), whose row
+	// then appears: the claim takes such a row as its own (see Claim).
+	doubted bool
+	err     error
 }
 
 // completeWrite is one completion in a batch.
@@ -77,10 +82,15 @@ func (s *Store) insertClaims(ctx context.Context, batch []*claimWrite) {
 		})
 	})
 	if d := asDoubt(err); d != nil {
-		if s.readBackClaims(ctx, d, sent) != notCommitted {
-			return
+		if s.readBackClaims(ctx, d, sent) == notCommitted {
+			// Not run again here: each claim inserts again in its next
+			// round, which waits for an insert of its key still running,
+			// and takes the row that one leaves as its own.
+			for _, w := range sent {
+				w.doubted = true
+			}
 		}
-		err = fmt.Errorf("its commit's acknowledgement was lost (%w), and it was not committed", d.err)
+		return
 	}
 	if err != nil {
 		storeRetryAlone(ctx, batch, err, func(w *claimWrite) { w.inserted, w.token = false, 0 },

@@ -64,18 +64,7 @@ func TestWriteWithoutAReadOverARowChangedWhileItWaitsWhateverTheDefaultIsolation
 			require.NoError(t, db.pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&session))
 			require.Equal(t, iso, session, "the role's default reaches the journal's sessions")
 			schema := "idem"
-			j, err := postgres.OpenJournal(ctx, db.pool, postgres.Schema(schema), postgres.WithoutLiveness())
-			require.NoError(t, err)
-			defer j.Close()
-			rec := newRecord("shop")
-			rec.State, rec.Attempts = idem.StateInFlight, 1
-			rec.Lease = idem.Lease{Owner: "w1", ExpiresAt: time.Now().Add(time.Minute)}
-			created, _, err := j.Create(ctx, rec)
-			require.NoError(t, err)
-
-			next := created
-			next.State = idem.StateSucceeded
-			next.Response = &idem.Response{StatusCode: 201}
+			j, created, next := inFlightAndItsAnswer(t, db.pool, schema)
 			var got idem.Record
 			var uerr error
 			tx, done := holdRowUntilAWriteWaits(t, db.admin, schema, db.name, created.Key, func() {
@@ -106,18 +95,7 @@ func TestWriteWithoutAReadThatOutwaitsLockTimeoutChangesNothing(t *testing.T) {
 	t.Parallel()
 	db := poolWithDefaults(t, "role", 4, map[string]string{"lock_timeout": "200ms"})
 	schema := "idem"
-	j, err := postgres.OpenJournal(ctx, db.pool, postgres.Schema(schema), postgres.WithoutLiveness())
-	require.NoError(t, err)
-	defer j.Close()
-	rec := newRecord("shop")
-	rec.State, rec.Attempts = idem.StateInFlight, 1
-	rec.Lease = idem.Lease{Owner: "w1", ExpiresAt: time.Now().Add(time.Minute)}
-	created, _, err := j.Create(ctx, rec)
-	require.NoError(t, err)
-
-	next := created
-	next.State = idem.StateSucceeded
-	next.Response = &idem.Response{StatusCode: 201}
+	j, created, next := inFlightAndItsAnswer(t, db.pool, schema)
 	tx, err := db.admin.Begin(ctx)
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `SELECT FROM `+pgx.Identifier{schema, "operations"}.Sanitize()+` WHERE key = $1 FOR UPDATE`, created.Key)
@@ -136,4 +114,23 @@ func TestWriteWithoutAReadThatOutwaitsLockTimeoutChangesNothing(t *testing.T) {
 	hist, err := j.History(ctx, created.Key)
 	require.NoError(t, err)
 	assert.Len(t, hist, 2, "the creation and the answer, once each")
+}
+
+// inFlightAndItsAnswer opens a journal without liveness in schema on pool
+// (closed when t ends), creates an operation in flight under a lease, and
+// returns it with the update that settles it with a 201.
+func inFlightAndItsAnswer(t *testing.T, pool *pgxpool.Pool, schema string) (*postgres.Journal, idem.Record, idem.Record) {
+	t.Helper()
+	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.WithoutLiveness())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j.Close() })
+	rec := newRecord("shop")
+	rec.State, rec.Attempts = idem.StateInFlight, 1
+	rec.Lease = idem.Lease{Owner: "w1", ExpiresAt: time.Now().Add(time.Minute)}
+	created, _, err := j.Create(ctx, rec)
+	require.NoError(t, err)
+	next := created
+	next.State = idem.StateSucceeded
+	next.Response = &idem.Response{StatusCode: 201}
+	return j, created, next
 }

@@ -62,12 +62,34 @@ func (a *api) create(w http.ResponseWriter, r *http.Request) {
 }
 
 // gate holds a handler, while it is on, until a second request with the
-// same key has arrived at the server.
+// same key has arrived at the server; or, when it is manual, until the
+// server's handler of that second request releases it, having seen the
+// first still running (a release on arrival lets the first finish before
+// the second looks, and the two no longer overlap).
 type gate struct {
 	mu     sync.Mutex
 	on     bool
+	manual bool
 	second map[string]chan struct{}
 	seen   map[string]int
+}
+
+// release lets the request held under key go.
+func (g *gate) release(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if ch := g.chanFor(key); !isClosed(ch) {
+		close(ch)
+	}
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func (g *gate) setOn(on bool) {
@@ -90,7 +112,7 @@ func (g *gate) arrive(key string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	ch := g.chanFor(key)
-	if g.seen[key]++; g.seen[key] == 2 {
+	if g.seen[key]++; g.seen[key] == 2 && !g.manual && !isClosed(ch) {
 		close(ch)
 	}
 }
@@ -196,7 +218,10 @@ func (k *keyed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if found {
 		select {
 		case <-e.done:
+			k.a.gate.release(keyOf(r))
 		default:
+			// Seen running: the first may go on now.
+			k.a.gate.release(keyOf(r))
 			if !k.wait {
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(http.StatusConflict)
@@ -230,7 +255,7 @@ func (k *keyed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func keyedAPI(t *testing.T, k *keyed) *api {
-	a := &api{}
+	a := &api{gate: gate{manual: true}}
 	k.a = a
 	if k.header == "" {
 		k.header = "Idempotency-Key"

@@ -183,6 +183,9 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 	off := s.clock.off()
 	now, expires, stale := storeNanos(req.Now, off), storeNanos(req.ExpiresAt, off), storeNanos(req.StaleBefore, off)
 	id := storeID(req.Scope, req.Key)
+	// doubted: a write of this claim was in doubt and read back as not
+	// committed; behind a transaction pooler it may commit after, and the
+	// entry it leaves is then this claim's (claimedAt).
 	doubted := false
 	for range claimRounds {
 		w := claimWrite{req: &req, id: id, now: now, expires: expires}
@@ -205,28 +208,33 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 			return err
 		})
 		switch {
-		case err == nil && doubted && e.State == server.InProgress && e.Fingerprint == req.Fingerprint &&
-			storeNanos(e.CreatedAt, off) == now && storeNanos(e.LockedAt, off) == now:
-			// The row an insert of this claim left in doubt committed
-			// after its read-back (readBackClaims' test).
-			return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
+		case err == nil && doubted && claimedAt(e, off, req.Fingerprint, now):
+			// A write of this claim left in doubt (an insert, a
+			// replacement, a take-over) committed after its read-back.
+			// An insert or a replacement created the entry at the
+			// claim's time; a take-over kept its creation.
+			return server.ClaimResult{Claimed: true, TookOver: storeNanos(e.CreatedAt, off) != now, Token: e.Token, Entry: e}, nil
 		case errors.Is(err, pgx.ErrNoRows):
 			// Deleted since the insert ran into it: insert again.
 			continue
 		case err != nil:
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		case !e.ExpiresAt.After(req.Now):
-			e, err = s.claimRow(ctx, &req, id, now, off, s.q.replace,
+			var d bool
+			e, d, err = s.claimRow(ctx, &req, id, now, off, s.q.replace,
 				id, []byte(req.Fingerprint), []byte(req.Method), []byte(req.Path), now, expires)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
 			}
+			doubted = doubted || d
 		case e.State == server.InProgress && e.Fingerprint == req.Fingerprint && e.LockedAt.Before(req.StaleBefore):
-			e, err = s.claimRow(ctx, &req, id, now, off, s.q.takeOver,
+			var d bool
+			e, d, err = s.claimRow(ctx, &req, id, now, off, s.q.takeOver,
 				id, []byte(req.Fingerprint), now, expires, stale)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, TookOver: true, Token: e.Token, Entry: e}, nil
 			}
+			doubted = doubted || d
 		default:
 			return server.ClaimResult{Entry: e}, nil
 		}
@@ -244,14 +252,14 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 
 // claimRow runs a replacement or a take-over of the entry id, which
 // returns the entry it claimed, or pgx.ErrNoRows when the entry no longer
-// qualified. One whose commit is in doubt is read back: an entry in
-// progress with this claim's fingerprint, locked at this claim's time now
-// (in nanoseconds on the server's clock, as written), is this claim's; any
-// other reads as not claimed, and the claim looks again. off moves the
-// entry's times back to the caller's clock.
-func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byte, now int64, off time.Duration, sql string, args ...any) (server.Entry, error) {
-	var e server.Entry
-	err := s.writeTx(ctx, func(b *pgx.Batch) {
+// qualified. One whose commit is in doubt is read back: an entry this
+// claim's write leaves (claimedAt) is this claim's; any other reads as
+// not claimed, and the claim looks again, doubted then true: behind a
+// transaction pooler the write may still commit after its read-back, and
+// the claim takes the entry it finds then as its own too (see Claim and
+// settle). off moves the entry's times back to the caller's clock.
+func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byte, now int64, off time.Duration, sql string, args ...any) (e server.Entry, doubted bool, err error) {
+	err = s.writeTx(ctx, func(b *pgx.Batch) {
 		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
 			var err error
 			e, err = scanStoreEntry(row, off)
@@ -260,17 +268,28 @@ func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byt
 	})
 	d := asDoubt(err)
 	if d == nil {
-		return e, err
+		return e, false, err
 	}
 	rows, rerr := storeReadBack(ctx, s, d, map[string]bool{string(id): true})
 	if rerr != nil {
-		return server.Entry{}, inDoubt(fmt.Sprintf("the claim of key %q in scope %q", req.Key, req.Scope), d.err, rerr)
+		return server.Entry{}, false, inDoubt(fmt.Sprintf("the claim of key %q in scope %q", req.Key, req.Scope), d.err, rerr)
 	}
 	e, ok := rows[string(id)]
-	if ok && e.State == server.InProgress && e.Fingerprint == req.Fingerprint && storeNanos(e.LockedAt, 0) == now {
-		return shiftEntry(e, off), nil
+	if ok && claimedAt(e, 0, req.Fingerprint, now) {
+		return shiftEntry(e, off), false, nil
 	}
-	return server.Entry{}, pgx.ErrNoRows
+	return server.Entry{}, true, pgx.ErrNoRows
+}
+
+// claimedAt reports whether e, its times moved by off (see
+// scanStoreEntry), is what a write of a claim at now (in nanoseconds on
+// the server's clock, as sent) with fingerprint fp leaves: an entry in
+// progress with that fingerprint, locked at now. It tells a claim's write
+// whose commit was in doubt from any other request's, whichever write it
+// was: an insert or a replacement creates the entry at now too, a
+// take-over keeps the entry's creation.
+func claimedAt(e server.Entry, off time.Duration, fp string, now int64) bool {
+	return e.State == server.InProgress && e.Fingerprint == fp && storeNanos(e.LockedAt, off) == now
 }
 
 // Complete implements server.Store.

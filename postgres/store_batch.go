@@ -189,9 +189,8 @@ func (s *Store) writeTx(ctx context.Context, queue func(b *pgx.Batch)) error {
 }
 
 // readBackClaims settles a batch of new keys whose insert is in doubt: a
-// key whose row is in progress with this claim's fingerprint, created and
-// locked at this claim's time (in nanoseconds), is this claim's, with the
-// row's token. One found means the statement committed, and a key not
+// key whose row is what this claim's insert leaves (claimedAt) is this
+// claim's, with the row's token. One found means the statement committed, and a key not
 // found was taken by another request: its claim reads the entry in its
 // way, as after any insert that ran into a row. Unreadable, each claim
 // gets an ErrCommitInDoubt error.
@@ -209,8 +208,7 @@ func (s *Store) readBackClaims(ctx context.Context, d *commitDoubt, sent map[str
 		// Both on the server's clock: the row's times as stored, and the
 		// claim's as it sent them.
 		e, ok := rows[id]
-		w.inserted = ok && e.State == server.InProgress && e.Fingerprint == w.req.Fingerprint &&
-			storeNanos(e.CreatedAt, 0) == w.now && storeNanos(e.LockedAt, 0) == w.now
+		w.inserted = ok && claimedAt(e, 0, w.req.Fingerprint, w.now)
 		w.token = 0
 		if w.inserted {
 			w.token, res = e.Token, committed

@@ -292,6 +292,11 @@ func claimedAt(e server.Entry, off time.Duration, fp string, now int64) bool {
 	return e.State == server.InProgress && e.Fingerprint == fp && storeNanos(e.LockedAt, off) == now
 }
 
+// completeRounds bounds how often a completion runs whose commit was in
+// doubt and read back as not committed each time: each round means a
+// connection to the database broke while it ran.
+const completeRounds = 3
+
 // Complete implements server.Store.
 func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error {
 	if req.Response == nil {
@@ -300,18 +305,28 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	w := completeWrite{req: &req, id: storeID(req.Scope, req.Key), expires: storeNanos(req.ExpiresAt, s.clock.off()), body: req.Response.Body, header: wire.EncodeHeader(req.Response.Header)}
-	if w.body == nil {
-		w.body = []byte{}
+	body, header := req.Response.Body, wire.EncodeHeader(req.Response.Header)
+	if body == nil {
+		body = []byte{}
 	}
-	if err := s.completes.do(ctx, &w); err != nil {
-		return s.fail(ctx, "complete", err)
+	var w completeWrite
+	for round := 1; ; round++ {
+		w = completeWrite{req: &req, id: storeID(req.Scope, req.Key), expires: storeNanos(req.ExpiresAt, s.clock.off()), body: body, header: header}
+		if err := s.completes.do(ctx, &w); err != nil {
+			return s.fail(ctx, "complete", err)
+		}
+		if !w.doubted || round == completeRounds {
+			break
+		}
+		// In doubt, read back as not committed: run it again, which
+		// waits for the first where that one still runs (see settle).
 	}
 	switch {
 	case w.err != nil:
 		return s.fail(ctx, "complete", w.err)
 	case !w.done:
-		// The same completion again (the first one's reply was lost)
+		// The same completion again (the first one's reply was lost, or
+		// its commit was in doubt and committed after its read-back)
 		// finds its own response under its token, and succeeds.
 		var same int
 		err := onLiveSessionRead(ctx, s.pool, func() error {

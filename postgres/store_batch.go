@@ -40,6 +40,11 @@ type completeWrite struct {
 	body    []byte
 	header  []byte
 	done    bool // the token held the lock, and the response is stored
+	// doubted: the completion was in doubt and read back as not
+	// committed (err says so). Behind a transaction pooler it may still
+	// commit (see settle): Complete runs it again, which waits for one
+	// still running and then finds its response stored.
+	doubted bool
 	err     error
 }
 
@@ -130,11 +135,15 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 		switch s.readBackCompletes(ctx, d, batch, sent) {
 		case unreadable:
 			return
-		case committed:
-			err = nil
-		default:
-			err = fmt.Errorf("its commit's acknowledgement was lost (%w), and it was not committed", d.err)
+		case notCommitted:
+			// Not run again here: each completion runs again in
+			// Complete, as a claim's insert does in its next round.
+			for _, w := range sent {
+				w.doubted = true
+				w.err = fmt.Errorf("its commit's acknowledgement was lost (%w), and it was not committed", d.err)
+			}
 		}
+		err = nil
 	}
 	if err != nil {
 		storeRetryAlone(ctx, batch, err, func(w *completeWrite) { w.done = false },

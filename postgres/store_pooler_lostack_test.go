@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
@@ -188,4 +189,38 @@ func TestClaimWhoseReplacementIsInDoubtBehindATransactionPooler(t *testing.T) {
 			assert.Equal(t, name == "stale", res.TookOver, "a take-over says so")
 		})
 	}
+}
+
+// TestCompletionWhoseCommitIsInDoubtBehindATransactionPooler: a handler's
+// completion waits for the entry's row, which another session holds, and
+// the connection to the pooler is cut: the completion is in doubt. The
+// read-back (at once, behind the pooler) finds the entry still in
+// progress. Once the other session lets go, the completion, which the
+// server had whole, commits: the response is stored, and a retry replays
+// it. Complete must then succeed, not fail the request with a 5xx for an
+// effect that happened (and is replayed).
+func TestCompletionWhoseCommitIsInDoubtBehindATransactionPooler(t *testing.T) {
+	t.Parallel()
+	p, s, direct, admin, schema := storeBehindAProxiedPooler(t)
+	now := time.Now()
+	c, err := direct.Claim(ctx, claimAt("k", "fp", now))
+	require.NoError(t, err)
+	require.True(t, c.Claimed)
+	tx, pid := holdRow(t, admin, schema, "k")
+	err = inDoubtBehindThePooler(t, p, admin, schema, pid, tx.Rollback, func(ctx context.Context) error {
+		return s.Complete(ctx, server.CompleteRequest{Scope: "tenant", Key: "k", Token: c.Token,
+			Response:  &server.StoredResponse{Status: http.StatusCreated, Header: http.Header{}, Body: []byte("order 1")},
+			ExpiresAt: now.Add(24 * time.Hour)})
+	})
+	e, gerr := direct.Get(ctx, "tenant", "k", now)
+	t.Logf("complete: %v; entry: %+v, %v", err, e, gerr)
+	require.NoError(t, gerr)
+	if e.State != server.Completed {
+		// Neither write committed: the completion's failure is right.
+		assert.Error(t, err)
+		return
+	}
+	require.Equal(t, c.Token, e.Token)
+	require.Equal(t, http.StatusCreated, e.Response.Status)
+	assert.NoError(t, err, "the response is stored (and a retry replays it): the completion succeeded")
 }

@@ -344,34 +344,73 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 
 // Release implements server.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.fenced(ctx, "release", s.q.release, storeID(scope, key), token, int16(server.InProgress))
+	id := storeID(scope, key)
+	doubted, err := s.fenced(ctx, "release", s.q.release, id, token, int16(server.InProgress))
+	if !doubted || !errors.Is(err, server.ErrLockLost) {
+		return err
+	}
+	// Run again after a commit in doubt, the release found no entry under
+	// its token: the first may have deleted it. With no entry at all the
+	// key is released, which is what a release is for; under another
+	// token, the lock was lost (the first deleted nothing).
+	err = onLiveSessionRead(ctx, s.pool, func() error {
+		_, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, id), 0)
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return s.fail(ctx, "release", err)
+	}
+	return server.ErrLockLost
 }
 
 // Renew implements server.Store.
 func (s *Store) Renew(ctx context.Context, scope, key string, token int64, now time.Time) error {
-	return s.fenced(ctx, "renew", s.q.renew, storeID(scope, key), token, int16(server.InProgress), storeNanos(now, s.clock.off()))
+	_, err := s.fenced(ctx, "renew", s.q.renew, storeID(scope, key), token, int16(server.InProgress), storeNanos(now, s.clock.off()))
+	return err
 }
 
 // fenced runs a write that applies only while a token holds an entry's
-// lock, and reports server.ErrLockLost when it changed no row.
-func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) error {
+// lock, and reports server.ErrLockLost when it changed no row. One whose
+// commit is in doubt runs again once the first has settled, as the
+// journal's renewal does (doubted then true): it changes nothing the first
+// did, and behind a transaction pooler, where the first's session cannot
+// be waited for (see settle), it waits behind the first for the row. Run
+// again, a write that changed no row may find what the first did (a
+// release, its entry gone): the caller tells.
+func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) (doubted bool, err error) {
 	if err := s.enter(ctx); err != nil {
-		return err
+		return false, err
 	}
 	var n int64
-	err := s.writeTx(ctx, func(b *pgx.Batch) {
-		b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
-			n = tag.RowsAffected()
-			return nil
+	run := func(ctx context.Context) error {
+		return s.writeTx(ctx, func(b *pgx.Batch) {
+			b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
+				n = tag.RowsAffected()
+				return nil
+			})
 		})
-	})
+	}
+	err = run(ctx)
+	if d := asDoubt(err); d != nil {
+		rctx, cancel := readBackCtx(ctx)
+		defer cancel()
+		if err := settle(rctx, s.pool, d); err != nil {
+			return true, s.fail(ctx, op, inDoubt("the "+op+" of an entry's lock", d.err, err))
+		}
+		// Under the caller's context: a new write, which a caller that
+		// stopped waiting (a renewal past its watchdog) does not want.
+		doubted, err = true, run(ctx)
+	}
 	if err != nil {
-		return s.fail(ctx, op, err)
+		return doubted, s.fail(ctx, op, err)
 	}
 	if n == 0 {
-		return server.ErrLockLost
+		return doubted, server.ErrLockLost
 	}
-	return nil
+	return doubted, nil
 }
 
 // Get implements server.Store.

@@ -224,3 +224,62 @@ func TestCompletionWhoseCommitIsInDoubtBehindATransactionPooler(t *testing.T) {
 	require.Equal(t, http.StatusCreated, e.Response.Status)
 	assert.NoError(t, err, "the response is stored (and a retry replays it): the completion succeeded")
 }
+
+// TestRenewalWhoseCommitIsInDoubtBehindATransactionPooler: a running
+// handler's lock renewal waits for the entry's row, which another session
+// holds, and the connection to the pooler is cut: the renewal is in
+// doubt. It changes nothing when run twice: run again, it waits for the
+// first (behind the pooler the first's session cannot be waited for) and
+// renews the lock whether the first committed or not. It must not fail
+// (a failed renewal is a renewal missed: the handler is told to stop
+// once two are).
+func TestRenewalWhoseCommitIsInDoubtBehindATransactionPooler(t *testing.T) {
+	t.Parallel()
+	p, s, direct, admin, schema := storeBehindAProxiedPooler(t)
+	now := time.Now()
+	c, err := direct.Claim(ctx, claimAt("k", "fp", now))
+	require.NoError(t, err)
+	require.True(t, c.Claimed)
+	tx, pid := holdRow(t, admin, schema, "k")
+	later := now.Add(10 * time.Second)
+	err = inDoubtBehindThePooler(t, p, admin, schema, pid, tx.Rollback, func(ctx context.Context) error {
+		return s.Renew(ctx, "tenant", "k", c.Token, later)
+	})
+	e, gerr := direct.Get(ctx, "tenant", "k", now)
+	t.Logf("renew: %v; entry: %+v, %v", err, e, gerr)
+	require.NoError(t, gerr)
+	if !e.LockedAt.Equal(later) {
+		// Neither write committed: the renewal's failure is right.
+		assert.Error(t, err)
+		return
+	}
+	assert.NoError(t, err, "the lock is renewed: the renewal succeeded")
+}
+
+// TestReleaseWhoseCommitIsInDoubtBehindATransactionPooler: as the
+// renewal's test, for the release of a key whose handler failed (the key
+// left for a retry to run again). The release, in doubt, then commits:
+// the key is released, and Release must say so, not that it was not (the
+// middleware logs an error saying the key is retryable only once its lock
+// is stale).
+func TestReleaseWhoseCommitIsInDoubtBehindATransactionPooler(t *testing.T) {
+	t.Parallel()
+	p, s, direct, admin, schema := storeBehindAProxiedPooler(t)
+	now := time.Now()
+	c, err := direct.Claim(ctx, claimAt("k", "fp", now))
+	require.NoError(t, err)
+	require.True(t, c.Claimed)
+	tx, pid := holdRow(t, admin, schema, "k")
+	err = inDoubtBehindThePooler(t, p, admin, schema, pid, tx.Rollback, func(ctx context.Context) error {
+		return s.Release(ctx, "tenant", "k", c.Token)
+	})
+	e, gerr := direct.Get(ctx, "tenant", "k", now)
+	t.Logf("release: %v; entry: %+v, %v", err, e, gerr)
+	if gerr == nil {
+		// Neither write committed: the release's failure is right.
+		assert.Error(t, err)
+		return
+	}
+	require.ErrorIs(t, gerr, server.ErrNotFound)
+	assert.NoError(t, err, "the key is released: the release succeeded")
+}

@@ -199,10 +199,10 @@ func (s *Store) writeTx(ctx context.Context, queue func(b *pgx.Batch)) error {
 
 // readBackClaims settles a batch of new keys whose insert is in doubt: a
 // key whose row is what this claim's insert leaves (claimedAt) is this
-// claim's, with the row's token. One found means the statement committed, and a key not
-// found was taken by another request: its claim reads the entry in its
-// way, as after any insert that ran into a row. Unreadable, each claim
-// gets an ErrCommitInDoubt error.
+// claim's, with the row's token. One found means the statement
+// committed, and a key not found was taken by another request: its claim
+// reads the entry in its way, as after any insert that ran into a row.
+// Unreadable, each claim gets an ErrCommitInDoubt error.
 func (s *Store) readBackClaims(ctx context.Context, d *commitDoubt, sent map[string]*claimWrite) readResult {
 	rows, err := storeReadBack(ctx, s, d, sent)
 	if err != nil {

@@ -132,7 +132,8 @@
 // one the operation's row holds; the store's entry, its fingerprint,
 // time and token), and answer as the commit would have. A write found
 // not committed runs again once. A Renew or Sync, which change nothing
-// when run twice, simply runs again.
+// when run twice, simply runs again, and so do the store's Renew and
+// Release (a release run again that finds no entry at all is done).
 // What remains is a database out of reach for the read-back too: the
 // error then matches ErrCommitInDoubt and names the write (the operation,
 // its key, the version), and says that it may or may not be committed.

@@ -103,8 +103,9 @@ func readBackCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // row (the row's lock, the key's uniqueness check), and a row that is
 // what the first sent (writeReq.doubted) is the write's own result: a
 // create that created it, an update that made it. So for the store's
-// claims: the insert runs again in the claim's next round, and an entry
-// that is what the first sent is the claim's (claimWrite.doubted).
+// claims: the write (an insert, a replacement, a take-over) runs again in
+// the claim's next round, and an entry that is what the first left is the
+// claim's (claimedAt).
 func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 	pid := d.pid
 	wait := 2 * time.Millisecond

@@ -180,11 +180,19 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	// marks an owner's row when it finds its lock free (as it is between
 	// this insert and the lock), and at repeatable read or serializable
 	// this registration's own mark would fail with SQLSTATE 40001.
-	if err := onLiveSession(ctx, j.pool, func() error {
-		return writeTx(ctx, j.pool, func(b *pgx.Batch) {
-			b.Queue(j.q.register, owner, wire.Millis(j.now())).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
+	at := wire.Millis(j.now())
+	register := func() error {
+		return onLiveSession(ctx, j.pool, func() error {
+			return writeTx(ctx, j.pool, func(b *pgx.Batch) {
+				b.Queue(j.q.register, owner, at).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
+			})
 		})
-	}); err != nil {
+	}
+	err = register()
+	if d := asDoubt(err); d != nil {
+		err = j.registerAgain(ctx, d, owner, at, register, &id)
+	}
+	if err != nil {
 		if _, ok := isUniqueViolation(err); ok {
 			return nil, fmt.Errorf("%w: owner %q registered before; each registration needs a new name", idem.ErrInvalidRecord, owner)
 		}
@@ -217,6 +225,38 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	j.mu.Unlock()
 	go j.watch(wctx, r, conn)
 	return func() error { return j.unregister(owner) }, nil
+}
+
+// registerAgain settles a registration whose insert of the owner's row
+// is in doubt and runs it again (register), as the store's claims do:
+// behind a transaction pooler, where the first's session cannot be waited
+// for (see settle), the insert run again waits for the first's on the
+// name's uniqueness, and a row that is what the first sent (this name,
+// registered at this time, at) is the registration's own: its number goes
+// to id. Another row of the name is another registration's, and the
+// unique violation stands.
+func (j *Journal) registerAgain(ctx context.Context, d *commitDoubt, owner string, at int64, register func() error, id *int32) error {
+	rctx, cancel := readBackCtx(ctx)
+	defer cancel()
+	if err := settle(rctx, j.pool, d); err != nil {
+		return inDoubt(j.where()+": registering owner "+owner, d.err, err)
+	}
+	err := register()
+	if _, ok := isUniqueViolation(err); !ok {
+		return err
+	}
+	var mine int32
+	rerr := onLiveSessionRead(ctx, j.pool, func() error {
+		return j.pool.QueryRow(ctx, j.q.registered, owner, at).Scan(&mine)
+	})
+	switch {
+	case errors.Is(rerr, pgx.ErrNoRows):
+		return err
+	case rerr != nil:
+		return rerr
+	}
+	*id = mine
+	return nil
 }
 
 // maxOwnerName is the longest owner name Register takes, in bytes: well

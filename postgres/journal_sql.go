@@ -36,6 +36,7 @@ type queries struct {
 	goneOwners        string
 	claim             string
 	register          string
+	registered        string // the owner's row a register sent: see registerAgain
 	judge, newSession string
 	insertUp          string
 	endOwner, sweep   string
@@ -219,6 +220,7 @@ func newQueries(schema string) queries {
 		CROSS JOIN LATERAL (SELECT lease_owner FROM ` + q.operations + ` o WHERE o.id = d.id AND state IN (1, 2, 3)
 			AND next_attempt_at <= $1 AND lease_owner IS NOT NULL AND lease_expires_at > $2 OFFSET 0) r`
 	q.register = `INSERT INTO ` + s + `.owners (name, registered_at) VALUES ($1, $2) RETURNING id`
+	q.registered = `SELECT id FROM ` + s + `.owners WHERE name = $1 AND registered_at = $2`
 	q.ownerQueries(s)
 	return q
 }

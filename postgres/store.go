@@ -183,6 +183,9 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 	off := s.clock.off()
 	now, expires, stale := storeNanos(req.Now, off), storeNanos(req.ExpiresAt, off), storeNanos(req.StaleBefore, off)
 	id := storeID(req.Scope, req.Key)
+	// doubted: a write of this claim was in doubt and read back as not
+	// committed; behind a transaction pooler it may commit after, and the
+	// entry it leaves is then this claim's (claimedAt).
 	doubted := false
 	for range claimRounds {
 		w := claimWrite{req: &req, id: id, now: now, expires: expires}
@@ -205,28 +208,33 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 			return err
 		})
 		switch {
-		case err == nil && doubted && e.State == server.InProgress && e.Fingerprint == req.Fingerprint &&
-			storeNanos(e.CreatedAt, off) == now && storeNanos(e.LockedAt, off) == now:
-			// The row an insert of this claim left in doubt committed
-			// after its read-back (readBackClaims' test).
-			return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
+		case err == nil && doubted && claimedAt(e, off, req.Fingerprint, now):
+			// A write of this claim left in doubt (an insert, a
+			// replacement, a take-over) committed after its read-back.
+			// An insert or a replacement created the entry at the
+			// claim's time; a take-over kept its creation.
+			return server.ClaimResult{Claimed: true, TookOver: storeNanos(e.CreatedAt, off) != now, Token: e.Token, Entry: e}, nil
 		case errors.Is(err, pgx.ErrNoRows):
 			// Deleted since the insert ran into it: insert again.
 			continue
 		case err != nil:
 			return server.ClaimResult{}, s.fail(ctx, "claim", err)
 		case !e.ExpiresAt.After(req.Now):
-			e, err = s.claimRow(ctx, &req, id, now, off, s.q.replace,
+			var d bool
+			e, d, err = s.claimRow(ctx, &req, id, now, off, s.q.replace,
 				id, []byte(req.Fingerprint), []byte(req.Method), []byte(req.Path), now, expires)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, Token: e.Token, Entry: e}, nil
 			}
+			doubted = doubted || d
 		case e.State == server.InProgress && e.Fingerprint == req.Fingerprint && e.LockedAt.Before(req.StaleBefore):
-			e, err = s.claimRow(ctx, &req, id, now, off, s.q.takeOver,
+			var d bool
+			e, d, err = s.claimRow(ctx, &req, id, now, off, s.q.takeOver,
 				id, []byte(req.Fingerprint), now, expires, stale)
 			if err == nil {
 				return server.ClaimResult{Claimed: true, TookOver: true, Token: e.Token, Entry: e}, nil
 			}
+			doubted = doubted || d
 		default:
 			return server.ClaimResult{Entry: e}, nil
 		}
@@ -244,14 +252,14 @@ func (s *Store) Claim(ctx context.Context, req server.ClaimRequest) (server.Clai
 
 // claimRow runs a replacement or a take-over of the entry id, which
 // returns the entry it claimed, or pgx.ErrNoRows when the entry no longer
-// qualified. One whose commit is in doubt is read back: an entry in
-// progress with this claim's fingerprint, locked at this claim's time now
-// (in nanoseconds on the server's clock, as written), is this claim's; any
-// other reads as not claimed, and the claim looks again. off moves the
-// entry's times back to the caller's clock.
-func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byte, now int64, off time.Duration, sql string, args ...any) (server.Entry, error) {
-	var e server.Entry
-	err := s.writeTx(ctx, func(b *pgx.Batch) {
+// qualified. One whose commit is in doubt is read back: an entry this
+// claim's write leaves (claimedAt) is this claim's; any other reads as
+// not claimed, and the claim looks again, doubted then true: behind a
+// transaction pooler the write may still commit after its read-back, and
+// the claim takes the entry it finds then as its own too (see Claim and
+// settle). off moves the entry's times back to the caller's clock.
+func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byte, now int64, off time.Duration, sql string, args ...any) (e server.Entry, doubted bool, err error) {
+	err = s.writeTx(ctx, func(b *pgx.Batch) {
 		b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
 			var err error
 			e, err = scanStoreEntry(row, off)
@@ -260,18 +268,34 @@ func (s *Store) claimRow(ctx context.Context, req *server.ClaimRequest, id []byt
 	})
 	d := asDoubt(err)
 	if d == nil {
-		return e, err
+		return e, false, err
 	}
 	rows, rerr := storeReadBack(ctx, s, d, map[string]bool{string(id): true})
 	if rerr != nil {
-		return server.Entry{}, inDoubt(fmt.Sprintf("the claim of key %q in scope %q", req.Key, req.Scope), d.err, rerr)
+		return server.Entry{}, false, inDoubt(fmt.Sprintf("the claim of key %q in scope %q", req.Key, req.Scope), d.err, rerr)
 	}
 	e, ok := rows[string(id)]
-	if ok && e.State == server.InProgress && e.Fingerprint == req.Fingerprint && storeNanos(e.LockedAt, 0) == now {
-		return shiftEntry(e, off), nil
+	if ok && claimedAt(e, 0, req.Fingerprint, now) {
+		return shiftEntry(e, off), false, nil
 	}
-	return server.Entry{}, pgx.ErrNoRows
+	return server.Entry{}, true, pgx.ErrNoRows
 }
+
+// claimedAt reports whether e, its times moved by off (see
+// scanStoreEntry), is what a write of a claim at now (in nanoseconds on
+// the server's clock, as sent) with fingerprint fp leaves: an entry in
+// progress with that fingerprint, locked at now. It tells a claim's write
+// whose commit was in doubt from any other request's, whichever write it
+// was: an insert or a replacement creates the entry at now too, a
+// take-over keeps the entry's creation.
+func claimedAt(e server.Entry, off time.Duration, fp string, now int64) bool {
+	return e.State == server.InProgress && e.Fingerprint == fp && storeNanos(e.LockedAt, off) == now
+}
+
+// completeRounds bounds how often a completion runs whose commit was in
+// doubt and read back as not committed each time: each round means a
+// connection to the database broke while it ran.
+const completeRounds = 3
 
 // Complete implements server.Store.
 func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error {
@@ -281,18 +305,28 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 	if err := s.enter(ctx); err != nil {
 		return err
 	}
-	w := completeWrite{req: &req, id: storeID(req.Scope, req.Key), expires: storeNanos(req.ExpiresAt, s.clock.off()), body: req.Response.Body, header: wire.EncodeHeader(req.Response.Header)}
-	if w.body == nil {
-		w.body = []byte{}
+	body, header := req.Response.Body, wire.EncodeHeader(req.Response.Header)
+	if body == nil {
+		body = []byte{}
 	}
-	if err := s.completes.do(ctx, &w); err != nil {
-		return s.fail(ctx, "complete", err)
+	var w completeWrite
+	for round := 1; ; round++ {
+		w = completeWrite{req: &req, id: storeID(req.Scope, req.Key), expires: storeNanos(req.ExpiresAt, s.clock.off()), body: body, header: header}
+		if err := s.completes.do(ctx, &w); err != nil {
+			return s.fail(ctx, "complete", err)
+		}
+		if !w.doubted || round == completeRounds {
+			break
+		}
+		// In doubt, read back as not committed: run it again, which
+		// waits for the first where that one still runs (see settle).
 	}
 	switch {
 	case w.err != nil:
 		return s.fail(ctx, "complete", w.err)
 	case !w.done:
-		// The same completion again (the first one's reply was lost)
+		// The same completion again (the first one's reply was lost, or
+		// its commit was in doubt and committed after its read-back)
 		// finds its own response under its token, and succeeds.
 		var same int
 		err := onLiveSessionRead(ctx, s.pool, func() error {
@@ -310,34 +344,73 @@ func (s *Store) Complete(ctx context.Context, req server.CompleteRequest) error 
 
 // Release implements server.Store.
 func (s *Store) Release(ctx context.Context, scope, key string, token int64) error {
-	return s.fenced(ctx, "release", s.q.release, storeID(scope, key), token, int16(server.InProgress))
+	id := storeID(scope, key)
+	doubted, err := s.fenced(ctx, "release", s.q.release, id, token, int16(server.InProgress))
+	if !doubted || !errors.Is(err, server.ErrLockLost) {
+		return err
+	}
+	// Run again after a commit in doubt, the release found no entry under
+	// its token: the first may have deleted it. With no entry at all the
+	// key is released, which is what a release is for; under another
+	// token, the lock was lost (the first deleted nothing).
+	err = onLiveSessionRead(ctx, s.pool, func() error {
+		_, err := scanStoreEntry(s.pool.QueryRow(ctx, s.q.reread, id), 0)
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return s.fail(ctx, "release", err)
+	}
+	return server.ErrLockLost
 }
 
 // Renew implements server.Store.
 func (s *Store) Renew(ctx context.Context, scope, key string, token int64, now time.Time) error {
-	return s.fenced(ctx, "renew", s.q.renew, storeID(scope, key), token, int16(server.InProgress), storeNanos(now, s.clock.off()))
+	_, err := s.fenced(ctx, "renew", s.q.renew, storeID(scope, key), token, int16(server.InProgress), storeNanos(now, s.clock.off()))
+	return err
 }
 
 // fenced runs a write that applies only while a token holds an entry's
-// lock, and reports server.ErrLockLost when it changed no row.
-func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) error {
+// lock, and reports server.ErrLockLost when it changed no row. One whose
+// commit is in doubt runs again once the first has settled, as the
+// journal's renewal does (doubted then true): it changes nothing the first
+// did, and behind a transaction pooler, where the first's session cannot
+// be waited for (see settle), it waits behind the first for the row. Run
+// again, a write that changed no row may find what the first did (a
+// release, its entry gone): the caller tells.
+func (s *Store) fenced(ctx context.Context, op, sql string, args ...any) (doubted bool, err error) {
 	if err := s.enter(ctx); err != nil {
-		return err
+		return false, err
 	}
 	var n int64
-	err := s.writeTx(ctx, func(b *pgx.Batch) {
-		b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
-			n = tag.RowsAffected()
-			return nil
+	run := func(ctx context.Context) error {
+		return s.writeTx(ctx, func(b *pgx.Batch) {
+			b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
+				n = tag.RowsAffected()
+				return nil
+			})
 		})
-	})
+	}
+	err = run(ctx)
+	if d := asDoubt(err); d != nil {
+		rctx, cancel := readBackCtx(ctx)
+		defer cancel()
+		if err := settle(rctx, s.pool, d); err != nil {
+			return true, s.fail(ctx, op, inDoubt("the "+op+" of an entry's lock", d.err, err))
+		}
+		// Under the caller's context: a new write, which a caller that
+		// stopped waiting (a renewal past its watchdog) does not want.
+		doubted, err = true, run(ctx)
+	}
 	if err != nil {
-		return s.fail(ctx, op, err)
+		return doubted, s.fail(ctx, op, err)
 	}
 	if n == 0 {
-		return server.ErrLockLost
+		return doubted, server.ErrLockLost
 	}
-	return nil
+	return doubted, nil
 }
 
 // Get implements server.Store.

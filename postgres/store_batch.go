@@ -40,6 +40,11 @@ type completeWrite struct {
 	body    []byte
 	header  []byte
 	done    bool // the token held the lock, and the response is stored
+	// doubted: the completion was in doubt and read back as not
+	// committed (err says so). Behind a transaction pooler it may still
+	// commit (see settle): Complete runs it again, which waits for one
+	// still running and then finds its response stored.
+	doubted bool
 	err     error
 }
 
@@ -130,11 +135,15 @@ func (s *Store) completeAll(ctx context.Context, q string, batch []*completeWrit
 		switch s.readBackCompletes(ctx, d, batch, sent) {
 		case unreadable:
 			return
-		case committed:
-			err = nil
-		default:
-			err = fmt.Errorf("its commit's acknowledgement was lost (%w), and it was not committed", d.err)
+		case notCommitted:
+			// Not run again here: each completion runs again in
+			// Complete, as a claim's insert does in its next round.
+			for _, w := range sent {
+				w.doubted = true
+				w.err = fmt.Errorf("its commit's acknowledgement was lost (%w), and it was not committed", d.err)
+			}
 		}
+		err = nil
 	}
 	if err != nil {
 		storeRetryAlone(ctx, batch, err, func(w *completeWrite) { w.done = false },
@@ -189,12 +198,11 @@ func (s *Store) writeTx(ctx context.Context, queue func(b *pgx.Batch)) error {
 }
 
 // readBackClaims settles a batch of new keys whose insert is in doubt: a
-// key whose row is in progress with this claim's fingerprint, created and
-// locked at this claim's time (in nanoseconds), is this claim's, with the
-// row's token. One found means the statement committed, and a key not
-// found was taken by another request: its claim reads the entry in its
-// way, as after any insert that ran into a row. Unreadable, each claim
-// gets an ErrCommitInDoubt error.
+// key whose row is what this claim's insert leaves (claimedAt) is this
+// claim's, with the row's token. One found means the statement
+// committed, and a key not found was taken by another request: its claim
+// reads the entry in its way, as after any insert that ran into a row.
+// Unreadable, each claim gets an ErrCommitInDoubt error.
 func (s *Store) readBackClaims(ctx context.Context, d *commitDoubt, sent map[string]*claimWrite) readResult {
 	rows, err := storeReadBack(ctx, s, d, sent)
 	if err != nil {
@@ -209,8 +217,7 @@ func (s *Store) readBackClaims(ctx context.Context, d *commitDoubt, sent map[str
 		// Both on the server's clock: the row's times as stored, and the
 		// claim's as it sent them.
 		e, ok := rows[id]
-		w.inserted = ok && e.State == server.InProgress && e.Fingerprint == w.req.Fingerprint &&
-			storeNanos(e.CreatedAt, 0) == w.now && storeNanos(e.LockedAt, 0) == w.now
+		w.inserted = ok && claimedAt(e, 0, w.req.Fingerprint, w.now)
 		w.token = 0
 		if w.inserted {
 			w.token, res = e.Token, committed

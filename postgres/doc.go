@@ -131,7 +131,9 @@
 // read the write back by key and version (the journal's events, or the
 // one the operation's row holds; the store's entry, its fingerprint,
 // time and token), and answer as the commit would have. A write found
-// not committed runs again once. A Renew or Sync, which change nothing
+// not committed runs again: the journal's once, the store's completion up
+// to twice more (behind a transaction pooler the read-back cannot wait for
+// the session that ran it, and the first may still commit). A Renew or Sync, which change nothing
 // when run twice, simply runs again, and so do the store's Renew and
 // Release (a release run again that finds no entry at all is done).
 // What remains is a database out of reach for the read-back too: the

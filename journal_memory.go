@@ -59,9 +59,10 @@ type memEntry struct {
 // memLive is an entry's record as the rules write it.
 type memLive struct {
 	// rec is the record, but for its request's Header and its Response's,
-	// which header and respHeader hold (see packedHeader).
+	// which header and respHeader hold (see packedHeader): the request's
+	// is the client's own map until the record is packed (see memHeader).
 	rec        Record
-	header     packedHeader
+	header     memHeader
 	respHeader packedHeader
 	history    []Event
 	// events is the room of history's first two events, a create and the
@@ -77,7 +78,8 @@ var memLives = sync.Pool{New: func() any { return new(memLive) }}
 // after it: the live record (its fields copied) or the packed one.
 type memStored struct {
 	rec                    Record
-	header, respHeader     packedHeader
+	header                 memHeader
+	respHeader             packedHeader
 	packed, body, respBody []byte
 }
 
@@ -90,13 +92,13 @@ func (e *memEntry) stored() memStored {
 }
 
 // record returns the stored record, sharing its bodies, without its
-// headers, which it returns packed: the request's and the Response's.
-func (s memStored) record() (Record, packedHeader, packedHeader) {
+// headers, which it returns as stored: the request's and the Response's.
+func (s memStored) record() (Record, memHeader, packedHeader) {
 	if s.packed == nil {
 		return s.rec, s.header, s.respHeader
 	}
 	rec, header, resp, _ := unpackRecord(s.packed, s.body, s.respBody, false)
-	return rec, header, resp
+	return rec, packedAs(header), resp
 }
 
 // copy returns a copy of the stored record that the caller owns.
@@ -140,27 +142,47 @@ func (e *memEntry) open() *memLive {
 		return e.live
 	}
 	rec, header, resp, history := unpackRecord(e.packed, e.body, e.respBody, true)
-	return &memLive{rec: rec, header: header, respHeader: resp, history: history}
+	return &memLive{rec: rec, header: packedAs(header), respHeader: resp, history: history}
 }
 
 // wrote stores l, written, as e's record: packed if it is settled, the
 // form a journal keeps most of, and that the collector need not scan.
-func (e *memEntry) wrote(l *memLive) {
+// answer is the Response this write gave the record, as the writer gave
+// it, or nil: l.rec.Response (the rules' copy) has its status but not yet
+// its header and body, which are copied here into the form the record is
+// kept in, and l.respHeader is not its header. wrote returns the stored
+// Response's body. The caller holds m.mu.
+func (e *memEntry) wrote(l *memLive, answer *Response) []byte {
 	e.gen++
+	resp, fresh := packedAs(l.respHeader), []byte(nil)
+	if answer != nil {
+		resp, fresh = memHeader{m: answer.Header}, answer.Body
+	}
 	if l.rec.State.Terminal() {
-		if p, ok := packRecord(l.rec, l.header, l.respHeader, l.history); ok {
+		if p, body, ok := packRecord(l.rec, l.header, resp, fresh, l.history); ok {
 			e.live, e.packed, e.body, e.respBody = nil, p, l.rec.Body, nil
 			if l.rec.Response != nil {
 				e.respBody = l.rec.Response.Body
+				if answer != nil {
+					e.respBody = body
+				}
 			}
 			// Nothing holds l now: readers copy its fields, and its
 			// history (a slice of its events) only under the lock.
 			*l = memLive{}
 			memLives.Put(l)
-			return
+			return e.respBody
 		}
 	}
+	if answer != nil {
+		l.respHeader = packHeader(answer.Header)
+		l.rec.Response.Body = cloneBody(answer.Body)
+	}
 	e.live, e.packed, e.body, e.respBody = l, nil, nil, nil
+	if l.rec.Response != nil {
+		return l.rec.Response.Body
+	}
+	return nil
 }
 
 // historyCopy returns a copy of e's history. The caller holds m.mu.
@@ -173,8 +195,8 @@ func (e *memEntry) historyCopy() []Event {
 }
 
 // copyOf returns a copy of rec, e's record or one the rules made of it
-// (sharing its request and Response), whose headers are packed.
-func copyOf(rec Record, header, resp packedHeader) Record {
+// (sharing its request and Response), whose headers are header and resp.
+func copyOf(rec Record, header memHeader, resp packedHeader) Record {
 	out := journal.CloneRecord(rec)
 	out.Header = header.header()
 	if out.Response != nil {
@@ -195,15 +217,47 @@ func packHeader(h http.Header) packedHeader {
 	if len(h) == 0 {
 		return nil
 	}
-	size, values := 4, 0
+	size, values := packedHeaderSize(h)
+	return appendHeader(make([]byte, 0, size), h, values)
+}
+
+// packedHeaderSize returns the length of h packed, exactly (a record packs
+// a writer's header straight into its own bytes, after that length), and
+// the count of its values.
+func packedHeaderSize(h http.Header) (size, values int) {
+	if len(h) == 0 {
+		return 0, 0
+	}
 	for k, vs := range h {
-		size += len(k) + 2 + len(vs)
+		size += uvarintLen(len(k)) + len(k)
+		if vs == nil {
+			size++
+			continue
+		}
+		size += uvarintLen(len(vs) + 1)
 		for _, v := range vs {
-			size += len(v) + 1
+			size += uvarintLen(len(v)) + len(v)
 		}
 		values += len(vs)
 	}
-	p := make([]byte, 0, size)
+	return size + uvarintLen(len(h)) + uvarintLen(values), values
+}
+
+// uvarintLen is the length of n as binary.AppendUvarint writes it.
+func uvarintLen(n int) int {
+	l := 1
+	for ; n >= 0x80; n >>= 7 {
+		l++
+	}
+	return l
+}
+
+// appendHeader appends h, whose values number values, packed to p; an
+// empty h appends nothing.
+func appendHeader(p []byte, h http.Header, values int) []byte {
+	if len(h) == 0 {
+		return p
+	}
 	p = binary.AppendUvarint(p, uint64(len(h)))
 	p = binary.AppendUvarint(p, uint64(values))
 	for k, vs := range h {
@@ -328,7 +382,14 @@ func (m *MemoryJournal) create(ctx context.Context, rec Record, share, keepHeade
 	stored := out
 	stored.Header = nil
 	l := memLives.Get().(*memLive)
-	l.rec, l.header, l.events[0] = stored, packHeader(out.Header), ev
+	l.rec, l.events[0] = stored, ev
+	if keepHeader {
+		// The client's own map, which nothing changes: packed with the
+		// record when it settles, not into bytes of its own before.
+		l.header = memHeader{m: header}
+	} else {
+		l.header = packedAs(packHeader(out.Header))
+	}
 	l.history = l.events[:1]
 	e := &memEntry{live: l}
 	if err := m.lock(ctx); err != nil {
@@ -447,27 +508,26 @@ func cloneHeaderOf(r *Response) http.Header {
 // caller must copy before handing it on, and whose Response, if any, has
 // no Header: rec's is the one stored (packed); nor has its request, whose
 // Header update returns packed.
-func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, why Event) (Record, packedHeader, error) {
+func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, why Event) (Record, memHeader, error) {
 	if err := journal.CheckDurability(d); err != nil {
-		return Record{}, nil, err
+		return Record{}, memHeader{}, err
 	}
-	// The rules copy the rest of the response; its header is packed here,
-	// not copied into a map.
-	var packed packedHeader
-	if rec.Response != nil && rec.Response.Header != nil {
-		packed = packHeader(rec.Response.Header)
-		resp := *rec.Response
-		resp.Header = nil
+	// The rules copy the rest of the response; its header and body are
+	// copied by wrote, into the form the record is kept in.
+	answer := rec.Response
+	if answer != nil {
+		resp := *answer
+		resp.Header, resp.Body = nil, nil
 		rec.Response = &resp
 	}
 	for {
 		if err := m.lock(ctx); err != nil {
-			return Record{}, nil, err
+			return Record{}, memHeader{}, err
 		}
 		e, ok := m.byKey[rec.Key]
 		if !ok {
 			m.mu.Unlock()
-			return Record{}, nil, journal.NotFound("key " + rec.Key)
+			return Record{}, memHeader{}, journal.NotFound("key " + rec.Key)
 		}
 		if rec.Lease.Owner == "" {
 			// An unleased write's rules ask whether the lease's owner
@@ -475,14 +535,11 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 			stored, header, _ := e.stored().record()
 			out, ev, err := journal.ApplyUpdate(stored, rec, m.now(), why, m.ownerGone)
 			if err == nil {
-				l := e.open()
-				l.rec, l.respHeader = out, packed
-				l.history = append(l.history, ev)
-				e.wrote(l)
+				m.store(e, out, ev, answer)
 			}
 			m.mu.Unlock()
 			if err != nil {
-				return Record{}, nil, err
+				return Record{}, memHeader{}, err
 			}
 			return out, header, nil
 		}
@@ -492,21 +549,31 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 		stored, header, _ := s.record()
 		out, ev, err := journal.ApplyUpdate(stored, rec, m.now(), why, nil)
 		if err != nil {
-			return Record{}, nil, err
+			return Record{}, memHeader{}, err
 		}
 		if err := m.lock(ctx); err != nil {
-			return Record{}, nil, err
+			return Record{}, memHeader{}, err
 		}
 		if m.byKey[rec.Key] != e || e.gen != gen {
 			m.mu.Unlock()
 			continue // written (or pruned) meanwhile: judge the write again
 		}
-		l := e.open()
-		l.rec, l.respHeader = out, packed
-		l.history = append(l.history, ev)
-		e.wrote(l)
+		m.store(e, out, ev, answer)
 		m.mu.Unlock()
 		return out, header, nil
+	}
+}
+
+// store stores out, an Update's record, with ev, in e. answer is out's
+// Response as the writer gave it (see wrote): out.Response gets the body
+// stored. The caller holds m.mu.
+func (m *MemoryJournal) store(e *memEntry, out Record, ev Event, answer *Response) {
+	l := e.open()
+	l.rec, l.respHeader = out, nil
+	l.history = append(l.history, ev)
+	body := e.wrote(l, answer)
+	if out.Response != nil {
+		out.Response.Body = body
 	}
 }
 
@@ -544,7 +611,7 @@ func (m *MemoryJournal) Claim(ctx context.Context, req ClaimRequest) ([]Record, 
 		l.rec = rec
 		l.history = append(l.history, ev)
 		out = append(out, copyOf(rec, l.header, l.respHeader))
-		e.wrote(l)
+		e.wrote(l, nil)
 	}
 	return out, nil
 }
@@ -568,7 +635,7 @@ func (m *MemoryJournal) Acquire(ctx context.Context, key, owner string, lease ti
 	l := e.open()
 	l.rec = rec
 	l.history = append(l.history, ev)
-	e.wrote(l)
+	e.wrote(l, nil)
 	return copyOf(rec, header, resp), nil
 }
 
@@ -588,7 +655,7 @@ func (m *MemoryJournal) Renew(ctx context.Context, held map[string]Lease, lease 
 		if rec, renewed := journal.ApplyRenew(e.record(), l, lease, now); renewed {
 			live := e.open()
 			live.rec = rec
-			e.wrote(live)
+			e.wrote(live, nil)
 			n++
 		}
 	}
@@ -645,7 +712,7 @@ func (m *MemoryJournal) Release(ctx context.Context, key string, l Lease) error 
 	}
 	live := e.open()
 	live.rec = rec
-	e.wrote(live)
+	e.wrote(live, nil)
 	return nil
 }
 

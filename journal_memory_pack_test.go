@@ -24,6 +24,8 @@ func TestPackedHeaderReadsBackAsGiven(t *testing.T) {
 	} {
 		got := packHeader(h).header()
 		assert.Equal(t, h, got)
+		size, _ := packedHeaderSize(h)
+		assert.Len(t, packHeader(h), size, "packedHeaderSize is the length packed, exactly")
 		for k, vs := range h {
 			assert.Equal(t, vs == nil, got[k] == nil, "%s: nil stays nil, empty stays empty", k)
 		}
@@ -37,6 +39,10 @@ func TestPackedHeaderReadsBackAsGiven(t *testing.T) {
 				}
 			}
 		}
+	}
+	for _, h := range []http.Header{nil, {}, {"A": {strings.Repeat("v", 1<<14)}}} {
+		size, _ := packedHeaderSize(h)
+		assert.Len(t, packHeader(h), size, "packedHeaderSize is the length packed, exactly")
 	}
 	assert.Nil(t, packHeader(nil).header())
 	assert.Nil(t, packHeader(http.Header{}).header())
@@ -93,18 +99,35 @@ func TestPackedRecordReadsBackAsGiven(t *testing.T) {
 	resp := *rec.Response
 	resp.Header = nil
 	stored.Response = &resp
-	p, ok := packRecord(stored, packHeader(rec.Header), packHeader(rec.Response.Header), history)
-	require.True(t, ok)
-	got, header, respHeader, gotHistory := unpackRecord(p, rec.Body, rec.Response.Body, true)
-	got.Header = header.header()
-	got.Response.Header = respHeader.header()
-	assert.Equal(t, rec, got)
-	assert.Equal(t, history, gotHistory)
-	assert.True(t, gotHistory[2].At == history[2].At, "a UTC time stays UTC")
+	// The headers packed already, or a writer's maps packed straight
+	// into the record, and a new answer's body with them (wrote).
+	for _, c := range []struct {
+		name         string
+		header, resp memHeader
+		respBody     []byte
+	}{
+		{"packed", packedAs(packHeader(rec.Header)), packedAs(packHeader(rec.Response.Header)), nil},
+		{"maps", memHeader{m: rec.Header}, memHeader{m: rec.Response.Header}, rec.Response.Body},
+	} {
+		p, body, ok := packRecord(stored, c.header, c.resp, c.respBody, history)
+		require.True(t, ok, c.name)
+		respBody := rec.Response.Body
+		if c.respBody != nil {
+			assert.Equal(t, rec.Response.Body, body, c.name)
+			assert.Equal(t, len(body), cap(body), "%s: the body packed is a slice no append writes past", c.name)
+			respBody = body
+		}
+		got, header, respHeader, gotHistory := unpackRecord(p, rec.Body, respBody, true)
+		got.Header = header.header()
+		got.Response.Header = respHeader.header()
+		assert.Equal(t, rec, got, c.name)
+		assert.Equal(t, history, gotHistory, c.name)
+		assert.True(t, gotHistory[2].At == history[2].At, "%s: a UTC time stays UTC", c.name)
+	}
 
 	// A time that would not read back as it is (another location) keeps
 	// the record unpacked.
 	stored.NextAttemptAt = time.UnixMilli(5).In(time.FixedZone("X", 3600))
-	_, ok = packRecord(stored, nil, nil, nil)
+	_, _, ok := packRecord(stored, memHeader{}, memHeader{}, nil, nil)
 	assert.False(t, ok)
 }

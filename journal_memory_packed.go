@@ -2,6 +2,7 @@ package idem
 
 import (
 	"encoding/binary"
+	"net/http"
 	"time"
 
 	"github.com/idemkit/idem/journal"
@@ -22,10 +23,6 @@ func (p *memPacker) uint(v uint64) { *p = binary.AppendUvarint(*p, v) }
 func (p *memPacker) int(v int64)   { *p = binary.AppendVarint(*p, v) }
 func (p *memPacker) byte(v byte)   { *p = append(*p, v) }
 func (p *memPacker) str(s string)  { p.uint(uint64(len(s))); *p = append(*p, s...) }
-func (p *memPacker) bytes(b []byte) {
-	p.uint(uint64(len(b)))
-	*p = append(*p, b...)
-}
 
 func (p *memPacker) bool(v bool) {
 	if v {
@@ -61,14 +58,61 @@ func (p *memPacker) time(t time.Time) bool {
 	return back == t
 }
 
+// memHeader is a header as a record holds it: packed (a stored record's),
+// or a writer's map (m), which nothing changes, packed straight into the
+// record's bytes when it is packed rather than into bytes of its own
+// first.
+type memHeader struct {
+	packed packedHeader
+	m      http.Header
+}
+
+func packedAs(p packedHeader) memHeader { return memHeader{packed: p} }
+
+// sizes returns h's length packed and, for a map, its count of values.
+func (h memHeader) sizes() (size, values int) {
+	if h.m == nil {
+		return len(h.packed), 0
+	}
+	return packedHeaderSize(h.m)
+}
+
+// header returns a new http.Header with h's names and values, nil when
+// it has none.
+func (h memHeader) header() http.Header {
+	if h.m == nil {
+		return h.packed.header()
+	}
+	if len(h.m) == 0 {
+		return nil
+	}
+	return h.m.Clone()
+}
+
+// header appends h, whose sizes are size and values, after its length.
+func (p *memPacker) header(h memHeader, size, values int) {
+	p.uint(uint64(size))
+	if h.m == nil {
+		*p = append(*p, h.packed...)
+		return
+	}
+	*p = appendHeader(*p, h.m, values)
+}
+
 // packRecord returns rec, whose request header is header and whose
 // Response's is resp, and its history, in one byte slice, and false if
 // some time of theirs would not read back as it is (the caller then keeps
-// the record as it is). The bodies are left out: the entry holds them.
-func packRecord(rec Record, header, resp packedHeader, history []Event) ([]byte, bool) {
+// the record as it is). The bodies are left out (the entry holds them),
+// but for respBody, a Response's body the record has no copy of yet:
+// appended to the slice, whose part it is is returned as body (nil when
+// it is empty), so that a settled record with a new answer is one
+// allocation.
+func packRecord(rec Record, header, resp memHeader, respBody []byte, history []Event) (packed, body []byte, ok bool) {
+	headerSize, headerValues := header.sizes()
+	respSize, respValues := resp.sizes()
 	size := 96 + len(rec.Key) + len(rec.Scope) + len(rec.ID) + len(rec.Method) + len(rec.URL) +
 		len(rec.Fingerprint) + len(rec.KeyHeader) + len(rec.Lease.Owner) + len(rec.LastError) +
-		len(rec.Note) + len(rec.Link) + len(header) + len(resp)
+		len(rec.Note) + len(rec.Link) + headerSize + respSize + len(respBody)
 	for _, ev := range history {
 		size += 40 + len(ev.Detail) + len(ev.Error) + len(ev.Owner)
 	}
@@ -78,21 +122,21 @@ func packRecord(rec Record, header, resp packedHeader, history []Event) ([]byte,
 	p.str(rec.ID)
 	p.str(rec.Method)
 	p.str(rec.URL)
-	p.bytes(header)
+	p.header(header, headerSize, headerValues)
 	p.str(rec.Fingerprint)
 	p.str(rec.KeyHeader)
 	p.bool(rec.KeyQuoted)
 	p.byte(byte(rec.State))
 	p.int(int64(rec.Attempts))
 	p.int(int64(rec.TransportResends))
-	ok := p.time(rec.NextAttemptAt)
+	ok = p.time(rec.NextAttemptAt)
 	p.str(rec.Lease.Owner)
 	p.int(rec.Lease.Epoch)
 	ok = p.time(rec.Lease.ExpiresAt) && ok
 	p.bool(rec.Response != nil)
 	if r := rec.Response; r != nil {
 		p.int(int64(r.StatusCode))
-		p.bytes(resp)
+		p.header(resp, respSize, respValues)
 		p.bool(r.Replayed)
 	}
 	p.str(rec.LastError)
@@ -115,7 +159,12 @@ func packRecord(rec Record, header, resp packedHeader, history []Event) ([]byte,
 		p.str(ev.Error)
 		p.str(ev.Owner)
 	}
-	return p, ok
+	if len(respBody) > 0 {
+		at := len(p)
+		p = append(p, respBody...)
+		body = p[at:len(p):len(p)]
+	}
+	return p, body, ok
 }
 
 // memUnpacker reads what memPacker wrote in b; its strings are slices of

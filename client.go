@@ -436,6 +436,14 @@ type authorizing struct {
 }
 
 func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
+	if dl, ok := req.Context().Deadline(); ok && time.Until(dl) <= a.timeout {
+		// The caller's deadline comes first and bounds the attempt:
+		// context.WithTimeout would add a layer of cancellation and no
+		// timer, and its ending would be the caller's, not AttemptTimeout
+		// (timedOut). Without the layer, net/http registers the request's
+		// cancellation once instead of twice.
+		return a.send(req.Context(), req)
+	}
 	ctx, cancel := context.WithTimeout(req.Context(), a.timeout)
 	resp, err := a.send(ctx, req)
 	if err != nil {
@@ -452,6 +460,9 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Response, error) {
 	creds := credentialsOf(ctx)
 	if a.authorize == nil && a.propagate == nil && len(creds) == 0 {
+		if ctx == req.Context() {
+			return a.base.RoundTrip(req)
+		}
 		return a.base.RoundTrip(req.WithContext(ctx))
 	}
 	r := req.Clone(ctx)

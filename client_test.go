@@ -556,6 +556,30 @@ func TestAttemptTimeoutCutsAStalledBody(t *testing.T) {
 	assert.Contains(t, rec.LastError, "AttemptTimeout, 200ms")
 }
 
+// A caller's deadline that comes before AttemptTimeout is the attempt's
+// bound (the transport gives it no bound of its own then): it cuts a body
+// that stops coming, and the error is the caller's deadline, not
+// AttemptTimeout.
+func TestACallersEarlierDeadlineCutsAStalledBodyAsTheCallers(t *testing.T) {
+	t.Parallel()
+	c, j := oneAttempt(t, time.Hour, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "100")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":`))
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done() // the rest never comes
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := c.Do(ctx, idem.Op{ID: "stalled", URL: "/orders"})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	rec, err := j.Lookup(context.Background(), "default", "stalled")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateUnknown, rec.State, "the answer had begun: the server may have acted")
+	assert.Contains(t, rec.LastError, "deadline exceeded")
+	assert.NotContains(t, rec.LastError, "AttemptTimeout")
+}
+
 // Resume claims operations ahead of its drivers; one waiting for a driver
 // keeps its lease, renewed like the driven ones, so that another worker
 // does not take it over however long the operations before it take.

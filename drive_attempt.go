@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-retryablehttp"
+
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // A round is one run of go-retryablehttp's loop over the journaled request:
@@ -44,6 +46,8 @@ type round struct {
 	// fields, not allocations of their own.
 	trace httptrace.ClientTrace
 	op    opCtx
+	// req is the round's request (request).
+	req retryablehttp.Request
 
 	// last is the last attempt that finished.
 	last *attempt
@@ -79,6 +83,7 @@ type attempt struct {
 	written atomic.Bool
 	writes  atomic.Int32
 
+	sent     bytes.Reader   // the reader of the request's body
 	start    time.Time      // when it started, for the Attempt hook
 	resp     *http.Response // nil when err says why there is none
 	body     []byte
@@ -115,24 +120,31 @@ func (rd *round) run(req *retryablehttp.Request) (*attempt, error) {
 // request builds the attempt: the journaled method, URL, headers and body,
 // the key in the record's form, the operation for Authorize, and a trace
 // that records whether (and how often) the request was written.
+//
+// The body is the attempt's own (beforeAttempt gives each its reader), not
+// go-retryablehttp's: its rewinding would cost each call two closures and
+// two readers more, for bytes that are already in memory.
 func (rd *round) request() (*retryablehttp.Request, error) {
 	d := rd.d
 	rd.trace.WroteHeaders = rd.wroteHeaders
 	ctx := d.withOperation(&rd.op, httptrace.WithClientTrace(rd.ctx, &rd.trace), false)
 	rd.op.rd = rd
-	// No body is no body, not an empty one: net/http sends an empty body
-	// of a POST chunked, and a server that watches the connection only
-	// once the handler has read the body never sees such a request end.
-	var body any
-	if len(d.rec.Body) > 0 {
-		body = d.rec.Body
-	}
-	req, err := retryablehttp.NewRequestWithContext(ctx, d.rec.Method, d.rec.URL, body)
+	req, err := http.NewRequestWithContext(ctx, d.rec.Method, d.rec.URL, nil)
 	if err != nil {
 		return nil, fmt.Errorf("idem: building the journaled request: %w", err)
 	}
+	// No body is no body, not an empty one: net/http sends an empty body
+	// of a POST chunked, and a server that watches the connection only
+	// once the handler has read the body never sees such a request end.
+	if body := d.rec.Body; len(body) > 0 {
+		req.ContentLength = int64(len(body))
+		// For the transport's own re-send on a new connection, and a
+		// redirect's.
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
 	d.setHeaders(req.Header)
-	return req, nil
+	rd.req = retryablehttp.Request{Request: req}
+	return &rd.req, nil
 }
 
 // wroteHeaders is the trace's WroteHeaders: the current attempt's.
@@ -142,12 +154,25 @@ func (rd *round) wroteHeaders() {
 	}
 }
 
-// setHeaders sets the journaled headers and the key, in the record's form.
+// setHeaders sets the journaled headers and the key, in the record's form:
+// copies, all in one array as http.Header.Clone makes them, each value
+// slice capped so that an append to one never writes into the next.
 func (d *driver) setHeaders(h http.Header) {
-	for k, v := range d.rec.Header {
-		h[k] = append([]string(nil), v...)
+	n := 1
+	for _, v := range d.rec.Header {
+		n += len(v)
 	}
-	d.form.set(h, d.rec.Key)
+	vals := make([]string, 0, n)
+	for k, v := range d.rec.Header {
+		if len(v) == 0 {
+			h[k] = nil
+			continue
+		}
+		vals = append(vals, v...)
+		h[k] = vals[len(vals)-len(v) : len(vals) : len(vals)]
+	}
+	vals = append(vals, wire.FormatKey(d.rec.Key, d.form.quoted))
+	h[http.CanonicalHeaderKey(d.form.header)] = vals[len(vals)-1:]
 }
 
 // newSender returns the client's go-retryablehttp client, which sends
@@ -162,7 +187,7 @@ func newSender(attempts *http.Client) *retryablehttp.Client {
 		},
 		Backoff: noBackoff,
 		RequestLogHook: func(_ retryablehttp.Logger, req *http.Request, _ int) {
-			roundOf(req.Context()).beforeAttempt()
+			roundOf(req.Context()).beforeAttempt(req)
 		},
 		PrepareRetry: func(req *http.Request) error { return roundOf(req.Context()).prepareRetry(req) },
 		ErrorHandler: retryablehttp.PassthroughErrorHandler,
@@ -173,13 +198,21 @@ func newSender(attempts *http.Client) *retryablehttp.Client {
 // opCtx, which request made the request's context.
 func roundOf(ctx context.Context) *round { return ctx.(*opCtx).rd }
 
-// beforeAttempt is retryablehttp's RequestLogHook: an attempt starts.
-func (rd *round) beforeAttempt() {
+// beforeAttempt is retryablehttp's RequestLogHook: an attempt starts, with
+// req, which it gives a reader of the journaled body of the attempt's own
+// (the transport may still be closing the last attempt's).
+func (rd *round) beforeAttempt(req *http.Request) {
 	a := &rd.firstAttempt
 	if rd.usedFirstAttempt {
 		a = &attempt{}
 	}
 	rd.usedFirstAttempt = true
+	if req.GetBody != nil {
+		// A bytes.Reader in io.NopCloser, which net/http knows to be in
+		// memory: it writes the headers and the body in one write.
+		a.sent.Reset(rd.d.rec.Body)
+		req.Body = io.NopCloser(&a.sent)
+	}
 	if rd.d.obs != nil {
 		a.start = rd.d.c.now()
 	}
@@ -443,8 +476,11 @@ type preauthKey struct{}
 // for ever.
 func (d *driver) preauthorize(req *http.Request) *authorizeError {
 	c := d.c
+	if c.cfg.Authorize == nil {
+		return nil // no slot to look up: the context's whole chain
+	}
 	slot, _ := req.Context().Value(preauthKey{}).(*preauth)
-	if c.cfg.Authorize == nil || slot == nil {
+	if slot == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(untraced{req.Context()}, c.cfg.AttemptTimeout)

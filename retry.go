@@ -208,8 +208,7 @@ func Classify(a Attempt) Decision {
 	}
 	code := a.Response.StatusCode
 	h := a.Response.Header
-	var buf [16]byte // one allocation, the string, and no fmt
-	reason := string(strconv.AppendInt(append(buf[:0], "HTTP "...), int64(code), 10))
+	reason := statusReason(code)
 	if a.Err != nil {
 		return Decision{Verdict: Unknown, Reason: reason + " with its body cut off: " + a.Err.Error()}
 	}
@@ -237,6 +236,24 @@ func Classify(a Attempt) Decision {
 	default:
 		return Decision{Verdict: Rejected, Reason: reason}
 	}
+}
+
+// statusReasons are Classify's reasons "HTTP 100" to "HTTP 599", made
+// once: made per call, the string would be the only allocation of a
+// success's Classify.
+var statusReasons = func() (r [500]string) {
+	for i := range r {
+		r[i] = "HTTP " + strconv.Itoa(100+i)
+	}
+	return r
+}()
+
+func statusReason(code int) string {
+	if code >= 100 && code < 100+len(statusReasons) {
+		return statusReasons[code-100]
+	}
+	var buf [16]byte // one allocation, the string, and no fmt
+	return string(strconv.AppendInt(append(buf[:0], "HTTP "...), int64(code), 10))
 }
 
 // Problem types and bodies by which servers say a key was reused with

@@ -203,7 +203,13 @@ type roundTripper struct {
 	// BaseURL's too), and the string journaled for it: an SDK sends most
 	// requests to a few URLs (as Client.resolve).
 	lastURL atomic.Pointer[checkedURL]
+	// lastHeader is the last header journaled, checked, which no one
+	// changes (split).
+	lastHeader atomic.Pointer[http.Header]
 }
+
+// lastHeader is h, for roundTripper.lastHeader.
+func lastHeader(h http.Header) *http.Header { return &h }
 
 type checkedURL struct {
 	u      url.URL
@@ -347,7 +353,7 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, *call
 	if err != nil {
 		return fail(err)
 	}
-	header, creds := t.split(req.Header)
+	header, checked, creds := t.split(req.Header)
 	if creds != nil {
 		// The journaled header is checked as Op.Header is (prepareAt);
 		// the call's credentials likewise, before anything is journaled.
@@ -361,10 +367,18 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, *call
 	if err != nil {
 		return prepared{}, nil, err
 	}
-	// The header is split's, made for this call: prepareAt need not copy it.
-	p, err := t.c.prepareAt(Op{Scope: op.scope, ID: op.id, Method: req.Method, Header: header, Body: body}, target, false)
+	// The header is split's, made for this call or checked for one
+	// before: prepareAt need not copy it.
+	use := ownHeader
+	if checked {
+		use = checkedHeader
+	}
+	p, err := t.c.prepareAt(Op{Scope: op.scope, ID: op.id, Method: req.Method, Header: header, Body: body}, target, use)
 	if err != nil {
 		return prepared{}, nil, err
+	}
+	if !checked {
+		t.lastHeader.Store(lastHeader(header))
 	}
 	// Both are this call's own, values and bytes: a MemoryJournal keeps
 	// them without a copy.
@@ -378,13 +392,20 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, *call
 // MemoryJournal keeps as it is: the caller may change the request's once
 // the call returns. The credentials share the request's values, which a
 // RoundTripper may read until it returns and must not change.
-func (t *roundTripper) split(h http.Header) (journaled http.Header, creds *callCredentials) {
-	n := 0
-	for _, values := range h {
-		n += len(values)
+//
+// When the request's journaled headers are those of the header the
+// RoundTripper journaled last (an SDK sends the same Content-Type,
+// User-Agent and API version on every call), that header is journaled
+// again, checked already (checked is true): one map shared, read-only, by
+// the records of those calls, instead of a map and its values made and
+// checked for each.
+func (t *roundTripper) split(h http.Header) (journaled http.Header, checked bool, creds *callCredentials) {
+	var last http.Header
+	if p := t.lastHeader.Load(); p != nil {
+		last = *p
 	}
-	all := make([]string, 0, n)
-	journaled = make(http.Header, len(h))
+	same := last != nil
+	n, kept := 0, 0
 	for name, values := range h {
 		canon := http.CanonicalHeaderKey(name)
 		switch {
@@ -395,6 +416,25 @@ func (t *roundTripper) split(h http.Header) (journaled http.Header, creds *callC
 			}
 			creds.add(canon, values, h)
 		case canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
+		default:
+			n += len(values)
+			kept++
+			if same {
+				// One spelling per name (as canon), the same values.
+				v, ok := last[canon]
+				same = ok && name == canon && slices.Equal(v, values)
+			}
+		}
+	}
+	if same && kept == len(last) {
+		return last, true, creds
+	}
+	all := make([]string, 0, n)
+	journaled = make(http.Header, kept)
+	for name, values := range h {
+		canon := http.CanonicalHeaderKey(name)
+		switch {
+		case t.c.secretHeader(canon), canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
 		case journaled[canon] != nil:
 			// Every spelling's values, in one slice of its own.
 			journaled[canon] = spellings(h, canon, true, values)
@@ -404,7 +444,7 @@ func (t *roundTripper) split(h http.Header) (journaled http.Header, creds *callC
 			journaled[canon] = all[start:len(all):len(all)]
 		}
 	}
-	return journaled, creds
+	return journaled, false, creds
 }
 
 // spellings is the values of the header canon: values, the only

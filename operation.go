@@ -191,8 +191,10 @@ type prepared struct {
 	body                   []byte
 	fingerprint            string
 	// ownHeader (ownBody): header (body) is the client's own copy,
-	// shared with no one (Do's header, the standard client's header and
-	// body; not an Op's body, which is the caller's).
+	// which no one changes (Do's header, the standard client's header and
+	// body; not an Op's body, which is the caller's). The standard
+	// client's header may be shared, read-only, by the records of several
+	// calls (roundTripper.split).
 	ownHeader, ownBody bool
 }
 
@@ -203,14 +205,27 @@ func (c *Client) prepare(op Op) (prepared, error) {
 	if err != nil {
 		return prepared{}, err
 	}
-	return c.prepareAt(op, u, true)
+	return c.prepareAt(op, u, copyHeader)
 }
 
-// prepareAt is prepare for op sent to the resolved URL u. copyHeader is
-// false when op.Header is the caller's own map, made for this call (the
-// RoundTripper's), which need not be copied again.
-func (c *Client) prepareAt(op Op, u string, copyHeader bool) (prepared, error) {
-	p := prepared{scope: op.Scope, id: op.ID, method: op.Method, url: u, body: op.Body, ownHeader: copyHeader}
+// headerUse is how prepareAt takes op.Header.
+type headerUse int
+
+const (
+	// copyHeader: the caller's map (Do's Op), checked and copied.
+	copyHeader headerUse = iota
+	// ownHeader: a map made for this call (the standard client's),
+	// checked but not copied again.
+	ownHeader
+	// checkedHeader: a map the standard client checked for a call before
+	// and journals again, unchanged, for this one.
+	checkedHeader
+)
+
+// prepareAt is prepare for op sent to the resolved URL u, its header taken
+// as use says.
+func (c *Client) prepareAt(op Op, u string, use headerUse) (prepared, error) {
+	p := prepared{scope: op.Scope, id: op.ID, method: op.Method, url: u, body: op.Body, ownHeader: use == copyHeader}
 	if p.scope == "" {
 		p.scope = c.cfg.Scope
 	}
@@ -227,10 +242,14 @@ func (c *Client) prepareAt(op Op, u string, copyHeader bool) (prepared, error) {
 		return prepared{}, invalidOp("Op.Method %q is not an HTTP method", p.method)
 	}
 	p.header = op.Header
-	if copyHeader || p.header == nil {
+	if use == copyHeader || p.header == nil {
 		p.header = make(http.Header, len(op.Header))
 	}
-	for name, values := range op.Header {
+	toCheck := op.Header
+	if use == checkedHeader {
+		toCheck = nil // checked for a call before, and unchanged since
+	}
+	for name, values := range toCheck {
 		canon := http.CanonicalHeaderKey(name)
 		if c.secretHeader(canon) {
 			return prepared{}, invalidOp("Op.Header carries %s, a credential; credentials are never journaled: add them in Config.Authorize, which runs on every attempt", canon)
@@ -241,7 +260,7 @@ func (c *Client) prepareAt(op Op, u string, copyHeader bool) (prepared, error) {
 		if err := checkHeader("Op.Header", canon, values); err != nil {
 			return prepared{}, err
 		}
-		if copyHeader {
+		if use == copyHeader {
 			p.header[canon] = slices.Clone(values)
 		}
 	}

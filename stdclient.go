@@ -203,7 +203,13 @@ type roundTripper struct {
 	// BaseURL's too), and the string journaled for it: an SDK sends most
 	// requests to a few URLs (as Client.resolve).
 	lastURL atomic.Pointer[checkedURL]
+	// lastHeader is the last header journaled, checked, which no one
+	// changes (split).
+	lastHeader atomic.Pointer[http.Header]
 }
+
+// lastHeader is h, for roundTripper.lastHeader.
+func lastHeader(h http.Header) *http.Header { return &h }
 
 type checkedURL struct {
 	u      url.URL
@@ -250,15 +256,18 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("idem: operation %q answered HTTP %d, a redirect to %s, another origin: its write is not sent there (a write and its credentials never leave the request's origin); the redirect is the operation's answer",
 			op.id, req.Response.StatusCode, redact(req))
 	}
-	p, creds, err := t.operation(req, op)
+	// The response, and the call's credentials until then: one
+	// allocation.
+	r := &resultResponse{}
+	p, err := t.operation(req, op, &r.creds)
 	if err != nil {
 		return nil, err
 	}
 	ctx, stop := cancelWith(req)
 	defer stop()
-	if creds != nil {
-		creds.Context = ctx
-		ctx = creds
+	if len(r.creds.header) > 0 {
+		r.creds.Context = ctx
+		ctx = &r.creds
 	}
 	res, err := t.c.do(ctx, p)
 	if err != nil && (res == nil || !errors.Is(err, ErrRejected)) {
@@ -267,7 +276,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	if res.StatusCode == 0 {
 		return nil, fmt.Errorf("%w: operation %s/%s (key %s) is %s", ErrNoResponse, res.Scope, res.ID, res.Key, res.State)
 	}
-	return response(req, res), nil
+	return r.response(req, res), nil
 }
 
 // withoutCredentialsElsewhere is req without the call's credentials when
@@ -324,12 +333,12 @@ func effectivePort(u *url.URL) string {
 func (t *roundTripper) CloseIdleConnections() { t.c.http.CloseIdleConnections() }
 
 // operation reads req into the operation it stands for, validated as Do
-// validates an Op, and the credentials it carries for this call. It
-// closes the body.
-func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, *callCredentials, error) {
-	fail := func(err error) (prepared, *callCredentials, error) {
+// validates an Op, and into creds the credentials it carries for this
+// call. It closes the body.
+func (t *roundTripper) operation(req *http.Request, op namedOp, creds *callCredentials) (prepared, error) {
+	fail := func(err error) (prepared, error) {
 		closeBody(req)
-		return prepared{}, nil, err
+		return prepared{}, err
 	}
 	if op.id == "" {
 		return fail(invalidOp("%s %s: the context names an operation with an empty ID; give idem.WithOperation a stable ID, such as \"checkout/cart-42\"", req.Method, redact(req)))
@@ -347,54 +356,82 @@ func (t *roundTripper) operation(req *http.Request, op namedOp) (prepared, *call
 	if err != nil {
 		return fail(err)
 	}
-	header, creds := t.split(req.Header)
-	if creds != nil {
-		// The journaled header is checked as Op.Header is (prepareAt);
-		// the call's credentials likewise, before anything is journaled.
-		for _, c := range creds.header {
-			if err := checkHeader("the request's credential header", c.name, c.values); err != nil {
-				return fail(err)
-			}
+	header, checked := t.split(req.Header, creds)
+	// The journaled header is checked as Op.Header is (prepareAt); the
+	// call's credentials likewise, before anything is journaled.
+	for _, c := range creds.header {
+		if err := checkHeader("the request's credential header", c.name, c.values); err != nil {
+			return fail(err)
 		}
 	}
 	body, err := t.readBody(req)
 	if err != nil {
-		return prepared{}, nil, err
+		return prepared{}, err
 	}
-	// The header is split's, made for this call: prepareAt need not copy it.
-	p, err := t.c.prepareAt(Op{Scope: op.scope, ID: op.id, Method: req.Method, Header: header, Body: body}, target, false)
+	// The header is split's, made for this call or checked for one
+	// before: prepareAt need not copy it.
+	use := ownHeader
+	if checked {
+		use = checkedHeader
+	}
+	p, err := t.c.prepareAt(Op{Scope: op.scope, ID: op.id, Method: req.Method, Header: header, Body: body}, target, use)
 	if err != nil {
-		return prepared{}, nil, err
+		return prepared{}, err
+	}
+	if !checked {
+		t.lastHeader.Store(lastHeader(header))
 	}
 	// Both are this call's own, values and bytes: a MemoryJournal keeps
 	// them without a copy.
 	p.ownHeader, p.ownBody = true, true
-	return p, creds, nil
+	return p, nil
 }
 
 // split separates what is journaled from the request's headers and the
-// credentials that go with this call only. The journaled header is the
+// credentials that go with this call only, which it adds to creds. The journaled header is the
 // client's own, values and all (one array for them), which a
 // MemoryJournal keeps as it is: the caller may change the request's once
 // the call returns. The credentials share the request's values, which a
 // RoundTripper may read until it returns and must not change.
-func (t *roundTripper) split(h http.Header) (journaled http.Header, creds *callCredentials) {
-	n := 0
-	for _, values := range h {
-		n += len(values)
+//
+// When the request's journaled headers are those of the header the
+// RoundTripper journaled last (an SDK sends the same Content-Type,
+// User-Agent and API version on every call), that header is journaled
+// again, checked already (checked is true): one map shared, read-only, by
+// the records of those calls, instead of a map and its values made and
+// checked for each.
+func (t *roundTripper) split(h http.Header, creds *callCredentials) (journaled http.Header, checked bool) {
+	var last http.Header
+	if p := t.lastHeader.Load(); p != nil {
+		last = *p
 	}
-	all := make([]string, 0, n)
-	journaled = make(http.Header, len(h))
+	same := last != nil
+	n, kept := 0, 0
 	for name, values := range h {
 		canon := http.CanonicalHeaderKey(name)
 		switch {
 		case t.c.secretHeader(canon):
-			if creds == nil {
-				creds = &callCredentials{}
-				creds.header = creds.inline[:0]
-			}
 			creds.add(canon, values, h)
 		case canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
+		default:
+			n += len(values)
+			kept++
+			if same {
+				// One spelling per name (as canon), the same values.
+				v, ok := last[canon]
+				same = ok && name == canon && slices.Equal(v, values)
+			}
+		}
+	}
+	if same && kept == len(last) {
+		return last, true
+	}
+	all := make([]string, 0, n)
+	journaled = make(http.Header, kept)
+	for name, values := range h {
+		canon := http.CanonicalHeaderKey(name)
+		switch {
+		case t.c.secretHeader(canon), canon == t.c.keyHeader, slices.Contains(callerKeyHeaders, canon), slices.Contains(hopByHop, canon):
 		case journaled[canon] != nil:
 			// Every spelling's values, in one slice of its own.
 			journaled[canon] = spellings(h, canon, true, values)
@@ -404,7 +441,7 @@ func (t *roundTripper) split(h http.Header) (journaled http.Header, creds *callC
 			journaled[canon] = all[start:len(all):len(all)]
 		}
 	}
-	return journaled, creds
+	return journaled, false
 }
 
 // spellings is the values of the header canon: values, the only
@@ -526,12 +563,13 @@ func cancelWith(req *http.Request) (context.Context, func()) {
 	return ctx, func() { close(done); cancel() }
 }
 
-// response is res as net/http's transport would return it. Its Header is
-// res.Header, which is this call's own (a Result is its caller's: the
-// journal keeps a copy, and calls that share one attempt each get a copy
-// of its Result), unless it must differ from the server's: a body cut
-// short of its Content-Length, a replay whose mark the header lacks.
-func response(req *http.Request, res *Result) *http.Response {
+// response is res as net/http's transport would return it, made in r.
+// Its Header is res.Header, which is this call's own (a Result is its
+// caller's: the journal keeps a copy, and calls that share one attempt
+// each get a copy of its Result), unless it must differ from the
+// server's: a body cut short of its Content-Length, a replay whose mark
+// the header lacks.
+func (r *resultResponse) response(req *http.Request, res *Result) *http.Response {
 	h := res.Header
 	mark := res.Replayed && !wire.Replayed(h)
 	if mark || !contentLengthIs(h, len(res.Body)) {
@@ -547,7 +585,6 @@ func response(req *http.Request, res *Result) *http.Response {
 	if h == nil {
 		h = http.Header{}
 	}
-	r := &resultResponse{}
 	r.body.Reset(res.Body)
 	r.body.res = res
 	r.resp = http.Response{
@@ -561,10 +598,12 @@ func response(req *http.Request, res *Result) *http.Response {
 	return &r.resp
 }
 
-// resultResponse is a response and its body, allocated together.
+// resultResponse is a response and its body, allocated together, with
+// the call's credentials, which it needs until the response is made.
 type resultResponse struct {
-	resp http.Response
-	body resultBody
+	resp  http.Response
+	body  resultBody
+	creds callCredentials
 }
 
 // contentLengthIs reports whether h's Content-Length is n or absent.
@@ -581,20 +620,19 @@ func contentLengthIs(h http.Header, n int) bool {
 }
 
 // statusLines are net/http's status lines ("201 Created") of the codes it
-// knows, made once instead of on each response.
-var statusLines = func() map[int]string {
-	m := make(map[int]string)
-	for code := 100; code < 600; code++ {
+// knows, made once instead of on each response, indexed by code.
+var statusLines = func() (lines [600]string) {
+	for code := 100; code < len(lines); code++ {
 		if text := http.StatusText(code); text != "" {
-			m[code] = strconv.Itoa(code) + " " + text
+			lines[code] = strconv.Itoa(code) + " " + text
 		}
 	}
-	return m
+	return lines
 }()
 
 func statusLine(code int) string {
-	if s, ok := statusLines[code]; ok {
-		return s
+	if code >= 0 && code < len(statusLines) && statusLines[code] != "" {
+		return statusLines[code]
 	}
 	return strconv.Itoa(code) + " " + http.StatusText(code)
 }
@@ -661,8 +699,9 @@ func (c *Client) rawTransport() http.RoundTripper {
 // callCredentials are the credentials a request gave the RoundTripper,
 // which authorizing adds to every request of that call for its operation,
 // after Config.Authorize. They are the call's context, the credentials
-// and the room for the usual one or two of them in one allocation, where
-// a header map in a context value took three.
+// and the room for the usual one or two of them, allocated with the
+// response the call returns (resultResponse), where a header map in a
+// context value took three allocations and the response a fourth.
 type callCredentials struct {
 	context.Context
 	header []credential
@@ -688,6 +727,9 @@ func (c *callCredentials) Value(key any) any {
 // add adds the header canon, whose values under one of h's spellings are
 // values.
 func (c *callCredentials) add(canon string, values []string, h http.Header) {
+	if c.header == nil {
+		c.header = c.inline[:0]
+	}
 	for i := range c.header {
 		if c.header[i].name == canon {
 			c.header[i].values = spellings(h, canon, true, values)

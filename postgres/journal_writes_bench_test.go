@@ -77,12 +77,14 @@ func BenchmarkWrites(b *testing.B) {
 			b.Fatal(err)
 		}
 		created, updated := rj.created, rj.updated
+		lease := created.Lease.ExpiresAt.Sub(created.UpdatedAt)
 		ctx := context.Background()
 		measureWrites(b, pids, func(i int) error {
 			rec := created
 			// Unique across the benchmark's runs (b.N = 1 first, then b.N).
 			rec.ID = "checkout/w-" + strconv.Itoa(i+1) + "-" + newKey()[:8]
 			rec.Key = newKey()
+			rec.Lease.ExpiresAt = time.Now().Add(lease) // as the client sets it, from now
 			got, _, err := j.Create(ctx, rec)
 			if err != nil {
 				return err

@@ -378,6 +378,7 @@ type opened struct {
 	do      func(ctx context.Context, url string, i int64) error
 	commits func() int64
 	pids    func() []int
+	simple  *simpleNaive // the simple naive journal's, for BenchmarkWrites
 }
 
 // benchPool opens a pool of its own for one configuration, with at most
@@ -465,7 +466,7 @@ func openSimpleNaive(b *testing.B) opened {
 			RetryMax: 4, CheckRetry: retryablehttp.DefaultRetryPolicy, Backoff: retryablehttp.DefaultBackoff,
 			RetryWaitMin: 100 * time.Millisecond, RetryWaitMax: 5 * time.Second},
 	}
-	return opened{do: n.post, commits: n.commits.Load, pids: pids}
+	return opened{do: n.post, commits: n.commits.Load, pids: pids, simple: n}
 }
 
 // post journals the operation as pending under a new key, sends it, and

@@ -115,6 +115,13 @@ func newQueries(schema string) queries {
 	// transaction's id (txid_current(), for the journal's copy of the row)
 	// in place of a statement of its own. Its creation event, in the row.
 	// Alone in its transaction, it sets the commit level itself (level).
+	// Its one arbiter is (scope, op_id), as insert's: without one, every
+	// unique index is an arbiter, and the server looks the new row up in
+	// each (the primary key and key too) before inserting it, then again
+	// as it inserts. A key taken by another operation fails the statement
+	// (unique violation), and the create runs again through the read
+	// (Journal.fastBatch), which tells that from the same operation
+	// inserted meanwhile.
 	for l := range q.insertOne {
 		q.insertOne[l] = `WITH ins AS (
 		INSERT INTO ` + q.operations + ` (key, scope, op_id, method, url, header, body, fingerprint, key_header, key_quoted,
@@ -122,7 +129,7 @@ func newQueries(schema string) queries {
 			created_at, updated_at, expires_at, version, link, ev_at, ev_kind, ev_detail, ev_error, ev_owner)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $26,
 			$21, $24, $25, $18, $15)
-		ON CONFLICT DO NOTHING RETURNING id, next_attempt_at
+		ON CONFLICT (scope, op_id) DO NOTHING RETURNING id, next_attempt_at
 	), d AS (
 		INSERT INTO ` + q.due + ` (id, next_attempt_at) SELECT id, next_attempt_at FROM ins
 	)

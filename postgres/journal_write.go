@@ -704,8 +704,12 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	}
 	j.forget(keys)
 	if err := runStmts(ctx, conn, stmts); err != nil {
-		if isSerializationFailure(err) {
-			// Rolled back at the Sync (see above): nothing was written.
+		c, unique := isUniqueViolation(err)
+		if isSerializationFailure(err) || (unique && c == "operations_key_key" && len(creates) == 1 && len(updates) == 0) {
+			// Rolled back at the Sync (see above): nothing was written. A
+			// create alone whose key was taken (insertOne's arbiter is the
+			// operation, not its key) is judged through the read: another
+			// operation's key, or this one's inserted meanwhile.
 			for _, r := range reqs {
 				r.again, r.sent = true, nil
 			}

@@ -57,8 +57,10 @@ type Config struct {
 	// next request with the same key and payload then takes the entry over
 	// and runs the handler again, instead of getting 409 forever. When no
 	// renewal succeeded for 2/3 of LockTimeout, the handler's context is
-	// canceled (cause ErrLockNotRenewed) before that can happen. Defaults
-	// to 1 min.
+	// canceled (cause ErrLockNotRenewed) before that can happen. A
+	// response the store has not stored within LockTimeout/3 is answered
+	// 409 and stored in the background, so that a store call that hangs
+	// never keeps the lock from being renewed. Defaults to 1 min.
 	LockTimeout time.Duration
 
 	// RetryAfter is the Retry-After sent with 409 (in progress) and 503

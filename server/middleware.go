@@ -328,6 +328,10 @@ func (m *Middleware) interrupted(ctx context.Context, cl *claimed) {
 
 func (m *Middleware) release(ctx context.Context, cl *claimed, after string) {
 	cl.hb.stop()
+	// Bounded as a Complete is: a key not released goes stale, and is
+	// retryable then, which is better than a request that never ends.
+	ctx, cancel := context.WithTimeout(ctx, m.storeCallBound())
+	defer cancel()
 	if err := m.cfg.Store.Release(ctx, cl.scope, cl.key, cl.token); err != nil {
 		m.logKey(ctx, slog.LevelError, "idempotency key not released after "+after+"; it is retryable once its lock is stale", cl, slog.Any("error", err))
 	}
@@ -344,6 +348,24 @@ const (
 
 // completeRetryMin is the first wait before storing a response again.
 const completeRetryMin = 50 * time.Millisecond
+
+// completeBound is how long a request waits for one Complete before it is
+// answered 409 and its response is stored in the background: LockTimeout/3,
+// so that a Complete that hangs gives the heartbeat's op back before the
+// watchdog's 2/3 of LockTimeout (see heartbeat.complete). The request's own
+// context is not canceled when its client leaves (its retry needs the
+// stored response), so without a bound a store call that never returns (a
+// silent session: no answer, no reset) would hang the request for good,
+// and, as a Complete holds op, stop the renewals too: the lock would go
+// stale with the store reachable, and another request would run the
+// handler again. The store call itself is given LockTimeout (storeCallBound)
+// before its context ends.
+func (m *Middleware) completeBound() time.Duration { return m.cfg.LockTimeout / 3 }
+
+// storeCallBound bounds the context of one Complete or Release: a store
+// that honours its context ends a call that hangs by then, and another try
+// (storeLater's) draws another session.
+func (m *Middleware) storeCallBound() time.Duration { return m.cfg.LockTimeout }
 
 // store stores resp for a claimed key. When the store fails, the key stays
 // held (its heartbeat keeps running) and a goroutine that Close owns keeps
@@ -387,9 +409,7 @@ func (m *Middleware) storeLater(life context.Context, cl *claimed, req CompleteR
 			return
 		}
 		req.ExpiresAt = now.Add(m.cfg.Retention)
-		ctx, cancel := context.WithTimeout(life, max(m.cfg.RetryAfter, completeRetryMin))
-		err := cl.hb.complete(ctx, req)
-		cancel()
+		err := cl.hb.complete(life, req) // bounded by completeBound
 		switch {
 		case err == nil:
 			m.logKey(life, slog.LevelInfo, "idempotency response stored after a store failure", cl, slog.Int("attempts", attempt))

@@ -12,7 +12,9 @@ import (
 )
 
 // Config configures a Middleware. Store and Scope are required; every
-// other field's zero value means its default.
+// other field's zero value means its default. New refuses a duration (Retention,
+// LockTimeout, RetryAfter, SweepInterval) below 1 ms as a unit mistake:
+// LockTimeout: 30 is 30 ns, not 30 s.
 type Config struct {
 	// Store keeps the entries. Required. The middleware never closes it.
 	Store Store
@@ -144,6 +146,11 @@ const (
 	DefaultSweepInterval = time.Minute
 )
 
+// minDuration is the shortest duration New accepts in Config: shorter is
+// shorter than any store round trip, and a bare number meant as seconds
+// (LockTimeout: 30, which is 30 ns) is the likely cause.
+const minDuration = time.Millisecond
+
 // ConfigError reports a Config field that New cannot accept.
 type ConfigError struct {
 	// Field is the name of the Config field, such as "Retention".
@@ -208,6 +215,14 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		if *d.v < 0 {
 			return bad(d.name, "%s is negative", *d.v)
+		}
+		if *d.v < minDuration {
+			// A bare number (LockTimeout: 30) is nanoseconds: a lock that
+			// is stale as soon as it is taken turns the middleware into a
+			// pass-through, and a sweep or a renewal every few
+			// nanoseconds spins.
+			return bad(d.name, "%s is %s; it is a time.Duration, counted in nanoseconds — did you mean %d*time.Second? "+
+				"Durations below %s are refused as unit mistakes", d.name, *d.v, int64(*d.v), minDuration)
 		}
 	}
 	if c.Retention <= c.LockTimeout {

@@ -63,3 +63,25 @@ func TestALockTimeoutInNanosecondsDoesNotLetDuplicatesRun(t *testing.T) {
 	assert.Equal(t, http.StatusConflict, second.StatusCode, "a duplicate of a request still running is told it is in progress")
 	assert.EqualValues(t, 1, runs.Load(), "the handler runs once while the first request holds the key")
 }
+
+// TestADurationInNanosecondsIsRefusedSayingWhatWasMeant: every duration of
+// Config written as a bare number is refused, and the error says what the
+// number was taken for and what was likely meant.
+func TestADurationInNanosecondsIsRefusedSayingWhatWasMeant(t *testing.T) {
+	t.Parallel()
+	one := server.SingleTenant
+	store := server.NewMemoryStore()
+	for field, cfg := range map[string]server.Config{
+		"Retention":     {Store: store, Scope: one, Retention: 30},
+		"LockTimeout":   {Store: store, Scope: one, LockTimeout: 30},
+		"RetryAfter":    {Store: store, Scope: one, RetryAfter: 30},
+		"SweepInterval": {Store: store, Scope: one, SweepInterval: 30},
+	} {
+		_, err := server.New(cfg)
+		var ce *server.ConfigError
+		require.True(t, errors.As(err, &ce), "%s: a ConfigError: %v", field, err)
+		assert.Equal(t, field, ce.Field)
+		assert.Contains(t, err.Error(), "30ns", field)
+		assert.Contains(t, err.Error(), "did you mean 30*time.Second?", field)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 )
 
 // capture is the ResponseWriter a handler on an idempotent route writes
@@ -65,9 +67,29 @@ func (c *capture) response() (resp *StoredResponse, cookies []string) {
 	if _, set := h["Content-Type"]; !set && len(body) > 0 && bodyAllowed(c.status) {
 		h.Set("Content-Type", http.DetectContentType(body))
 	}
-	cookies = h["Set-Cookie"]
+	return &StoredResponse{Status: c.status, Header: h, Body: body}, takeCookies(h)
+}
+
+// takeCookies removes every Set-Cookie from h and returns their values:
+// the canonical key's first, then those of other spellings
+// (h["set-cookie"], which code that fills the map directly writes, and
+// which net/http sends as it is), in the order of their names. Header
+// names are case-insensitive: any spelling is a cookie to the client.
+func takeCookies(h http.Header) []string {
+	cookies := h["Set-Cookie"]
 	delete(h, "Set-Cookie")
-	return &StoredResponse{Status: c.status, Header: h, Body: body}, cookies
+	var others []string
+	for k := range h {
+		if strings.EqualFold(k, "Set-Cookie") {
+			others = append(others, k)
+		}
+	}
+	slices.Sort(others)
+	for _, k := range others {
+		cookies = append(cookies, h[k]...)
+		delete(h, k)
+	}
+	return cookies
 }
 
 func bodyAllowed(status int) bool {

@@ -91,7 +91,8 @@ type Config struct {
 	Logger *slog.Logger
 
 	// OnOutcome is called once for each request with a keyed method, after
-	// its answer was written, with what the middleware did: for metrics and
+	// its answer was written (or, when the handler panicked, as the panic
+	// unwinds, with Status 500), with what the middleware did: for metrics and
 	// span attributes (the module github.com/idemkit/idem/otel uses it). It
 	// runs on the request's goroutine, with its context; keep it fast.
 	OnOutcome func(ctx context.Context, o Outcome)

@@ -172,7 +172,15 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		o := m.serve(next, w, r)
+		// A request whose handler panicked is reported too, as the
+		// panic unwinds: serve never returns, and execute fills panicked.
+		var panicked Outcome
+		defer func() {
+			if panicked.Kind != 0 {
+				m.report(r.Context(), panicked)
+			}
+		}()
+		o := m.serve(next, w, r, &panicked)
 		m.report(r.Context(), o)
 	})
 }
@@ -185,10 +193,11 @@ type claimed struct {
 	// expiresAt is when the in-progress entry expires: no response is
 	// stored after it.
 	expiresAt time.Time
+	tookOver  bool
 	hb        *heartbeat
 }
 
-func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) Outcome {
+func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request, panicked *Outcome) Outcome {
 	key, ok := m.readKey(w, r)
 	if !ok {
 		return Outcome{Kind: OutcomeKeyInvalid, Status: http.StatusBadRequest}
@@ -234,8 +243,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 	o := m.execute(next, w, r, body, &claimed{
 		scope: scope, key: key, method: r.Method, path: r.URL.Path,
-		token: res.Token, expiresAt: res.Entry.ExpiresAt,
-	}, lockedAt)
+		token: res.Token, expiresAt: res.Entry.ExpiresAt, tookOver: res.TookOver,
+	}, lockedAt, panicked)
 	o.Scope, o.Key, o.TookOver = scope, key, res.TookOver
 	return o
 }
@@ -247,7 +256,10 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // the request is in progress. The one exception is a run the middleware
 // itself told to stop that then failed (see interrupted): its key is left
 // to go stale, as a dead process's would.
-func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed, lockedAt time.Time) Outcome {
+//
+// If next panics, execute fills panicked with the request's outcome before
+// the panic goes on.
+func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed, lockedAt time.Time, panicked *Outcome) Outcome {
 	// Storing and releasing must happen even if the client is gone: its
 	// retry is what the stored response is for.
 	bg := context.WithoutCancel(r.Context())
@@ -265,7 +277,8 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 		if !returned {
 			// A panic (or runtime.Goexit) in next, which goes on once
 			// this returns.
-			m.afterPanic(bg, cl)
+			*panicked = Outcome{Kind: OutcomeRan, Scope: cl.scope, Key: cl.key, Status: http.StatusInternalServerError,
+				TookOver: cl.tookOver, StoreFailed: m.afterPanic(bg, cl) == storing}
 		}
 	}()
 	next.ServeHTTP(c, hr)
@@ -301,18 +314,19 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 
 // afterPanic ends the hold of a key whose handler panicked: by default the
 // key's outcome becomes a stored 500 problem, because the handler may have
-// acted before it panicked; under SkipServerErrors the key is released.
-func (m *Middleware) afterPanic(ctx context.Context, cl *claimed) {
+// acted before it panicked; under SkipServerErrors the key is released. It
+// returns what became of the stored 500, 0 when none was stored.
+func (m *Middleware) afterPanic(ctx context.Context, cl *claimed) storeResult {
 	if m.cfg.StorePolicy == SkipServerErrors {
 		m.release(ctx, cl, "a panic")
-		return
+		return 0
 	}
 	if cl.hb.wasTold() {
 		m.interrupted(ctx, cl)
-		return
+		return 0
 	}
 	m.logKey(ctx, slog.LevelError, "idempotency handler panicked; a 500 is stored for its key", cl)
-	m.store(ctx, cl, panicResponse(cl.key))
+	return m.store(ctx, cl, panicResponse(cl.key))
 }
 
 // interrupted ends the hold of a key whose handler failed (5xx or panic)

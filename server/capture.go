@@ -67,7 +67,37 @@ func (c *capture) response() (resp *StoredResponse, cookies []string) {
 	if _, set := h["Content-Type"]; !set && len(body) > 0 && bodyAllowed(c.status) {
 		h.Set("Content-Type", http.DetectContentType(body))
 	}
+	c.keepTrailers(h)
 	return &StoredResponse{Status: c.status, Header: h, Body: body}, takeCookies(h)
+}
+
+// keepTrailers puts into h, the stored header, the trailers the handler
+// set, in net/http's http.TrailerPrefix form ("Trailer:X-Sum"), which
+// every store keeps as it keeps any header and which, set on a
+// ResponseWriter before its body, net/http sends as a trailer: on the
+// first answer and on every replay alike, with no change to any store's
+// schema. They are the handler's live header's TrailerPrefix keys, set at
+// any time, and the values of the names its Trailer header announced as
+// they are once it returned (net/http sends those then, however late they
+// were set); an announced name whose value was already in the header at
+// WriteHeader is sent from there, as net/http sends it.
+func (c *capture) keepTrailers(h http.Header) {
+	for k, v := range c.header {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			h[k] = slices.Clone(v)
+		}
+	}
+	for _, list := range h["Trailer"] {
+		for name := range strings.SplitSeq(list, ",") {
+			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
+			if _, sent := h[name]; sent || name == "" {
+				continue
+			}
+			if v, set := c.header[name]; set {
+				h[http.TrailerPrefix+name] = slices.Clone(v)
+			}
+		}
+	}
 }
 
 // takeCookies removes every Set-Cookie from h and returns their values:
@@ -80,8 +110,11 @@ func takeCookies(h http.Header) []string {
 	delete(h, "Set-Cookie")
 	var others []string
 	for k := range h {
-		if strings.EqualFold(k, "Set-Cookie") {
+		switch {
+		case strings.EqualFold(k, "Set-Cookie"):
 			others = append(others, k)
+		case strings.EqualFold(k, http.TrailerPrefix+"Set-Cookie"):
+			delete(h, k) // a cookie as a trailer, which clients ignore: never stored
 		}
 	}
 	slices.Sort(others)

@@ -212,10 +212,16 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	// The lock is fresh from before the claim is sent, in this process's
 	// own time: what the heartbeat's watchdog counts from.
 	lockedAt := time.Now()
-	res, err := m.cfg.Store.Claim(r.Context(), ClaimRequest{
+	// A claim that takes LockTimeout hands back a lock already stale; bound
+	// it there, so that a store call that hangs (a silent session, which
+	// the PostgreSQL store's batch would otherwise wait on for 30 s,
+	// holding every claim queued behind it) answers 503 instead.
+	cctx, cancel := context.WithTimeout(r.Context(), m.cfg.LockTimeout)
+	res, err := m.cfg.Store.Claim(cctx, ClaimRequest{
 		Scope: scope, Key: key, Fingerprint: fp, Method: r.Method, Path: r.URL.Path,
 		Now: now, ExpiresAt: now.Add(m.cfg.Retention), StaleBefore: now.Add(-m.cfg.LockTimeout),
 	})
+	cancel()
 	if errors.Is(err, ErrUnstorable) {
 		m.log(r.Context(), slog.LevelWarn, "idempotency store refused the request; it was not run", r, scope, key, slog.Any("error", err))
 		writeProblem(w, wire.Problem{Type: wire.ProblemUnstorable, Status: http.StatusBadRequest, Title: "Request cannot be recorded",

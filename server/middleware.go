@@ -56,7 +56,8 @@ func New(cfg Config) (*Middleware, error) {
 }
 
 // Close stops the sweeper and the storing of responses that could not be
-// stored yet, and waits for both. A response still unstored stays so: its
+// stored yet, and waits for both (and for a Complete already sent, which
+// its LockTimeout deadline bounds). A response still unstored stays so: its
 // key remains in progress until its lock goes stale (LockTimeout), as if
 // the process had died, and the error log names it. Close does not close
 // the Store, which belongs to the caller; call it once the HTTP server has

@@ -152,8 +152,15 @@ func (hb *heartbeat) beat() {
 	ctx, cancel := context.WithTimeout(rctx, limit)
 	err := hb.m.cfg.Store.Renew(ctx, hb.scope, hb.key, hb.token, hb.m.cfg.now())
 	cancel()
+	completing := hb.pending != nil
 	<-hb.op
 	switch {
+	case errors.Is(err, ErrLockLost) && completing:
+		// A Complete still in flight (see complete) most likely stored
+		// the response: the lock is not lost, it ended. If another
+		// request took the key over instead, that Complete reports it.
+		// Either way there is nothing left to renew.
+		return
 	case err == nil:
 		hb.mu.Lock()
 		if !hb.stopped && !hb.told {
@@ -209,6 +216,10 @@ func (hb *heartbeat) wasTold() bool {
 	return hb.told
 }
 
+// errCompletePending: the store has not answered a Complete in time; it
+// goes on, and the next try waits for its outcome.
+var errCompletePending = errors.New("idem server: the store did not answer Complete")
+
 // complete stores the response with the heartbeat's token, waiting at
 // most completeBound for op and for the store: the request's context has
 // no deadline, and a store call that hangs (a silent session; a store that
@@ -248,7 +259,7 @@ func (hb *heartbeat) complete(ctx context.Context, req CompleteRequest) error {
 	case err = <-hb.pending:
 		hb.pending = nil
 	case <-timeout.C:
-		err = fmt.Errorf("idem server: the store did not answer Complete within %s: %w", hb.completeBound, context.DeadlineExceeded)
+		err = fmt.Errorf("%w within %s: %w", errCompletePending, hb.completeBound, context.DeadlineExceeded)
 	case <-ctx.Done():
 		err = ctx.Err()
 	}

@@ -404,7 +404,13 @@ func (m *Middleware) store(ctx context.Context, cl *claimed, resp *StoredRespons
 		m.logKey(ctx, slog.LevelWarn, "idempotency lock lost while the handler ran; its response is not sent", cl)
 		return lockLost
 	}
-	m.logKey(ctx, slog.LevelError, "idempotency response could not be stored; the key stays held and storing is retried", cl, slog.Any("error", err))
+	level := slog.LevelError
+	if errors.Is(err, errCompletePending) {
+		// Slow, not failed: the Complete goes on (see heartbeat.complete),
+		// and storeLater waits for it.
+		level = slog.LevelInfo
+	}
+	m.logKey(ctx, level, "idempotency response not stored yet; the key stays held and storing is retried", cl, slog.Any("error", err))
 	if !m.spawn(func(life context.Context) { m.storeLater(life, cl, req) }) {
 		cl.hb.stop()
 		m.logKey(ctx, slog.LevelError, "idempotency response not stored: the middleware is closed; the key is retryable once its lock is stale", cl)

@@ -41,6 +41,8 @@ type storeWaiter[T any] struct {
 	// lost is set when the batch's run panicked: the write's outcome is
 	// unknown.
 	lost bool
+	// deadline is the caller's context's, zero if it has none.
+	deadline time.Time
 }
 
 // errStoreBatchLost is the outcome of the writes of a batch whose run
@@ -48,13 +50,37 @@ type storeWaiter[T any] struct {
 var errStoreBatchLost = errors.New("the batch this write was in failed in another request; its outcome is unknown, retry it")
 
 // storeBatchTimeout bounds one batch: a statement the server never answers
-// fails every write in it instead of holding their callers forever.
+// fails every write in it instead of holding their callers forever. A
+// batch whose callers all have deadlines ends at the latest of them, if
+// sooner: a caller that bounds its write (the server middleware bounds a
+// Complete, so that a silent session cannot keep its lock from being
+// renewed) is not held for 30 s, and no caller's write is cut before its
+// own deadline.
 const storeBatchTimeout = 30 * time.Second
+
+// batchDeadline is when a batch of the waiters' writes must end.
+func batchDeadline[T any](waiters []*storeWaiter[T]) time.Time {
+	end := time.Now().Add(storeBatchTimeout)
+	latest := time.Time{}
+	for _, q := range waiters {
+		if q.deadline.IsZero() {
+			return end
+		}
+		if q.deadline.After(latest) {
+			latest = q.deadline
+		}
+	}
+	if latest.Before(end) {
+		return latest
+	}
+	return end
+}
 
 // do runs w in a batch and returns once its outcome is in w, or with
 // ctx's error if w was never sent.
 func (g *storeGroup[T]) do(ctx context.Context, w *T) error {
 	me := &storeWaiter[T]{w: w, wake: make(chan struct{}, 1)}
+	me.deadline, _ = ctx.Deadline()
 	g.mu.Lock()
 	g.queue = append(g.queue, me)
 	if g.running {
@@ -111,7 +137,7 @@ func (g *storeGroup[T]) do(ctx context.Context, w *T) error {
 			}
 		}
 	}()
-	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeBatchTimeout)
+	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), batchDeadline(waiters))
 	defer cancel()
 	g.run(bctx, batch)
 	ran = true

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 )
 
 // capture is the ResponseWriter a handler on an idempotent route writes
@@ -65,9 +67,62 @@ func (c *capture) response() (resp *StoredResponse, cookies []string) {
 	if _, set := h["Content-Type"]; !set && len(body) > 0 && bodyAllowed(c.status) {
 		h.Set("Content-Type", http.DetectContentType(body))
 	}
-	cookies = h["Set-Cookie"]
+	c.keepTrailers(h)
+	return &StoredResponse{Status: c.status, Header: h, Body: body}, takeCookies(h)
+}
+
+// keepTrailers puts into h, the stored header, the trailers the handler
+// set, in net/http's http.TrailerPrefix form ("Trailer:X-Sum"), which
+// every store keeps as it keeps any header and which, set on a
+// ResponseWriter before its body, net/http sends as a trailer: on the
+// first answer and on every replay alike, with no change to any store's
+// schema. They are the handler's live header's TrailerPrefix keys, set at
+// any time, and the values of the names its Trailer header announced as
+// they are once it returned (net/http sends those then, however late they
+// were set); an announced name whose value was already in the header at
+// WriteHeader is sent from there, as net/http sends it.
+func (c *capture) keepTrailers(h http.Header) {
+	for k, v := range c.header {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			h[k] = slices.Clone(v)
+		}
+	}
+	for _, list := range h["Trailer"] {
+		for name := range strings.SplitSeq(list, ",") {
+			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
+			if _, sent := h[name]; sent || name == "" {
+				continue
+			}
+			if v, set := c.header[name]; set {
+				h[http.TrailerPrefix+name] = slices.Clone(v)
+			}
+		}
+	}
+}
+
+// takeCookies removes every Set-Cookie from h and returns their values:
+// the canonical key's first, then those of other spellings
+// (h["set-cookie"], which code that fills the map directly writes, and
+// which net/http sends as it is), in the order of their names. Header
+// names are case-insensitive: any spelling is a cookie to the client.
+func takeCookies(h http.Header) []string {
+	cookies := h["Set-Cookie"]
 	delete(h, "Set-Cookie")
-	return &StoredResponse{Status: c.status, Header: h, Body: body}, cookies
+	var others []string
+	for k := range h {
+		switch {
+		case strings.EqualFold(k, "Set-Cookie"):
+			others = append(others, k)
+		case strings.EqualFold(k, http.TrailerPrefix+"Set-Cookie"):
+			delete(h, k) // a cookie as a trailer, which clients ignore: never stored
+		}
+	}
+	slices.Sort(others)
+	for _, k := range others {
+		cookies = append(cookies, h[k]...)
+		delete(h, k)
+	}
+	return cookies
 }
 
 func bodyAllowed(status int) bool {

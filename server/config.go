@@ -12,7 +12,9 @@ import (
 )
 
 // Config configures a Middleware. Store and Scope are required; every
-// other field's zero value means its default.
+// other field's zero value means its default. New refuses a duration (Retention,
+// LockTimeout, RetryAfter, SweepInterval) below 1 ms as a unit mistake:
+// LockTimeout: 30 is 30 ns, not 30 s.
 type Config struct {
 	// Store keeps the entries. Required. The middleware never closes it.
 	Store Store
@@ -57,8 +59,10 @@ type Config struct {
 	// next request with the same key and payload then takes the entry over
 	// and runs the handler again, instead of getting 409 forever. When no
 	// renewal succeeded for 2/3 of LockTimeout, the handler's context is
-	// canceled (cause ErrLockNotRenewed) before that can happen. Defaults
-	// to 1 min.
+	// canceled (cause ErrLockNotRenewed) before that can happen. A
+	// response the store has not stored within LockTimeout/3 is answered
+	// 409 and stored in the background, so that a store call that hangs
+	// never keeps the lock from being renewed. Defaults to 1 min.
 	LockTimeout time.Duration
 
 	// RetryAfter is the Retry-After sent with 409 (in progress) and 503
@@ -87,7 +91,8 @@ type Config struct {
 	Logger *slog.Logger
 
 	// OnOutcome is called once for each request with a keyed method, after
-	// its answer was written, with what the middleware did: for metrics and
+	// its answer was written (or, when the handler panicked, as the panic
+	// unwinds, with Status 500), with what the middleware did: for metrics and
 	// span attributes (the module github.com/idemkit/idem/otel uses it). It
 	// runs on the request's goroutine, with its context; keep it fast.
 	OnOutcome func(ctx context.Context, o Outcome)
@@ -141,6 +146,11 @@ const (
 	DefaultMaxBodyBytes  = 1 << 20
 	DefaultSweepInterval = time.Minute
 )
+
+// minDuration is the shortest duration New accepts in Config: shorter is
+// shorter than any store round trip, and a bare number meant as seconds
+// (LockTimeout: 30, which is 30 ns) is the likely cause.
+const minDuration = time.Millisecond
 
 // ConfigError reports a Config field that New cannot accept.
 type ConfigError struct {
@@ -206,6 +216,14 @@ func (c Config) withDefaults() (Config, error) {
 		}
 		if *d.v < 0 {
 			return bad(d.name, "%s is negative", *d.v)
+		}
+		if *d.v < minDuration {
+			// A bare number (LockTimeout: 30) is nanoseconds: a lock that
+			// is stale as soon as it is taken turns the middleware into a
+			// pass-through, and a sweep or a renewal every few
+			// nanoseconds spins.
+			return bad(d.name, "%s is %s; it is a time.Duration, counted in nanoseconds — did you mean %d*time.Second? "+
+				"Durations below %s are refused as unit mistakes", d.name, *d.v, int64(*d.v), minDuration)
 		}
 	}
 	if c.Retention <= c.LockTimeout {

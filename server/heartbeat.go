@@ -48,9 +48,20 @@ type heartbeat struct {
 	cancel context.CancelFunc
 
 	// op is held across every store call on the entry, renewals and
-	// Complete alike: a renewal never races the Complete that ends the
-	// lock, so it never mistakes a stored response for a lost lock.
-	op sync.Mutex
+	// Complete alike (a channel of one, so that a Complete can stop
+	// waiting for it): a renewal never races the Complete that ends the
+	// lock, so it never mistakes a stored response for a lost lock. A
+	// Complete gives it back after completeBound even if the store has
+	// not answered (see complete).
+	op chan struct{}
+	// completeBound bounds how long a Complete waits for op and for the
+	// store; callBound is the store call's own deadline. See
+	// Middleware.completeBound.
+	completeBound, callBound time.Duration
+	// pending is the outcome of a Complete the store has not answered
+	// within completeBound, nil if none: the next complete waits for it
+	// instead of sending another. Guarded by op.
+	pending chan error
 
 	mu       sync.Mutex
 	stopped  bool
@@ -75,6 +86,7 @@ func (m *Middleware) startHeartbeat(scope, key string, token int64, lockedAt tim
 	hb := &heartbeat{
 		m: m, scope: scope, key: key, token: token,
 		every: m.cfg.LockTimeout / 3, bound: 2 * m.cfg.LockTimeout / 3, lose: lose,
+		completeBound: m.completeBound(), callBound: m.storeCallBound(), op: make(chan struct{}, 1),
 	}
 	hb.mu.Lock()
 	hb.deadline = lockedAt.Add(hb.bound)
@@ -126,9 +138,9 @@ func (hb *heartbeat) beat() {
 	if !ok {
 		return
 	}
-	hb.op.Lock()
+	hb.op <- struct{}{}
 	if hb.isStopped() {
-		hb.op.Unlock()
+		<-hb.op
 		return
 	}
 	started := time.Now()
@@ -140,8 +152,15 @@ func (hb *heartbeat) beat() {
 	ctx, cancel := context.WithTimeout(rctx, limit)
 	err := hb.m.cfg.Store.Renew(ctx, hb.scope, hb.key, hb.token, hb.m.cfg.now())
 	cancel()
-	hb.op.Unlock()
+	completing := hb.pending != nil
+	<-hb.op
 	switch {
+	case errors.Is(err, ErrLockLost) && completing:
+		// A Complete still in flight (see complete) most likely stored
+		// the response: the lock is not lost, it ended. If another
+		// request took the key over instead, that Complete reports it.
+		// Either way there is nothing left to renew.
+		return
 	case err == nil:
 		hb.mu.Lock()
 		if !hb.stopped && !hb.told {
@@ -197,17 +216,58 @@ func (hb *heartbeat) wasTold() bool {
 	return hb.told
 }
 
-// complete stores the response with the heartbeat's token. Once the entry
-// is no longer the heartbeat's to renew (the response is stored, or the
-// lock was lost), the heartbeat stops.
+// errCompletePending: the store has not answered a Complete in time; it
+// goes on, and the next try waits for its outcome.
+var errCompletePending = errors.New("idem server: the store did not answer Complete")
+
+// complete stores the response with the heartbeat's token, waiting at
+// most completeBound for op and for the store: the request's context has
+// no deadline, and a store call that hangs (a silent session; a store that
+// holds a batch past its caller's deadline, as the PostgreSQL store may)
+// must neither hang the request nor keep the renewals from running, or the
+// lock would go stale with the store reachable and another request would
+// run the handler again. A Complete the store has not answered in time goes
+// on (its outcome, pending, is what the next complete waits for, so that
+// one completion at a time is in flight) and complete reports an error
+// matching context.DeadlineExceeded: the caller tries again later, and the
+// heartbeat renews in between. Once the entry is no longer the
+// heartbeat's to renew (the response is stored, or the lock was lost),
+// the heartbeat stops.
 func (hb *heartbeat) complete(ctx context.Context, req CompleteRequest) error {
-	hb.op.Lock()
-	err := hb.m.cfg.Store.Complete(ctx, req)
+	timeout := time.NewTimer(hb.completeBound)
+	defer timeout.Stop()
+	select {
+	case hb.op <- struct{}{}:
+	case <-timeout.C:
+		return fmt.Errorf("idem server: a renewal of the key's lock held the store for %s: %w", hb.completeBound, context.DeadlineExceeded)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if hb.pending == nil {
+		done := make(chan error, 1)
+		hb.pending = done
+		cctx, cancel := context.WithTimeout(ctx, hb.callBound)
+		hb.running.Add(1) // stop waits for it: no store call outlives Close
+		go func() {
+			defer hb.running.Done()
+			defer cancel()
+			done <- hb.m.cfg.Store.Complete(cctx, req)
+		}()
+	}
+	var err error
+	select {
+	case err = <-hb.pending:
+		hb.pending = nil
+	case <-timeout.C:
+		err = fmt.Errorf("%w within %s: %w", errCompletePending, hb.completeBound, context.DeadlineExceeded)
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
 	done := err == nil || errors.Is(err, ErrLockLost)
 	if done {
 		hb.halt() // before a renewal waiting for op can start
 	}
-	hb.op.Unlock()
+	<-hb.op
 	if done {
 		hb.stop()
 	}

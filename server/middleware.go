@@ -56,7 +56,8 @@ func New(cfg Config) (*Middleware, error) {
 }
 
 // Close stops the sweeper and the storing of responses that could not be
-// stored yet, and waits for both. A response still unstored stays so: its
+// stored yet, and waits for both (and for a Complete already sent, which
+// its LockTimeout deadline bounds). A response still unstored stays so: its
 // key remains in progress until its lock goes stale (LockTimeout), as if
 // the process had died, and the error log names it. Close does not close
 // the Store, which belongs to the caller; call it once the HTTP server has
@@ -172,7 +173,15 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		o := m.serve(next, w, r)
+		// A request whose handler panicked is reported too, as the
+		// panic unwinds: serve never returns, and execute fills panicked.
+		var panicked Outcome
+		defer func() {
+			if panicked.Kind != 0 {
+				m.report(r.Context(), panicked)
+			}
+		}()
+		o := m.serve(next, w, r, &panicked)
 		m.report(r.Context(), o)
 	})
 }
@@ -185,10 +194,11 @@ type claimed struct {
 	// expiresAt is when the in-progress entry expires: no response is
 	// stored after it.
 	expiresAt time.Time
+	tookOver  bool
 	hb        *heartbeat
 }
 
-func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) Outcome {
+func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request, panicked *Outcome) Outcome {
 	key, ok := m.readKey(w, r)
 	if !ok {
 		return Outcome{Kind: OutcomeKeyInvalid, Status: http.StatusBadRequest}
@@ -203,10 +213,16 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	// The lock is fresh from before the claim is sent, in this process's
 	// own time: what the heartbeat's watchdog counts from.
 	lockedAt := time.Now()
-	res, err := m.cfg.Store.Claim(r.Context(), ClaimRequest{
+	// A claim that takes LockTimeout hands back a lock already stale; bound
+	// it there, so that a store call that hangs (a silent session, which
+	// the PostgreSQL store's batch would otherwise wait on for 30 s,
+	// holding every claim queued behind it) answers 503 instead.
+	cctx, cancel := context.WithTimeout(r.Context(), m.cfg.LockTimeout)
+	res, err := m.cfg.Store.Claim(cctx, ClaimRequest{
 		Scope: scope, Key: key, Fingerprint: fp, Method: r.Method, Path: r.URL.Path,
 		Now: now, ExpiresAt: now.Add(m.cfg.Retention), StaleBefore: now.Add(-m.cfg.LockTimeout),
 	})
+	cancel()
 	if errors.Is(err, ErrUnstorable) {
 		m.log(r.Context(), slog.LevelWarn, "idempotency store refused the request; it was not run", r, scope, key, slog.Any("error", err))
 		writeProblem(w, wire.Problem{Type: wire.ProblemUnstorable, Status: http.StatusBadRequest, Title: "Request cannot be recorded",
@@ -234,8 +250,8 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 	o := m.execute(next, w, r, body, &claimed{
 		scope: scope, key: key, method: r.Method, path: r.URL.Path,
-		token: res.Token, expiresAt: res.Entry.ExpiresAt,
-	}, lockedAt)
+		token: res.Token, expiresAt: res.Entry.ExpiresAt, tookOver: res.TookOver,
+	}, lockedAt, panicked)
 	o.Scope, o.Key, o.TookOver = scope, key, res.TookOver
 	return o
 }
@@ -247,7 +263,10 @@ func (m *Middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 // the request is in progress. The one exception is a run the middleware
 // itself told to stop that then failed (see interrupted): its key is left
 // to go stale, as a dead process's would.
-func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed, lockedAt time.Time) Outcome {
+//
+// If next panics, execute fills panicked with the request's outcome before
+// the panic goes on.
+func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.Request, body []byte, cl *claimed, lockedAt time.Time, panicked *Outcome) Outcome {
 	// Storing and releasing must happen even if the client is gone: its
 	// retry is what the stored response is for.
 	bg := context.WithoutCancel(r.Context())
@@ -265,7 +284,8 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 		if !returned {
 			// A panic (or runtime.Goexit) in next, which goes on once
 			// this returns.
-			m.afterPanic(bg, cl)
+			*panicked = Outcome{Kind: OutcomeRan, Scope: cl.scope, Key: cl.key, Status: http.StatusInternalServerError,
+				TookOver: cl.tookOver, StoreFailed: m.afterPanic(bg, cl) == storing}
 		}
 	}()
 	next.ServeHTTP(c, hr)
@@ -301,18 +321,19 @@ func (m *Middleware) execute(next http.Handler, w http.ResponseWriter, r *http.R
 
 // afterPanic ends the hold of a key whose handler panicked: by default the
 // key's outcome becomes a stored 500 problem, because the handler may have
-// acted before it panicked; under SkipServerErrors the key is released.
-func (m *Middleware) afterPanic(ctx context.Context, cl *claimed) {
+// acted before it panicked; under SkipServerErrors the key is released. It
+// returns what became of the stored 500, 0 when none was stored.
+func (m *Middleware) afterPanic(ctx context.Context, cl *claimed) storeResult {
 	if m.cfg.StorePolicy == SkipServerErrors {
 		m.release(ctx, cl, "a panic")
-		return
+		return 0
 	}
 	if cl.hb.wasTold() {
 		m.interrupted(ctx, cl)
-		return
+		return 0
 	}
 	m.logKey(ctx, slog.LevelError, "idempotency handler panicked; a 500 is stored for its key", cl)
-	m.store(ctx, cl, panicResponse(cl.key))
+	return m.store(ctx, cl, panicResponse(cl.key))
 }
 
 // interrupted ends the hold of a key whose handler failed (5xx or panic)
@@ -328,6 +349,10 @@ func (m *Middleware) interrupted(ctx context.Context, cl *claimed) {
 
 func (m *Middleware) release(ctx context.Context, cl *claimed, after string) {
 	cl.hb.stop()
+	// Bounded as a Complete is: a key not released goes stale, and is
+	// retryable then, which is better than a request that never ends.
+	ctx, cancel := context.WithTimeout(ctx, m.storeCallBound())
+	defer cancel()
 	if err := m.cfg.Store.Release(ctx, cl.scope, cl.key, cl.token); err != nil {
 		m.logKey(ctx, slog.LevelError, "idempotency key not released after "+after+"; it is retryable once its lock is stale", cl, slog.Any("error", err))
 	}
@@ -345,6 +370,24 @@ const (
 // completeRetryMin is the first wait before storing a response again.
 const completeRetryMin = 50 * time.Millisecond
 
+// completeBound is how long a request waits for one Complete before it is
+// answered 409 and its response is stored in the background: LockTimeout/3,
+// so that a Complete that hangs gives the heartbeat's op back before the
+// watchdog's 2/3 of LockTimeout (see heartbeat.complete). The request's own
+// context is not canceled when its client leaves (its retry needs the
+// stored response), so without a bound a store call that never returns (a
+// silent session: no answer, no reset) would hang the request for good,
+// and, as a Complete holds op, stop the renewals too: the lock would go
+// stale with the store reachable, and another request would run the
+// handler again. The store call itself is given LockTimeout (storeCallBound)
+// before its context ends.
+func (m *Middleware) completeBound() time.Duration { return m.cfg.LockTimeout / 3 }
+
+// storeCallBound bounds the context of one Complete or Release: a store
+// that honours its context ends a call that hangs by then, and another try
+// (storeLater's) draws another session.
+func (m *Middleware) storeCallBound() time.Duration { return m.cfg.LockTimeout }
+
 // store stores resp for a claimed key. When the store fails, the key stays
 // held (its heartbeat keeps running) and a goroutine that Close owns keeps
 // trying, with backoff from completeRetryMin up to RetryAfter, so that the
@@ -361,7 +404,13 @@ func (m *Middleware) store(ctx context.Context, cl *claimed, resp *StoredRespons
 		m.logKey(ctx, slog.LevelWarn, "idempotency lock lost while the handler ran; its response is not sent", cl)
 		return lockLost
 	}
-	m.logKey(ctx, slog.LevelError, "idempotency response could not be stored; the key stays held and storing is retried", cl, slog.Any("error", err))
+	level := slog.LevelError
+	if errors.Is(err, errCompletePending) {
+		// Slow, not failed: the Complete goes on (see heartbeat.complete),
+		// and storeLater waits for it.
+		level = slog.LevelInfo
+	}
+	m.logKey(ctx, level, "idempotency response not stored yet; the key stays held and storing is retried", cl, slog.Any("error", err))
 	if !m.spawn(func(life context.Context) { m.storeLater(life, cl, req) }) {
 		cl.hb.stop()
 		m.logKey(ctx, slog.LevelError, "idempotency response not stored: the middleware is closed; the key is retryable once its lock is stale", cl)
@@ -387,9 +436,7 @@ func (m *Middleware) storeLater(life context.Context, cl *claimed, req CompleteR
 			return
 		}
 		req.ExpiresAt = now.Add(m.cfg.Retention)
-		ctx, cancel := context.WithTimeout(life, max(m.cfg.RetryAfter, completeRetryMin))
-		err := cl.hb.complete(ctx, req)
-		cancel()
+		err := cl.hb.complete(life, req) // bounded by completeBound
 		switch {
 		case err == nil:
 			m.logKey(life, slog.LevelInfo, "idempotency response stored after a store failure", cl, slog.Int("attempts", attempt))

@@ -32,6 +32,14 @@ func (m *Middleware) readKey(w http.ResponseWriter, r *http.Request) (string, bo
 		writeProblem(w, wire.Problem{Type: wire.ProblemKeyInvalid, Status: http.StatusBadRequest, Title: "Invalid idempotency key",
 			Detail: fmt.Sprintf("%s: %v.", m.header, err)})
 		return "", false
+	case key == "." || key == "..":
+		// Valid tokens, but dot segments: a URL path cannot name them
+		// (ServeMux, and any client or proxy that follows RFC 3986,
+		// resolves /idempotency/.. to /), so the status of such a key could
+		// never be asked. The idem client mints UUIDs, never these.
+		writeProblem(w, wire.Problem{Type: wire.ProblemKeyInvalid, Status: http.StatusBadRequest, Title: "Invalid idempotency key",
+			Detail: fmt.Sprintf("%s %q is a dot segment, which a URL path cannot carry, so its status could not be asked; use another key (a UUID).", m.header, key)})
+		return "", false
 	case len(key) > m.cfg.MaxKeyLength:
 		writeProblem(w, wire.Problem{Type: wire.ProblemKeyInvalid, Status: http.StatusBadRequest, Title: "Invalid idempotency key",
 			Detail: fmt.Sprintf("%s is %d bytes long; at most %d are accepted.", m.header, len(key), m.cfg.MaxKeyLength)})

@@ -36,16 +36,19 @@ import (
 //
 // The key is r.PathValue("key") when the route has that wildcard (mount it
 // as "GET /idempotency/{key}"), else the last segment of the path,
-// unescaped. A method other than GET gets 405; a store failure gets 503, so
+// unescaped. HEAD is answered as GET, without the body; another method gets
+// 405; a store failure gets 503, so
 // that a client never reads a failure as not_found.
 func (m *Middleware) StatusHandler() http.Handler {
 	return http.HandlerFunc(m.serveStatus)
 }
 
 func (m *Middleware) serveStatus(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", http.MethodGet)
-		writeProblem(w, wire.Problem{Status: http.StatusMethodNotAllowed, Detail: "The status endpoint answers GET only."})
+	// HEAD is GET without the body (RFC 9110 §9.3.2), which net/http
+	// leaves out: a ServeMux pattern "GET /…" routes HEAD here too.
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeProblem(w, wire.Problem{Status: http.StatusMethodNotAllowed, Detail: "The status endpoint answers GET and HEAD only."})
 		return
 	}
 	key, err := statusKey(r)

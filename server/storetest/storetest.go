@@ -97,6 +97,10 @@ func response(body string) *server.StoredResponse {
 	h.Set("Content-Type", "application/json")
 	h.Add("X-Multi", "a")
 	h.Add("X-Multi", "b")
+	// A trailer, as the middleware keeps one: under net/http's
+	// TrailerPrefix, a name with a colon, kept as any other.
+	h.Set("Trailer", "X-Sum")
+	h[http.TrailerPrefix+"X-Sum"] = []string{"5d41402a"}
 	return &server.StoredResponse{Status: http.StatusCreated, Header: h, Body: []byte(body)}
 }
 

@@ -1,0 +1,29 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// An operation ID is shown by "idem ls" as it is, but for control
+// characters; Unicode's bidirectional overrides and isolates (U+202A-202E,
+// U+2066-2069) are format characters, not controls, and reorder what the
+// terminal shows. Found by review: an ID the client accepts
+// ("refund/\u202Edecnalab-ton" displays as "refund/not-balanced") reaches
+// the operator's terminal with the override, so the ID read in "idem ls"
+// is not the one to type into "idem show", and a row can pass for another.
+func TestReviewLsDoesNotPassBidiOverridesToTheTerminal(t *testing.T) {
+	t.Parallel()
+	path, j := openTestJournal(t)
+	put(t, j, op{id: "refund/\u202Edecnalab-ton", url: "https://api.example/\u2066pay\u2069"})
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := idemOn(t, path, "ls")
+	requireOK(t, r)
+	if i := strings.IndexFunc(r.stdout, func(c rune) bool {
+		return (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069)
+	}); i >= 0 {
+		t.Fatalf("idem ls wrote a bidirectional override/isolate %U to the terminal: %q", []rune(r.stdout[i:])[0], r.stdout)
+	}
+}

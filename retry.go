@@ -16,7 +16,9 @@ import (
 
 // RetryPolicy bounds how hard one call (Do, Send, or one operation of
 // Resume) tries before it returns, leaving the operation journaled. The
-// zero value of each field means its default.
+// zero value of each field means its default. New refuses a negative
+// duration, and a positive one below 1 ms as a unit mistake (Budget: 30
+// is 30 ns), naming the field.
 type RetryPolicy struct {
 	// MaxAttempts is the most attempts per call, counting the first. An
 	// attempt is one send of the request by the client; Go's transport may
@@ -63,19 +65,12 @@ type RetryPolicy struct {
 	MinRetriesPerSecond float64
 }
 
+// withDefaults sets the counts and ratios of p that are zero to their
+// defaults; Config.checkDurations has checked and set its durations.
 func (p RetryPolicy) withDefaults() RetryPolicy {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = 5
 	}
-	def(&p.MinBackoff, 100*time.Millisecond)
-	def(&p.MaxBackoff, 5*time.Second)
-	def(&p.MaxRetryAfter, 30*time.Second)
-	def(&p.Budget, 30*time.Second)
 	if p.MaxStatusChecks <= 0 {
 		p.MaxStatusChecks = 8
 	}

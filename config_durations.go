@@ -49,7 +49,8 @@ func (c *Config) durationFields() []durationField {
 
 // checkDurations sets every zero duration of c to its default and refuses,
 // with ErrInvalidConfig naming the field, one that is negative (no
-// duration has a meaning for a negative value) or below its minimum.
+// duration has a meaning for a negative value) or below its minimum, and
+// a MaxBackoff below MinBackoff.
 func (c *Config) checkDurations() error {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -67,6 +68,13 @@ func (c *Config) checkDurations() error {
 		case d < f.min:
 			bad("%s is %s, shorter than its minimum of %s: %s", f.name, d, f.min, f.why)
 		}
+	}
+	// The jitter of RetryPolicy.backoff draws between MinBackoff/2 and
+	// MaxBackoff; the other way round, no wait is both. One of the two may
+	// be a default the user did not see, so the message gives both.
+	if len(errs) == 0 && c.Retry.MaxBackoff < c.Retry.MinBackoff {
+		bad("Retry.MaxBackoff (%s) is below Config.Retry.MinBackoff (%s); "+
+			"a zero one is its default (100ms and 5s): set both", c.Retry.MaxBackoff, c.Retry.MinBackoff)
 	}
 	return errors.Join(errs...)
 }

@@ -48,7 +48,8 @@ func TestNewRefusesEveryDurationGivenAsABareNumber(t *testing.T) {
 		// The floor is not a unit mistake's only symptom: a value at it
 		// is accepted (but LeaseDuration's, see below).
 		if tc.field != "Config.LeaseDuration" {
-			cfg = idem.Config{Journal: j}
+			// MinBackoff at the floor too, so MaxBackoff's is not below it.
+			cfg = idem.Config{Journal: j, Retry: idem.RetryPolicy{MinBackoff: time.Millisecond}}
 			tc.set(&cfg, time.Millisecond)
 			c, err := idem.New(cfg)
 			require.NoError(t, err, tc.field)

@@ -84,13 +84,20 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 }
 
 // backoff returns the wait before retry n (1 for the first retry):
-// exponential with full jitter.
+// exponential with full jitter. New refuses the policies it was not
+// made for (MaxBackoff below MinBackoff, a negative bound), but a wait
+// is drawn on the caller's goroutine, so such a policy gets a wait
+// within its bounds, never a panic of rand.N.
 func (p RetryPolicy) backoff(n int) time.Duration {
-	ceiling := p.MinBackoff << min(n-1, 30)
+	lo := max(p.MinBackoff/2, 0)
+	ceiling := max(p.MinBackoff, 0) << min(max(n-1, 0), 30)
 	if ceiling <= 0 || ceiling > p.MaxBackoff {
 		ceiling = p.MaxBackoff
 	}
-	return p.MinBackoff/2 + rand.N(ceiling-p.MinBackoff/2+1)
+	if ceiling <= lo {
+		return max(ceiling, 0)
+	}
+	return lo + rand.N(ceiling-lo+1)
 }
 
 // Verdict is what one attempt's result means for the operation.

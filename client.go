@@ -119,10 +119,16 @@ type Config struct {
 	// have reached the server and is still unsettled after Retention is
 	// expired instead of re-sent. Set it no longer than the server's own
 	// retention, minus clock skew. Defaults to 24 h.
+	//
+	// Every duration of Config and RetryPolicy is a time.Duration, counted
+	// in nanoseconds: New refuses a negative one, and a positive one below
+	// 1 ms (LeaseDuration: below 100 ms) as a unit mistake (Retention: 24
+	// is 24 ns), with ErrInvalidConfig naming the field.
 	Retention time.Duration
 	// AttemptTimeout bounds one attempt or status check, including reading
 	// the body (a followed redirect is a new request, with a bound of its
-	// own). It must outlast the server's processing time. Defaults to 30 s.
+	// own). It must outlast the server's processing time. Defaults to 30 s;
+	// at least 1 ms.
 	AttemptTimeout time.Duration
 	// MaxResponseBytes is how much of a response body is read and
 	// journaled. A longer body is cut, and the cut is noted in the
@@ -141,7 +147,8 @@ type Config struct {
 	// When its process dies, a journal that can see it (SQLite: every
 	// process sharing the file is on one machine) lets another take its
 	// operations at once; one that cannot (a journal shared by machines)
-	// lets them be taken when the lease lapses. Defaults to 15 s.
+	// lets them be taken when the lease lapses. Defaults to 15 s; at least
+	// 100 ms, as a renewal is a journal write every third of it.
 	LeaseDuration time.Duration
 	// Owner names this client in leases and the journal's history; the
 	// client adds "#" and a random suffix, so that a process restarted
@@ -160,7 +167,8 @@ type Config struct {
 	// and the logger. A pass whose slow operations outlast an interval
 	// claims again every interval with its free slots, so that an
 	// operation whose owner died, or one that became due, waits for no
-	// slow one. Zero (the default) leaves Resume to the application.
+	// slow one. Zero (the default) leaves Resume to the application;
+	// negative is refused, and so is a positive interval below 1 ms.
 	ResumeInterval time.Duration
 
 	// Logger receives the client's logs: no bodies, no header values, no
@@ -305,21 +313,7 @@ func New(cfg Config) (*Client, error) {
 	for _, h := range cfg.SecretHeaders {
 		c.secrets = append(c.secrets, http.CanonicalHeaderKey(h))
 	}
-	def := func(v *time.Duration, d time.Duration, name string) error {
-		if *v < 0 {
-			return fmt.Errorf("%w: Config.%s is negative", ErrInvalidConfig, name)
-		}
-		if *v == 0 {
-			*v = d
-		}
-		return nil
-	}
-	if err := errors.Join(
-		def(&c.cfg.Retention, 24*time.Hour, "Retention"),
-		def(&c.cfg.AttemptTimeout, 30*time.Second, "AttemptTimeout"),
-		def(&c.cfg.LeaseDuration, 15*time.Second, "LeaseDuration"),
-		def(&c.cfg.ResumeInterval, 0, "ResumeInterval"),
-	); err != nil {
+	if err := c.cfg.checkDurations(); err != nil {
 		return nil, err
 	}
 	if c.cfg.MaxResponseBytes <= 0 {
@@ -334,7 +328,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	c.owner = c.cfg.Owner + "#" + uuid.NewString()[:8]
 	c.now = time.Now
-	c.retry = cfg.Retry.withDefaults()
+	c.retry = c.cfg.Retry.withDefaults()
 	c.budget = newRetryBudget(c.retry, c.now)
 	c.classify = cfg.Classify
 	if c.classify == nil {

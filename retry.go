@@ -16,7 +16,9 @@ import (
 
 // RetryPolicy bounds how hard one call (Do, Send, or one operation of
 // Resume) tries before it returns, leaving the operation journaled. The
-// zero value of each field means its default.
+// zero value of each field means its default. New refuses a negative
+// duration, and a positive one below 1 ms as a unit mistake (Budget: 30
+// is 30 ns), naming the field.
 type RetryPolicy struct {
 	// MaxAttempts is the most attempts per call, counting the first. An
 	// attempt is one send of the request by the client; Go's transport may
@@ -63,19 +65,12 @@ type RetryPolicy struct {
 	MinRetriesPerSecond float64
 }
 
+// withDefaults sets the counts and ratios of p that are zero to their
+// defaults; Config.checkDurations has checked and set its durations.
 func (p RetryPolicy) withDefaults() RetryPolicy {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
-	}
 	if p.MaxAttempts <= 0 {
 		p.MaxAttempts = 5
 	}
-	def(&p.MinBackoff, 100*time.Millisecond)
-	def(&p.MaxBackoff, 5*time.Second)
-	def(&p.MaxRetryAfter, 30*time.Second)
-	def(&p.Budget, 30*time.Second)
 	if p.MaxStatusChecks <= 0 {
 		p.MaxStatusChecks = 8
 	}
@@ -89,13 +84,20 @@ func (p RetryPolicy) withDefaults() RetryPolicy {
 }
 
 // backoff returns the wait before retry n (1 for the first retry):
-// exponential with full jitter.
+// exponential with full jitter. New refuses the policies it was not
+// made for (MaxBackoff below MinBackoff, a negative bound), but a wait
+// is drawn on the caller's goroutine, so such a policy gets a wait
+// within its bounds, never a panic of rand.N.
 func (p RetryPolicy) backoff(n int) time.Duration {
-	ceiling := p.MinBackoff << min(n-1, 30)
+	lo := max(p.MinBackoff/2, 0)
+	ceiling := max(p.MinBackoff, 0) << min(max(n-1, 0), 30)
 	if ceiling <= 0 || ceiling > p.MaxBackoff {
 		ceiling = p.MaxBackoff
 	}
-	return p.MinBackoff/2 + rand.N(ceiling-p.MinBackoff/2+1)
+	if ceiling <= lo {
+		return max(ceiling, 0)
+	}
+	return lo + rand.N(ceiling-lo+1)
 }
 
 // Verdict is what one attempt's result means for the operation.

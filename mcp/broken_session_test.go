@@ -39,7 +39,7 @@ func TestABrokenSessionDoesNotHoldUpTheNextCalls(t *testing.T) {
 				Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
 		},
 		Client: idem.Config{AttemptTimeout: 2 * time.Second,
-			Retry: idem.RetryPolicy{MinBackoff: 1, MaxBackoff: 20_000_000, MaxAttempts: 1, MaxStatusChecks: 1}}})
+			Retry: idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 1, MaxStatusChecks: 1}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { free(); _ = c.Close() })
 

@@ -58,7 +58,7 @@ func TestCallerResultOfAnUnsettledCall(t *testing.T) {
 			opens.Add(1)
 			return nil, assert.AnError
 		},
-		Client: idem.Config{Retry: idem.RetryPolicy{MinBackoff: 1, MaxBackoff: 1, MaxAttempts: 1}}})
+		Client: idem.Config{Retry: idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 1}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	_, err = c.Call(context.Background(), "call_1", "send_email", emailIn{To: "x"})
@@ -138,7 +138,7 @@ func TestCallerLeavesASessionAnAttemptTimedOutOn(t *testing.T) {
 			return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).
 				Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
 		},
-		Client: idem.Config{AttemptTimeout: 2 * time.Second, Retry: idem.RetryPolicy{MinBackoff: 1, MaxBackoff: 20_000_000, MaxAttempts: 6}}})
+		Client: idem.Config{AttemptTimeout: 2 * time.Second, Retry: idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 6}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	res, err := c.Call(context.Background(), "call_1", "send_email", emailIn{To: "x"})

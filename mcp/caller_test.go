@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
@@ -41,7 +42,7 @@ func openCaller(t *testing.T, j idem.Journal, url string) *idemmcp.Caller {
 			c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil)
 			return c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
 		},
-		Client: idem.Config{Retry: idem.RetryPolicy{MinBackoff: 1, MaxBackoff: 20_000_000}}})
+		Client: idem.Config{Retry: idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	return c

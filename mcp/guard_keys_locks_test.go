@@ -223,7 +223,7 @@ func TestCallerOpenFails(t *testing.T) {
 			return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).
 				Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
 		},
-		Client: idem.Config{Retry: idem.RetryPolicy{MinBackoff: 1, MaxBackoff: 20_000_000, MaxAttempts: 3}}})
+		Client: idem.Config{Retry: idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxAttempts: 3}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	_, err = c.Call(context.Background(), "call_down", "send_email", emailIn{To: "x"})

@@ -31,10 +31,15 @@ func row(w io.Writer, cells ...string) {
 }
 
 // clean replaces control characters, which could break the table or
-// drive the terminal, and empty cells, which would shift columns.
+// drive the terminal, format characters (unicode.Cf: the bidirectional
+// overrides and isolates U+202A-202E and U+2066-2069, the marks U+200E
+// and U+200F, zero-width characters), which reorder or hide what the
+// terminal shows, so that "refund/\u202Edecnalab-ton" would read as
+// "refund/not-balanced", and empty cells, which would shift columns.
+// What is printed is then the ID to type, but for the '?'s.
 func clean(s string) string {
 	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) || r == utf8.RuneError {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError {
 			return '?'
 		}
 		return r

@@ -24,11 +24,14 @@ const (
 )
 
 // visible is s as a page shows it: s itself when it is printable text,
-// else Go-quoted so that a NUL, a control character or a byte that is not
-// UTF-8 shows as an escape (\x00, \xff) rather than vanishing; cut to n
-// runes with what was left out said. html/template escapes the result.
+// else Go-quoted so that a NUL, a control character, a format character
+// (a bidirectional override such as U+202E, which would make the browser
+// show the ID reordered, or a zero-width one) or a byte that is not UTF-8
+// shows as an escape (\x00, \u202e, \xff) rather than vanishing or
+// reordering the text; cut to n runes with what was left out said.
+// html/template escapes the result.
 func visible(s string, n int) string {
-	if !utf8.ValidString(s) || strings.ContainsFunc(s, unicode.IsControl) {
+	if !utf8.ValidString(s) || strings.ContainsFunc(s, unicode.IsControl) || strings.ContainsFunc(s, isFormat) {
 		s = strconv.Quote(s)
 	}
 	if c := utf8.RuneCountInString(s); c > n {
@@ -97,3 +100,7 @@ func headerLines(h http.Header) []headerLine {
 	}
 	return lines
 }
+
+// isFormat reports a format character (unicode.Cf), which a browser or a
+// terminal does not show as itself but obeys (bidi overrides) or hides.
+func isFormat(r rune) bool { return unicode.Is(unicode.Cf, r) }

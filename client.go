@@ -130,7 +130,10 @@ type Config struct {
 	MaxResponseBytes int64
 	// SecretHeaders lists more headers, besides Authorization,
 	// Proxy-Authorization and Cookie, that Op.Header may not carry and
-	// that are never journaled from responses (Set-Cookie never is).
+	// that are never journaled from responses (Set-Cookie never is). A
+	// stored response's header names are canonical: a secret header is
+	// dropped whatever case the answer (an attempt's or a status
+	// checker's) spells its name in.
 	SecretHeaders []string
 
 	// LeaseDuration is how long a worker's claim on an operation lasts

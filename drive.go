@@ -233,6 +233,7 @@ func (d *driver) send(ctx context.Context) error {
 	d.next, d.why = stepCheck, ""
 
 	last, err := rd.run(req)
+	err = redactError(err)
 	if rd.journalErr != nil {
 		return d.journalFailed(rd.journalErr)
 	}

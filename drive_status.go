@@ -204,7 +204,8 @@ func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 	if replay {
 		d.countResends(a)
 	}
-	return resp, err
+	// The checker's error becomes the check's reason: no query's token.
+	return resp, redactError(err)
 }
 
 // statusCheckerName names a checker in errors and logs: by its Name or

@@ -136,7 +136,10 @@ type Config struct {
 	MaxResponseBytes int64
 	// SecretHeaders lists more headers, besides Authorization,
 	// Proxy-Authorization and Cookie, that Op.Header may not carry and
-	// that are never journaled from responses (Set-Cookie never is).
+	// that are never journaled from responses (Set-Cookie never is). A
+	// stored response's header names are canonical: a secret header is
+	// dropped whatever case the answer (an attempt's or a status
+	// checker's) spells its name in.
 	SecretHeaders []string
 
 	// LeaseDuration is how long a worker's claim on an operation lasts
@@ -175,6 +178,13 @@ type Config struct {
 	// secrets. Each Resume pass is one line, at Info when it claimed or
 	// expired something and at Debug when it found nothing to do.
 	// Defaults to discarding them.
+	//
+	// A URL in a transport's error (net/http's "Post \"…\": EOF") is
+	// without its query and userinfo, which may carry a token: so in the
+	// logs, and likewise in the reasons the journal's history keeps
+	// (LastError, each event's detail, Transition), Hooks and the error Do
+	// returns, all of which are read or logged where a token has no place.
+	// The journaled request keeps the whole URL, as it sends it again.
 	Logger *slog.Logger
 	// OnTransition is called after every journaled state change, for
 	// metrics and tracing, on the goroutine that made the change: it may be

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idem/internal/wire"
@@ -232,6 +233,7 @@ func (d *driver) send(ctx context.Context) error {
 	d.next, d.why = stepCheck, ""
 
 	last, err := rd.run(req)
+	err = redactError(err)
 	if rd.journalErr != nil {
 		return d.journalFailed(rd.journalErr)
 	}
@@ -354,10 +356,38 @@ func (d *driver) stored(resp *http.Response, body []byte) *Response {
 	// The answer is this attempt's, read to its end: its header is ours to
 	// keep, and the journal copies what it keeps.
 	h := resp.Header
-	for _, name := range d.c.secrets {
-		h.Del(name)
-	}
+	d.c.dropSecrets(h)
 	return &Response{StatusCode: resp.StatusCode, Header: h, Body: body, Replayed: wire.Replayed(resp.Header)}
+}
+
+// dropSecrets removes Set-Cookie and the secret headers from h, whatever
+// case their names are spelled in, and writes every other name in its
+// canonical form, merging the spellings of one name. It is the one rule for
+// every answer the client keeps: an attempt's (net/http's names are
+// canonical, a custom RoundTripper's need not be) and a status checker's
+// (StatusEndpoint's JSON, a StatusAdapter's Decode, whose names are
+// whatever the server or the decoder wrote). Header.Del matches canonical
+// names only: "set-cookie" would stay, and be journaled in clear.
+func (c *Client) dropSecrets(h http.Header) {
+	var odd []string
+	for name := range h {
+		switch {
+		case c.secretHeader(name):
+			delete(h, name)
+		case http.CanonicalHeaderKey(name) != name:
+			odd = append(odd, name)
+		}
+	}
+	// Sorted, so that the values of a name spelled several ways are merged
+	// in one order, whatever the map's.
+	slices.Sort(odd)
+	for _, name := range odd {
+		values := h[name]
+		delete(h, name)
+		if canon := http.CanonicalHeaderKey(name); !c.secretHeader(canon) {
+			h[canon] = append(h[canon][:len(h[canon]):len(h[canon])], values...)
+		}
+	}
 }
 
 // settle records a definitive answer. A success is committed before Do

@@ -228,6 +228,7 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	d := rd.d
 	a := rd.cur.Load()
 	rd.last = a
+	err = redactError(err) // it becomes the reason: no query's token
 	if ae := unwritten(resp, a, err); ae != nil {
 		// Authorize runs before the transport: nothing was written, so
 		// this is no attempt, and another now would fail the same way.

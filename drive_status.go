@@ -132,15 +132,17 @@ func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 	if d.partial != nil && !agrees(d.partial, resp) {
 		return d.keyNotHonoured(ctx, resp)
 	}
+	// The checker's header map is its own, its names as the server or a
+	// decoder spelled them: the stored answer gets a copy in canonical
+	// form, without secrets, before anything (the Classifier included)
+	// reads it.
+	resp.Header = resp.Header.Clone()
+	d.c.dropSecrets(resp.Header)
 	v := d.c.classify(Attempt{Response: &http.Response{StatusCode: resp.StatusCode, Header: resp.Header}, Body: resp.Body, Written: true})
 	switch v.Verdict {
 	case Succeeded, KeyConflict:
 	default:
 		v.Verdict = Rejected
-	}
-	resp.Header = resp.Header.Clone()
-	for _, name := range d.c.secrets {
-		resp.Header.Del(name)
 	}
 	if !d.replayed {
 		// A status endpoint answers from the server's store of keys; a
@@ -202,7 +204,8 @@ func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 	if replay {
 		d.countResends(a)
 	}
-	return resp, err
+	// The checker's error becomes the check's reason: no query's token.
+	return resp, redactError(err)
 }
 
 // statusCheckerName names a checker in errors and logs: by its Name or

@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -305,7 +306,11 @@ func RetryAfter(h http.Header, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+	// delay-seconds is 1*DIGIT, with no bound: a run of digits beyond
+	// int64 is a valid, very long wait, which ParseInt reports as out of
+	// range with the largest int64, and the cap applies to it as to any
+	// long wait. Reading it as malformed would make it no wait at all.
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
 		if secs <= 0 {
 			return 0
 		}

@@ -133,12 +133,12 @@ func (s statusEndpoint) CheckStatus(ctx context.Context, q StatusQuery) (Status,
 func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, http.Header, []byte) (Status, error)) (Status, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return Status{}, fmt.Errorf("GET %s: %w", u, err)
+		return Status{}, fmt.Errorf("GET %s: %w", redactString(u), redactError(err))
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := q.Do(req)
 	if err != nil {
-		return Status{}, fmt.Errorf("GET %s: %w", u, err)
+		return Status{}, fmt.Errorf("GET %s: %w", redact(req), err)
 	}
 	defer resp.Body.Close()
 	body, truncated, err := readBody(resp.Body, q.MaxResponseBytes, resp.ContentLength)

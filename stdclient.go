@@ -680,14 +680,49 @@ func closeBody(req *http.Request) {
 }
 
 // redact is the request's URL for an error: without its query, which may
-// carry personal data or a token.
+// carry personal data or a token, nor its userinfo.
 func redact(req *http.Request) string {
 	if req.URL == nil {
 		return ""
 	}
-	u := *req.URL
-	u.User, u.RawQuery, u.ForceQuery = nil, "", false
-	return u.String()
+	return redactURL(req.URL)
+}
+
+func redactURL(u *url.URL) string {
+	v := *u
+	v.User, v.RawQuery, v.ForceQuery = nil, "", false
+	return v.String()
+}
+
+// redactError is err, the error of an HTTP client's Do, with the URL of
+// its *url.Error (net/http's "Post \"…\": EOF") redacted as redact does.
+// A transport's error becomes an attempt's or a status check's reason,
+// which goes to the logs, the journal's history, OnTransition, Hooks and
+// the error Do returns: none of them may carry a token of the URL's query.
+// The journaled request keeps the whole URL (it is sent again); the error
+// is still a *url.Error, wrapping the same cause.
+func redactError(err error) error {
+	ue, ok := err.(*url.Error)
+	if !ok {
+		return err
+	}
+	redacted := *ue
+	redacted.URL = redactString(ue.URL)
+	if redacted.URL == ue.URL {
+		return err
+	}
+	return &redacted
+}
+
+// redactString is redact for a URL in a string. One that does not parse
+// is cut at its query.
+func redactString(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		s, _, _ = strings.Cut(s, "?")
+		return s
+	}
+	return redactURL(u)
 }
 
 // rawTransport is Config.HTTPClient's transport (or the default one), with

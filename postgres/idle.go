@@ -32,8 +32,10 @@ func endedIdle(err error) bool {
 // onLiveSession runs fn, and runs it again while it meets a session the
 // server ended for idling (see endedIdle): the pool drops each such
 // connection, and may hold as many as it has connections, so fn runs at
-// most once more than that. The pool's size is read only then: its Config
-// is a copy, made anew at each call.
+// most twice more than that: once on a new session, and once more should
+// that one idle past a short idle_session_timeout before its first
+// statement (a process descheduled under load). The pool's size is read
+// only then: its Config is a copy, made anew at each call.
 func onLiveSession(ctx context.Context, pool *pgxpool.Pool, fn func() error) error {
 	return retryEnded(ctx, pool, endedIdle, fn)
 }
@@ -79,7 +81,7 @@ func retryEnded(ctx context.Context, pool *pgxpool.Pool, ended func(error) bool,
 			return err
 		}
 		if tries < 0 {
-			tries = int(pool.Config().MaxConns) + 1
+			tries = int(pool.Config().MaxConns) + 2
 		}
 		if tries <= 1 {
 			return err

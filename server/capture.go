@@ -79,8 +79,8 @@ func (c *capture) response() (resp *StoredResponse, cookies []string) {
 // schema. They are the handler's live header's TrailerPrefix keys, set at
 // any time, and the values of the names its Trailer header announced as
 // they are once it returned (net/http sends those then, however late they
-// were set); an announced name whose value was already in the header at
-// WriteHeader is sent from there, as net/http sends it.
+// were set, and a value already in the header at WriteHeader goes both
+// there and, as it is at the end, as the trailer).
 func (c *capture) keepTrailers(h http.Header) {
 	for k, v := range c.header {
 		if strings.HasPrefix(k, http.TrailerPrefix) {
@@ -90,7 +90,7 @@ func (c *capture) keepTrailers(h http.Header) {
 	for _, list := range h["Trailer"] {
 		for name := range strings.SplitSeq(list, ",") {
 			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
-			if _, sent := h[name]; sent || name == "" {
+			if name == "" {
 				continue
 			}
 			if v, set := c.header[name]; set {

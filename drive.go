@@ -367,12 +367,16 @@ func (d *driver) stored(resp *http.Response, body []byte) *Response {
 // canonical, a custom RoundTripper's need not be) and a status checker's
 // (StatusEndpoint's JSON, a StatusAdapter's Decode, whose names are
 // whatever the server or the decoder wrote). Header.Del matches canonical
-// names only: "set-cookie" would stay, and be journaled in clear.
+// names only: "set-cookie" would stay, and be journaled in clear. A name
+// that is no HTTP token is dropped too: no server sent it as a header, and
+// it may be a secret under a spelling no rule can match ("x-token ", or
+// "Trailer:X-Token", the form a server middleware keeps a trailer in,
+// which an answer received directly never has in its header either).
 func (c *Client) dropSecrets(h http.Header) {
 	var odd []string
 	for name := range h {
 		switch {
-		case c.secretHeader(name):
+		case c.secretHeader(name), !wire.IsToken(name):
 			delete(h, name)
 		case http.CanonicalHeaderKey(name) != name:
 			odd = append(odd, name)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -708,11 +709,31 @@ func redactError(err error) error {
 	}
 	redacted := *ue
 	redacted.URL = redactString(ue.URL)
-	if redacted.URL == ue.URL {
+	if ue.Err != nil {
+		// net/http quotes a URL it could not follow inside the error it
+		// wraps ("failed to parse Location header \"/x?sig=…\"").
+		if msg := ue.Err.Error(); urlSecretsInText.MatchString(msg) {
+			redacted.Err = &redactedError{msg: urlSecretsInText.ReplaceAllString(msg, ""), err: ue.Err}
+		}
+	}
+	if redacted.URL == ue.URL && redacted.Err == ue.Err {
 		return err
 	}
 	return &redacted
 }
+
+// urlSecretsInText matches what redact takes out of a URL, where a URL is
+// quoted in an error's text: a query, and userinfo.
+var urlSecretsInText = regexp.MustCompile(`\?[^"\s]+|[^/?#@"\s]*@`)
+
+// redactedError is err with the text msg: errors.Is and As still see err.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
 
 // redactString is redact for a URL in a string. One that does not parse
 // is cut at its query.

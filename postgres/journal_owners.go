@@ -458,11 +458,21 @@ func (j *Journal) watch(ctx context.Context, r *registration, conn *pgx.Conn) {
 		err := conn.PgConn().WaitForNotification(wctx)
 		idle := wctx.Err() != nil
 		cancel()
+		alive := err == nil || idle // a wait cut short says nothing of the session
+		if idle && ctx.Err() == nil {
+			alive = ping(conn, every) == nil
+		}
 		if ctx.Err() != nil {
-			r.conn = conn
+			// Stopped: end leaves the registration on this session, the
+			// row and the lock in one commit, if it lives.
+			if alive {
+				r.conn = conn
+			} else {
+				closeConn(conn)
+			}
 			return
 		}
-		if err == nil || (idle && ping(ctx, conn, every) == nil) {
+		if alive {
 			continue
 		}
 		closeConn(conn)
@@ -485,8 +495,14 @@ func (j *Journal) pingEvery() time.Duration {
 
 // ping runs an empty statement on the liveness session, within d: it
 // takes no snapshot, and an answer says the session and its lock live.
-func ping(ctx context.Context, conn *pgx.Conn, d time.Duration) error {
-	pctx, cancel := context.WithTimeout(ctx, d)
+//
+// Stopping the watcher does not cut a ping short: pgx closes a
+// connection whose statement is canceled, and unregister, which stops the
+// watcher, then would have no session to end the registration on. Its
+// fallback, a transaction of the pool, may wait for ever where the pool
+// has no connection to give (behind a PgBouncer that PAUSE holds, say).
+func ping(conn *pgx.Conn, d time.Duration) error {
+	pctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	_, err := conn.PgConn().Exec(pctx, "").ReadAll()
 	return err

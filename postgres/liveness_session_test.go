@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -8,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgproxy"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
 
@@ -135,4 +138,46 @@ func TestLiveWorkerKeepsItsOperationWhenEveryConnectionGoesSilent(t *testing.T) 
 		time.Sleep(postgres.DefaultLivenessGrace + 500*time.Millisecond)
 	}, nil)
 	checkKept(t, jb, srv, o, "worker-a")
+}
+
+// TestUnregisterDuringAPingEndsOnTheLivenessSession: the watcher asks the
+// server now and then whether the liveness session is still there (an
+// empty statement). Unregister landing while that question is out must
+// still end the registration on the liveness session itself, the row and
+// the lock in one commit, needing no connection of the pool: behind a
+// PgBouncer that PAUSE holds, the pool has none to give, and an
+// unregister that waited for one failed after ten seconds (CI, on
+// TestPoolerPauseWithARegisteredWorker). Here the pool's only connection
+// is the application's while the ping's answer is held in flight.
+func TestUnregisterDuringAPingEndsOnTheLivenessSession(t *testing.T) {
+	t.Parallel()
+	p, pool := proxiedPoolOf(t, 1)
+	// A grace of 8 s: the watcher pings after 2 s of quiet and gives the
+	// answer 2 s, far more than the 200 ms it is held here.
+	j := openOn(t, pool, pgtest.Schema(t), postgres.LivenessGrace(8*time.Second))
+	unregister, err := j.Register(ctx, "worker-a")
+	require.NoError(t, err)
+
+	pinged := make(chan struct{})
+	var once sync.Once
+	p.DropReply(func(m pgproxy.Message) bool { // never fires: it only watches for the ping
+		if m.Type == 'Q' && m.SQL == "" {
+			once.Do(func() { close(pinged) })
+		}
+		return false
+	})
+	app, err := pool.Acquire(ctx) // the application holds the pool's one connection
+	require.NoError(t, err)
+	defer app.Release()
+	p.Delay(time.Hour)
+	<-pinged
+	done := make(chan error, 1)
+	go func() { done <- unregister() }()
+	time.Sleep(200 * time.Millisecond) // unregister stops the watcher mid-ping
+	p.Delay(0)
+	require.NoError(t, <-done, "unregister ends the registration on its own session")
+
+	var ended bool
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT ended_at IS NOT NULL FROM `+pgschema.Ident(j.Schema())+`.owners WHERE name = 'worker-a'`).Scan(&ended))
+	require.True(t, ended, "the owner's row says it ended")
 }

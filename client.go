@@ -323,7 +323,7 @@ func New(cfg Config) (*Client, error) {
 	for _, h := range cfg.SecretHeaders {
 		c.secrets = append(c.secrets, http.CanonicalHeaderKey(h))
 	}
-	if err := c.cfg.checkDurations(); err != nil {
+	if err := errors.Join(c.cfg.checkDurations(), c.cfg.checkNumbers()); err != nil {
 		return nil, err
 	}
 	if c.cfg.MaxResponseBytes <= 0 {

@@ -19,7 +19,8 @@ import (
 // Resume) tries before it returns, leaving the operation journaled. The
 // zero value of each field means its default. New refuses a negative
 // duration, and a positive one below 1 ms as a unit mistake (Budget: 30
-// is 30 ns), naming the field.
+// is 30 ns), and a negative count or rate (or a NaN or infinite one),
+// naming the field: MaxAttempts 1, not -1, means no retry.
 type RetryPolicy struct {
 	// MaxAttempts is the most attempts per call, counting the first. An
 	// attempt is one send of the request by the client; Go's transport may

@@ -82,7 +82,7 @@ type GuardConfig struct {
 	// heartbeat (its process died), and how long a result is kept.
 	LockTimeout, Retention time.Duration
 	// MaxArgumentBytes is the largest canonical arguments accepted.
-	// Defaults to 1 MiB.
+	// Defaults to 1 MiB; a negative one is refused.
 	MaxArgumentBytes int64
 	// Logger receives the diagnostics of the server middleware (keys as a
 	// hash, never the scope or the arguments).
@@ -122,6 +122,9 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 	}
 	if cfg.MaxArgumentBytes == 0 {
 		cfg.MaxArgumentBytes = 1 << 20
+	}
+	if cfg.MaxArgumentBytes < 0 {
+		return nil, fmt.Errorf("idem/mcp: GuardConfig.MaxArgumentBytes is negative (%d); leave it zero for its default of 1 MiB", cfg.MaxArgumentBytes)
 	}
 	g := &Guard{tools: map[string]bool{}, cfg: cfg}
 	for _, t := range cfg.Tools {

@@ -293,3 +293,14 @@ func readAndRestore(r *http.Request) (string, error) {
 	r.Body = io.NopCloser(bytes.NewReader(b))
 	return string(b), err
 }
+
+// A negative MaxArgumentBytes has no meaning: NewGuard refuses it, naming
+// the field, instead of a Guard that refuses every guarded call as too
+// large.
+func TestNewGuardRefusesANegativeArgumentLimit(t *testing.T) {
+	t.Parallel()
+	g, err := idemmcp.NewGuard(idemmcp.GuardConfig{Store: server.NewMemoryStore(), Tools: []string{"send_email"}, MaxArgumentBytes: -1})
+	require.Error(t, err)
+	require.Nil(t, g)
+	assert.Contains(t, err.Error(), "GuardConfig.MaxArgumentBytes is negative (-1)")
+}

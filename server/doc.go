@@ -89,8 +89,11 @@
 // handler's response is buffered in full: handlers on idempotent routes
 // cannot stream, and http.ResponseController's Flush and Hijack report
 // http.ErrNotSupported. Set-Cookie goes to the first caller only and is
-// never stored. If the store fails to record the response, the response is
-// not sent, and the key is not released: it stays held (the heartbeat keeps
+// never stored: a response that is not sent to its first caller (a store
+// that fails or takes longer than LockTimeout/3 to record it, below) sets
+// no cookie at all, as the replay that answers the retry carries none. If
+// the store fails to record the response, the response is not sent, and
+// the key is not released: it stays held (the heartbeat keeps
 // its lock fresh) while the middleware retries storing in the background,
 // and the client gets 409 in progress with Retry-After, which an idem
 // client reads as "wait, then ask the status endpoint". The status endpoint

@@ -319,7 +319,10 @@ func (j *Journal) Update(ctx context.Context, rec idem.Record, d idem.Durability
 		return idem.Record{}, err
 	}
 	off := j.off()
-	w := &writeReq{op: opUpdate, key: rec.Key, rec: shiftRecord(journal.CloneRecord(rec), off), ev: why, dur: d}
+	// rec is not cloned: the rules take only its scalars and a clone of its
+	// Response (journal.ApplyUpdate), never its request's Header or Body,
+	// and nothing holds it once the write returns.
+	w := &writeReq{op: opUpdate, key: rec.Key, rec: shiftRecord(rec, off), ev: why, dur: d}
 	if err := j.write(ctx, w); err != nil {
 		return idem.Record{}, err
 	}

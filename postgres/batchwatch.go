@@ -20,9 +20,11 @@ const batchWatchTick = time.Second
 // batchWatch bounds the running batches (batchTimeout) with one goroutine
 // and one timer for all of them, which runs while any batch runs, instead
 // of a context.WithTimeout, and its timer, per batch. Measured at one
-// caller (a Create and its settling Update, rounds alternating in one
-// process), the timer made and stopped per write cost 15-20 % of the
-// process's CPU for the two writes (see BENCHMARKS.md, "Ninth speed session").
+// caller (a Create and its settling Update, rounds alternating the two in
+// one process), the timer made and stopped per write cost 4-9 % of the
+// process's CPU for the two writes: made, it is often the soonest of the
+// process's timers, and wakes the thread that waits in the network poller
+// (see BENCHMARKS.md, "Ninth speed session").
 type batchWatch struct {
 	limit, tick time.Duration
 

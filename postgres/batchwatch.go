@@ -21,8 +21,9 @@ const batchWatchTick = time.Second
 // and one timer for all of them, which runs while any batch runs, instead
 // of a context.WithTimeout, and its timer, per batch. Measured at one
 // caller (a Create and its settling Update, rounds alternating the two in
-// one process), the timer made and stopped per write cost 4-9 % of the
-// process's CPU for the two writes: made, it is often the soonest of the
+// one process, nine runs), the timer made and stopped per write cost a
+// median 8 % of the process's CPU for the two writes (-5 % to +16 % from
+// run to run, on a busy machine): made, it is often the soonest of the
 // process's timers, and wakes the thread that waits in the network poller
 // (see BENCHMARKS.md, "Ninth speed session").
 type batchWatch struct {

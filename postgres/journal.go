@@ -102,6 +102,8 @@ type Journal struct {
 
 	copiesMu sync.Mutex
 	copies   map[string]rowCopy // the rows this journal wrote last (see fastBatch)
+
+	batches *batchWatch // bounds the batches' transactions
 }
 
 var _ idem.Journal = (*Journal)(nil)
@@ -177,7 +179,7 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 	}
 	j := &Journal{ownersOID: ownersOID, pool: pool, readOnly: cfg.readOnly, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
 		liveness: cfg.liveness, grace: cfg.grace, onCommit: cfg.onCommit, clock: clock, q: newQueries(cfg.schema),
-		mine: map[string]*registration{}, copies: map[string]rowCopy{}}
+		mine: map[string]*registration{}, copies: map[string]rowCopy{}, batches: newBatchWatch(batchTimeout, batchWatchTick)}
 	return j, nil
 }
 
@@ -201,6 +203,7 @@ func (j *Journal) Close() error {
 	j.closed = true
 	j.mu.Unlock()
 	j.draining.Wait()
+	j.batches.stop()
 	j.mu.Lock()
 	mine := j.mine
 	j.mine = map[string]*registration{}
@@ -319,7 +322,10 @@ func (j *Journal) Update(ctx context.Context, rec idem.Record, d idem.Durability
 		return idem.Record{}, err
 	}
 	off := j.off()
-	w := &writeReq{op: opUpdate, key: rec.Key, rec: shiftRecord(journal.CloneRecord(rec), off), ev: why, dur: d}
+	// rec is not cloned: the rules take only its scalars and a clone of its
+	// Response (journal.ApplyUpdate), never its request's Header or Body,
+	// and nothing holds it once the write returns.
+	w := &writeReq{op: opUpdate, key: rec.Key, rec: shiftRecord(rec, off), ev: why, dur: d}
 	if err := j.write(ctx, w); err != nil {
 		return idem.Record{}, err
 	}

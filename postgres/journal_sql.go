@@ -310,23 +310,28 @@ func dueChangeOf(old, next idem.Record) dueChange {
 }
 
 // storeArgs are the parameters $2 to $17 of store and storeFenced.
-func storeArgs(r idem.Record) []any {
+func storeArgs(r idem.Record) []any { return appendStoreArgs(nil, r) }
+
+// appendStoreArgs appends storeArgs(r) to args.
+func appendStoreArgs(args []any, r idem.Record) []any {
 	var status, replayed any
 	var header, body []byte
 	if resp := r.Response; resp != nil {
 		status, replayed, header, body = resp.StatusCode, resp.Replayed, wire.EncodeHeader(resp.Header), wire.NonNil(resp.Body)
 	}
-	return []any{int16(r.State), r.Attempts, r.TransportResends, wire.Millis(r.NextAttemptAt),
+	return append(args, int16(r.State), r.Attempts, r.TransportResends, wire.Millis(r.NextAttemptAt),
 		nullString(r.Lease.Owner), r.Lease.Epoch, wire.NullMillis(r.Lease.ExpiresAt), status, header, body, replayed,
-		nullString(r.LastError), nullString(r.Note), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt), r.Version}
+		nullString(r.LastError), nullString(r.Note), wire.Millis(r.UpdatedAt), wire.NullMillis(r.ExpiresAt), r.Version)
 }
 
 // storeFencedStmt is the write of r's mutable fields over the row of copy,
 // with its event ev, if the row is still the one copy holds, at level l.
 func (q queries) storeFencedStmt(copy rowCopy, r idem.Record, ev idem.Event, l level) (string, []any) {
-	args := append([]any{copy.id}, storeArgs(r)...)
+	// One slice of all 27 parameters, made once.
+	args := append(make([]any, 0, 27), copy.id)
+	args = appendStoreArgs(args, r)
 	args = append(args, copy.xmin)
-	args = append(args, heldArgs(ev)...)
+	args = appendHeldArgs(args, ev)
 	args = append(args, copy.rec.Key, copy.rec.Version)
 	change := dueChangeOf(copy.rec, r)
 	if change != dueKeep {
@@ -398,15 +403,15 @@ func eventArgs(ev idem.Event) []any {
 		ev.Attempt, status, nullString(ev.Error), nullString(ev.Owner)}
 }
 
-// heldArgs are the columns of ev a row holds (ev_at, ev_kind, ev_detail,
+// appendHeldArgs appends the columns of ev a row holds (ev_at, ev_kind, ev_detail,
 // ev_from, ev_error, ev_owner); its version, state, attempt and status are
 // the row's.
-func heldArgs(ev idem.Event) []any {
+func appendHeldArgs(args []any, ev idem.Event) []any {
 	var from any
 	if ev.From != 0 {
 		from = int16(ev.From)
 	}
-	return []any{wire.Millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, nullString(ev.Error), nullString(ev.Owner)}
+	return append(args, wire.Millis(ev.At), int16(ev.Kind), nullString(ev.Detail), from, nullString(ev.Error), nullString(ev.Owner))
 }
 
 // scanRecord reads a row of recordColumns.

@@ -64,13 +64,14 @@ type writeReq struct {
 	// state) is the earlier run's write, this write's result, not another
 	// process's.
 	doubted *idem.Record
+	// copy is this journal's copy of the row an Update writes, set when
+	// fastBatch runs it (see copiesFor); id the row a Create alone in
+	// fastBatch inserted, 0 if it inserted none.
+	copy rowCopy
+	id   int64
 
 	done chan struct{}
 }
-
-// batchTimeout bounds one batch's transaction. The batch runs on a context
-// of its own: one caller giving up must not fail the others' writes.
-const batchTimeout = 30 * time.Second
 
 // write runs w through the group commit and returns its error. The first
 // write to find no batch running commits the writes queued by then (its
@@ -209,7 +210,7 @@ func (r *writeReq) wroteEarlier(rec idem.Record) bool {
 }
 
 func resetResult(r *writeReq) {
-	r.out, r.created, r.err, r.again, r.sent = idem.Record{}, false, nil, false, nil
+	r.out, r.created, r.err, r.again, r.sent, r.id = idem.Record{}, false, nil, false, nil, 0
 }
 
 // commitAlone runs r again in a transaction of its own and sets its
@@ -279,8 +280,8 @@ func (j *Journal) commitBatch(reqs []*writeReq, fast bool) error {
 // A batch that meets a session the server ended for idling runs again on
 // another (see endedIdle): nothing of it ran.
 func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
-	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-	defer cancel()
+	ctx, end := j.batches.begin()
+	defer end()
 	return onLiveSession(ctx, j.pool, func() error { return j.tryBatchOnce(ctx, reqs, fast) })
 }
 
@@ -291,8 +292,8 @@ func (j *Journal) tryBatchOnce(ctx context.Context, reqs []*writeReq, fast bool)
 	}
 	defer conn.Release()
 	if fast {
-		if copies, ok := j.copiesFor(reqs); ok {
-			return j.fastBatch(ctx, conn, reqs, copies)
+		if j.copiesFor(reqs) {
+			return j.fastBatch(ctx, conn, reqs)
 		}
 	}
 	return j.readBatch(ctx, conn, reqs)
@@ -519,13 +520,13 @@ func (j *Journal) forget(keys []string) {
 	}
 }
 
-// copiesFor returns the copies of the rows reqs update, and whether
-// fastBatch may run reqs: every write is a Create of a key this journal
-// has no copy of, or an Update of a key it has one of, and no key or
-// operation appears twice (the rules would then have to see one write's
-// effect on the next, which readBatch does).
-func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
-	copies := make(map[string]rowCopy, len(reqs))
+// copiesFor sets the copy (see writeReq.copy) of each row reqs update, and
+// reports whether fastBatch may run reqs: every write is a Create of a key
+// this journal has no copy of, or an Update of a key it has one of, and no
+// key or operation appears twice (the rules would then have to see one
+// write's effect on the next, which readBatch does). A batch of one, every
+// batch at one caller, makes no map.
+func (j *Journal) copiesFor(reqs []*writeReq) bool {
 	var seen map[string]bool // a batch of one needs none
 	if len(reqs) > 1 {
 		seen = make(map[string]bool, len(reqs))
@@ -535,7 +536,7 @@ func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
 	defer j.copiesMu.Unlock()
 	for _, r := range reqs {
 		if seen[r.key] {
-			return nil, false
+			return false
 		}
 		if seen != nil {
 			seen[r.key] = true
@@ -545,7 +546,7 @@ func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
 		case opCreate:
 			op := [2]string{r.rec.Scope, r.rec.ID}
 			if ok || ops[op] {
-				return nil, false
+				return false
 			}
 			if len(reqs) == 1 {
 				break
@@ -556,14 +557,14 @@ func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
 			ops[op] = true
 		case opUpdate:
 			if !ok {
-				return nil, false
+				return false
 			}
-			copies[r.key] = c
+			r.copy = c
 		default:
-			return nil, false
+			return false
 		}
 	}
-	return copies, true
+	return true
 }
 
 // fastBatch runs reqs in one transaction and one round trip, without
@@ -583,7 +584,7 @@ func (j *Journal) copiesFor(reqs []*writeReq) (map[string]rowCopy, bool) {
 //
 // The creates are one statement; each update is one statement, found by
 // its primary key and sent in key order, the order readBatch locks rows in.
-func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*writeReq, copies map[string]rowCopy) (err error) {
+func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*writeReq) (err error) {
 	type update struct {
 		r       *writeReq
 		id      int64
@@ -604,13 +605,12 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 		case opCreate:
 			creates = append(creates, r)
 		case opUpdate:
-			c := copies[r.key]
-			next, ev, err := journal.ApplyUpdate(c.rec, r.rec, now, r.ev, gone)
+			next, ev, err := journal.ApplyUpdate(r.copy.rec, r.rec, now, r.ev, gone)
 			if err != nil {
 				r.again = true
 				continue
 			}
-			updates = append(updates, &update{r: r, id: c.id, next: next, ev: ev})
+			updates = append(updates, &update{r: r, id: r.copy.id, next: next, ev: ev})
 		}
 	}
 	if len(creates) == 0 && len(updates) == 0 {
@@ -636,7 +636,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 		lvl = levelNone
 	}
 	var stmts []stmt
-	ids := make(map[string]int64, len(creates))
+	var ids map[string]int64 // of insertMany's rows; insertOne's in its request
 	// xid is the transaction's id, returned by the statements that write
 	// (see insertOne, storeFenced); set, it needs no statement of its own.
 	var xid int64
@@ -646,11 +646,9 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 		sql, args := j.q.insertOneStmt(r.rec, r.ev, lvl)
 		stmts = append(stmts, stmt{sql, args, func(rows pgx.Rows) error {
 			for rows.Next() {
-				var id int64
-				if err := rows.Scan(&id, &xid); err != nil {
+				if err := rows.Scan(&r.id, &xid); err != nil {
 					return err
 				}
-				ids[r.key] = id
 			}
 			return rows.Err()
 		}})
@@ -660,6 +658,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 			cols.add(r.rec, r.ev)
 			r.sent = &r.rec
 		}
+		ids = make(map[string]int64, len(creates))
 		sql, args := j.q.insertManyStmt(&cols)
 		stmts = append(stmts, stmt{sql, args, func(rows pgx.Rows) error {
 			for rows.Next() {
@@ -675,7 +674,7 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	}
 	for _, u := range updates {
 		u.r.sent = &u.next
-		sql, args := j.q.storeFencedStmt(copies[u.r.key], u.next, u.ev, lvl)
+		sql, args := j.q.storeFencedStmt(u.r.copy, u.next, u.ev, lvl)
 		stmts = append(stmts, stmt{sql, args, func(rows pgx.Rows) error {
 			for rows.Next() {
 				if err := rows.Scan(&xid); err != nil {
@@ -718,7 +717,10 @@ func (j *Journal) fastBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 		return doubtful(conn.Conn(), err)
 	}
 	for _, r := range creates {
-		id, ok := ids[r.key]
+		id, ok := r.id, r.id != 0
+		if ids != nil {
+			id, ok = ids[r.key]
+		}
 		if !ok {
 			r.again = true
 			continue

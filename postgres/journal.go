@@ -102,8 +102,6 @@ type Journal struct {
 
 	copiesMu sync.Mutex
 	copies   map[string]rowCopy // the rows this journal wrote last (see fastBatch)
-
-	batches *batchWatch // bounds the batches' transactions
 }
 
 var _ idem.Journal = (*Journal)(nil)
@@ -179,7 +177,7 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 	}
 	j := &Journal{ownersOID: ownersOID, pool: pool, readOnly: cfg.readOnly, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
 		liveness: cfg.liveness, grace: cfg.grace, onCommit: cfg.onCommit, clock: clock, q: newQueries(cfg.schema),
-		mine: map[string]*registration{}, copies: map[string]rowCopy{}, batches: newBatchWatch(batchTimeout, batchWatchTick)}
+		mine: map[string]*registration{}, copies: map[string]rowCopy{}}
 	return j, nil
 }
 
@@ -203,7 +201,6 @@ func (j *Journal) Close() error {
 	j.closed = true
 	j.mu.Unlock()
 	j.draining.Wait()
-	j.batches.stop()
 	j.mu.Lock()
 	mine := j.mine
 	j.mine = map[string]*registration{}

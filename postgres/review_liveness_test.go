@@ -1,14 +1,19 @@
 package postgres_test
 
 import (
+	"net"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgbouncer"
 	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/postgres/internal/pgproxy"
 	"github.com/idemkit/idem/postgres/internal/pgschema"
@@ -242,6 +247,69 @@ func TestLiveWorkerKeepsItsLockThroughAStall(t *testing.T) {
 		if f.takenByB(t) {
 			t.Fatalf("worker-b took the live worker-a's operation %v into the stall; worker-a's lock held: %v",
 				time.Since(start).Round(time.Millisecond), livenessHeld(t, f.schema, "worker-a"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestLiveWorkerBehindAPoolerKeepsItsLockWhenThePoolersConnectionsGoSilent:
+// worker-a reaches the database through PgBouncer in transaction mode,
+// and a NAT or firewall between the pooler and the database forgets every
+// connection of the pooler at once (here: a proxy there ends each one's
+// server side and drops what the pooler sends, as in
+// TestLiveWorkerKeepsItsOperationWhenEveryConnectionGoesSilent, which
+// does it between worker and database). The pooler holds, besides the
+// liveness session, the server sessions its pool had opened for worker-a's
+// statements a moment before, idle now, silent as well. worker-b, direct,
+// claims meanwhile; both have the default grace (2 s). The package doc:
+// the journal takes the lock again "on a new connection it opens for the
+// purpose (never one that idled in the pool, which may have gone silent
+// with it)". Behind a pooler, the new connection's statements run on the
+// pooler's idle server sessions, silent too: the watcher's tries (each
+// given a quarter of the grace, then twice as long) meet them one after
+// the other, and worker-b takes the live worker-a's operation ("taken
+// 2.07s into it"). With the liveness session alone silent, the same test
+// passes (the lock is held again within 0.9 s). A live worker should hold
+// its lock again within the grace here too.
+func TestLiveWorkerBehindAPoolerKeepsItsLockWhenThePoolersConnectionsGoSilent(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+	require.NoError(t, err)
+	p, err := pgproxy.Start(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	upstream := "postgres://" + cfg.ConnConfig.User + "@127.0.0.1:" + strconv.Itoa(p.Addr().Port) + "/" + cfg.ConnConfig.Database + "?sslmode=disable"
+	pool := bouncerPool(t, pgbouncer.Start(t, upstream, "default_pool_size = 10"))
+	schema := pgtest.Schema(t)
+	f := &reviewFleet{p: p, schema: schema}
+	f.a = openOn(t, pool, schema)
+	f.b = openOn(t, pgtest.Pool(t), schema)
+	key := createRecords(t, f.b, 1)[0]
+	unregister, err := f.a.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unregister() })
+	_, err = f.a.Acquire(ctx, key, "worker-a", time.Hour)
+	require.NoError(t, err)
+	// worker-a's pool has just used four server sessions of the pooler's.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := pool.Exec(ctx, `SELECT pg_sleep(0.2)`)
+			assert.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	for _, pid := range p.BackendPIDs() {
+		p.Blackhole(pid)
+	}
+	t.Cleanup(p.CutAll)
+	start := time.Now()
+	for time.Since(start) < 6*time.Second {
+		if f.takenByB(t) {
+			t.Fatalf("worker-b took the live worker-a's operation %v into it; worker-a's lock held: %v",
+				time.Since(start).Round(time.Millisecond), livenessHeld(t, schema, "worker-a"))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

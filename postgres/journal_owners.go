@@ -69,7 +69,10 @@ func (q *queries) ownerQueries(s string) {
 	// its lock and its leases' judgements go by.
 	q.newSession = `INSERT INTO ` + owners + ` (id, name, registered_at) OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3)
 		ON CONFLICT (id) DO UPDATE SET session = owners.session + 1`
-	q.endOwner = `UPDATE ` + owners + ` SET ended_at = ` + dbMillis + ` WHERE id = $1`
+	// Run again (ending through the pool after the liveness session
+	// failed, or after its COMMIT's answer was lost), it keeps the first
+	// end's time: it is its own read-back.
+	q.endOwner = `UPDATE ` + owners + ` SET ended_at = coalesce(ended_at, ` + dbMillis + `) WHERE id = $1`
 	// The owners among $2 that are gone, with LivenessGrace $3 in
 	// milliseconds. Those whose lock is free and that carry no mark for
 	// their session get one; those whose lock is held lose theirs. A row
@@ -594,27 +597,82 @@ func (j *Journal) unregister(owner string) error {
 	return j.end(r)
 }
 
+// endTimeout bounds each of end's two ways of ending a registration: on
+// its liveness session, and through the pool.
+const endTimeout = 10 * time.Second
+
 // end stops r's watcher and ends the registration: the owner's row says
 // it ended, and the lock is let go with the same commit, so that other
 // journals see the owner gone at once.
 func (j *Journal) end(r *registration) error {
 	r.stop()
 	<-r.done
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if r.conn == nil {
 		// No session now: the row alone says the owner ended.
-		return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.endOwner, r.id) })
+		return j.endThroughPool(r)
 	}
-	_, err := r.conn.Exec(ctx, j.q.endOwner, r.id)
-	if err == nil {
-		var tag pgconn.CommandTag
-		tag, err = r.conn.Exec(ctx, `COMMIT`)
-		if err == nil && tag.String() != "COMMIT" {
-			err = fmt.Errorf("postgres journal in schema %q: ending owner %q: the liveness transaction ended with %s", j.schema, r.owner, tag)
+	err := j.endOnSession(r)
+	if d := asDoubt(err); d != nil {
+		// The COMMIT went out and its answer was lost: once its session
+		// has no transaction open (settle), the row says whether it
+		// committed, and the end through the pool, which keeps an end
+		// already made (endOwner), reads it back or makes it.
+		rctx, cancel := readBackCtx(context.Background())
+		defer cancel()
+		if serr := settle(rctx, j.pool, d); serr != nil {
+			return inDoubt(j.where()+": ending owner "+r.owner, d.err, serr)
+		}
+		return j.endThroughPool(r)
+	}
+	return err
+}
+
+// endOnSession ends the registration on its liveness session, r.conn, and
+// closes it: the row's ended_at and the lock's release in one commit. An
+// error whose COMMIT went out unanswered is a commitDoubt.
+func (j *Journal) endOnSession(r *registration) error {
+	conn := r.conn
+	r.conn = nil
+	defer closeConn(conn) // the connection is the registration's own
+	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
+	defer cancel()
+	if _, err := conn.Exec(ctx, j.q.endOwner, r.id); err != nil {
+		return err
+	}
+	tag, err := conn.Exec(ctx, `COMMIT`)
+	if err != nil {
+		return doubtful(conn, err)
+	}
+	if tag.String() != "COMMIT" {
+		return fmt.Errorf("postgres journal in schema %q: ending owner %q: the liveness transaction ended with %s", j.schema, r.owner, tag)
+	}
+	return nil
+}
+
+// endThroughPool ends the registration with a transaction of the pool:
+// the row alone says the owner ended (its lock, if a session of its still
+// holds it, goes with that session). A commit in doubt is settled and the
+// end run again, which keeps the first's if it committed.
+func (j *Journal) endThroughPool(r *registration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
+	defer cancel()
+	write := func() error {
+		return onLiveSession(ctx, j.pool, func() error {
+			return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.endOwner, r.id) })
+		})
+	}
+	err := write()
+	if d := asDoubt(err); d != nil {
+		rctx, rcancel := readBackCtx(ctx)
+		defer rcancel()
+		if serr := settle(rctx, j.pool, d); serr != nil {
+			return inDoubt(j.where()+": ending owner "+r.owner, d.err, serr)
+		}
+		err = write()
+		if d := asDoubt(err); d != nil {
+			return inDoubt(j.where()+": ending owner "+r.owner, d.err, err)
 		}
 	}
-	closeConn(r.conn) // the connection is the registration's own
 	return err
 }
 

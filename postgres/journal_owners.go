@@ -612,6 +612,9 @@ func (j *Journal) end(r *registration) error {
 		return j.endThroughPool(r)
 	}
 	err := j.endOnSession(r)
+	if err == nil {
+		return nil
+	}
 	if d := asDoubt(err); d != nil {
 		// The COMMIT went out and its answer was lost: once its session
 		// has no transaction open (settle), the row says whether it
@@ -622,9 +625,17 @@ func (j *Journal) end(r *registration) error {
 		if serr := settle(rctx, j.pool, d); serr != nil {
 			return inDoubt(j.where()+": ending owner "+r.owner, d.err, serr)
 		}
-		return j.endThroughPool(r)
 	}
-	return err
+	// The session failed (broke, went silent, or its transaction had
+	// aborted): its transaction, closed with it, ends nothing; the row
+	// is ended through the pool, as when the watcher held no session.
+	// (Should the server not have noticed the session's end yet, its
+	// lock, and the row's if its UPDATE ran, are held until it does: the
+	// pool's UPDATE waits for the row, bounded by endTimeout.)
+	if perr := j.endThroughPool(r); perr != nil {
+		return fmt.Errorf("%w (on its liveness session: %v)", perr, err)
+	}
+	return nil
 }
 
 // endOnSession ends the registration on its liveness session, r.conn, and
@@ -636,7 +647,15 @@ func (j *Journal) endOnSession(r *registration) error {
 	defer closeConn(conn) // the connection is the registration's own
 	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
 	defer cancel()
-	if _, err := conn.Exec(ctx, j.q.endOwner, r.id); err != nil {
+	// A session that does not answer the UPDATE within pingEvery, as the
+	// watcher would judge it, is given up for the pool (its transaction
+	// goes with it); the COMMIT, once sent, is not cut short while the
+	// session may still answer within endTimeout (an answer lost there is
+	// a commitDoubt).
+	uctx, ucancel := context.WithTimeout(ctx, j.pingEvery())
+	_, err := conn.Exec(uctx, j.q.endOwner, r.id)
+	ucancel()
+	if err != nil {
 		return err
 	}
 	tag, err := conn.Exec(ctx, `COMMIT`)

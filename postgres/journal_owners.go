@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -135,6 +136,11 @@ type registration struct {
 	stop  context.CancelFunc
 	done  chan struct{} // closed when the watcher returned
 	conn  *pgx.Conn     // the session the watcher held last, once done; nil if none
+
+	// ending is held by the call that ends the registration (unregister,
+	// Close): another waits for it, and finds ended set if it ended.
+	ending sync.Mutex
+	ended  bool
 }
 
 // Register implements idem.Journal. The owner's name goes into the owners
@@ -227,7 +233,7 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	j.mine[owner] = r
 	j.mu.Unlock()
 	go j.watch(wctx, r, conn)
-	return func() error { return j.unregister(owner) }, nil
+	return func() error { return j.unregister(r) }, nil
 }
 
 // registerAgain settles a registration whose insert of the owner's row
@@ -586,15 +592,20 @@ func (d *dialing) close() {
 	}
 }
 
-func (j *Journal) unregister(owner string) error {
-	j.mu.Lock()
-	r := j.mine[owner]
-	delete(j.mine, owner)
-	j.mu.Unlock()
-	if r == nil {
-		return nil // unregistered before, or the journal was closed
+// unregister ends r and then takes it out of the journal. It returns nil
+// only once the registration has ended: a call made while another ends it
+// waits for that one (end), and after one that failed the registration
+// stays in the journal (Close ends it too), and the next call tries again.
+func (j *Journal) unregister(r *registration) error {
+	if err := j.end(r); err != nil {
+		return err
 	}
-	return j.end(r)
+	j.mu.Lock()
+	if j.mine[r.owner] == r {
+		delete(j.mine, r.owner)
+	}
+	j.mu.Unlock()
+	return nil
 }
 
 // endTimeout bounds each of end's two ways of ending a registration: on
@@ -605,6 +616,19 @@ const endTimeout = 10 * time.Second
 // it ended, and the lock is let go with the same commit, so that other
 // journals see the owner gone at once.
 func (j *Journal) end(r *registration) error {
+	r.ending.Lock()
+	defer r.ending.Unlock()
+	if r.ended {
+		return nil
+	}
+	err := j.endOnce(r)
+	r.ended = err == nil
+	return err
+}
+
+// endOnce is one try of end: after the first, the watcher has stopped and
+// r.conn is nil, and the end runs through the pool.
+func (j *Journal) endOnce(r *registration) error {
 	r.stop()
 	<-r.done
 	if r.conn == nil {

@@ -633,30 +633,66 @@ func (j *Journal) endOnce(r *registration) error {
 	<-r.done
 	if r.conn == nil {
 		// No session now: the row alone says the owner ended.
-		return j.endThroughPool(r)
+		return j.endThroughPool(context.Background(), r)
 	}
-	err := j.endOnSession(r)
-	if err == nil {
-		return nil
+	defer func() { r.conn = nil }() // closed: a later try goes through the pool
+	// A session that has not ended it within pingEvery (how long the
+	// watcher gives a ping) may be slow, or silent: the row is ended
+	// through the pool meanwhile, the session left to answer, and the
+	// first end that commits counts. The session is not cut short while
+	// it may still answer (a COMMIT cut short would be in doubt): should
+	// its UPDATE have run, the pool's waits for its transaction to end.
+	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
+	defer cancel()
+	onSession := make(chan error, 1)
+	go func() { onSession <- j.endOnSession(ctx, r) }()
+	t := time.NewTimer(j.pingEvery())
+	defer t.Stop()
+	var err error
+	select {
+	case err = <-onSession:
+		if err == nil {
+			return nil
+		}
+	case <-t.C:
+		pctx, pcancel := context.WithCancel(context.Background())
+		defer pcancel()
+		throughPool := make(chan error, 1)
+		go func() { throughPool <- j.endThroughPool(pctx, r) }()
+		select {
+		case err = <-onSession:
+			if err == nil {
+				pcancel() // ended on the session: the pool's end is not needed
+			}
+			perr := <-throughPool
+			if err == nil || perr == nil {
+				return nil
+			}
+			return fmt.Errorf("%w (on its liveness session: %v)", perr, err)
+		case perr := <-throughPool:
+			cancel() // ended: the session, if it still lives, lets go of the lock
+			serr := <-onSession
+			if perr == nil || serr == nil {
+				return nil
+			}
+			return fmt.Errorf("%w (on its liveness session: %v)", perr, serr)
+		}
 	}
 	if d := asDoubt(err); d != nil {
 		// The COMMIT went out and its answer was lost: once its session
 		// has no transaction open (settle), the row says whether it
 		// committed, and the end through the pool, which keeps an end
 		// already made (endOwner), reads it back or makes it.
-		rctx, cancel := readBackCtx(context.Background())
-		defer cancel()
+		rctx, rcancel := readBackCtx(context.Background())
+		defer rcancel()
 		if serr := settle(rctx, j.pool, d); serr != nil {
 			return inDoubt(j.where()+": ending owner "+r.owner, d.err, serr)
 		}
 	}
-	// The session failed (broke, went silent, or its transaction had
-	// aborted): its transaction, closed with it, ends nothing; the row
-	// is ended through the pool, as when the watcher held no session.
-	// (Should the server not have noticed the session's end yet, its
-	// lock, and the row's if its UPDATE ran, are held until it does: the
-	// pool's UPDATE waits for the row, bounded by endTimeout.)
-	if perr := j.endThroughPool(r); perr != nil {
+	// The session failed (broke, or its transaction had aborted): its
+	// transaction, closed with it, ends nothing; the row is ended through
+	// the pool, as when the watcher held no session.
+	if perr := j.endThroughPool(context.Background(), r); perr != nil {
 		return fmt.Errorf("%w (on its liveness session: %v)", perr, err)
 	}
 	return nil
@@ -664,22 +700,12 @@ func (j *Journal) endOnce(r *registration) error {
 
 // endOnSession ends the registration on its liveness session, r.conn, and
 // closes it: the row's ended_at and the lock's release in one commit. An
-// error whose COMMIT went out unanswered is a commitDoubt.
-func (j *Journal) endOnSession(r *registration) error {
+// error whose COMMIT went out unanswered is a commitDoubt. (r.conn is left
+// for endOnce to clear once this returns.)
+func (j *Journal) endOnSession(ctx context.Context, r *registration) error {
 	conn := r.conn
-	r.conn = nil
 	defer closeConn(conn) // the connection is the registration's own
-	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
-	defer cancel()
-	// A session that does not answer the UPDATE within pingEvery, as the
-	// watcher would judge it, is given up for the pool (its transaction
-	// goes with it); the COMMIT, once sent, is not cut short while the
-	// session may still answer within endTimeout (an answer lost there is
-	// a commitDoubt).
-	uctx, ucancel := context.WithTimeout(ctx, j.pingEvery())
-	_, err := conn.Exec(uctx, j.q.endOwner, r.id)
-	ucancel()
-	if err != nil {
+	if _, err := conn.Exec(ctx, j.q.endOwner, r.id); err != nil {
 		return err
 	}
 	tag, err := conn.Exec(ctx, `COMMIT`)
@@ -696,8 +722,8 @@ func (j *Journal) endOnSession(r *registration) error {
 // the row alone says the owner ended (its lock, if a session of its still
 // holds it, goes with that session). A commit in doubt is settled and the
 // end run again, which keeps the first's if it committed.
-func (j *Journal) endThroughPool(r *registration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
+func (j *Journal) endThroughPool(ctx context.Context, r *registration) error {
+	ctx, cancel := context.WithTimeout(ctx, endTimeout)
 	defer cancel()
 	write := func() error {
 		return onLiveSession(ctx, j.pool, func() error {
@@ -706,7 +732,7 @@ func (j *Journal) endThroughPool(r *registration) error {
 	}
 	err := write()
 	if d := asDoubt(err); d != nil {
-		rctx, rcancel := readBackCtx(ctx)
+		rctx, rcancel := context.WithTimeout(ctx, readBackTimeout)
 		defer rcancel()
 		if serr := settle(rctx, j.pool, d); serr != nil {
 			return inDoubt(j.where()+": ending owner "+r.owner, d.err, serr)

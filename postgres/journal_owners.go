@@ -212,6 +212,16 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		conn, err = j.takeLiveness(ctx, owner, id, onPool(j.pool))
 		return err
 	})
+	if err != nil && ctx.Err() == nil && brokeSession(err) {
+		// A session broke under the take (the lock's, or the pool's that
+		// wrote the owner's new session): taken again on new sessions, as
+		// the watcher does, a few times. A lock the broken session took
+		// is free once the server has seen the session end: at once when
+		// the connection was closed or reset, but only when the server's
+		// TCP keepalive gives up on a connection that went silent (two
+		// hours and more by default), and Register then fails as before.
+		conn, err = j.retake(ctx, owner, id, registerRetakes)
+	}
 	if err != nil {
 		return nil, err // the row, without a lock and without leases, is swept
 	}
@@ -450,6 +460,20 @@ const (
 	retakeMax   = 500 * time.Millisecond
 )
 
+// registerRetakes is how many times Register takes its lock again on new
+// sessions after a session broke under its first take: enough for a lost
+// answer or two, bounded so that a registration whose sessions keep
+// breaking fails (in well under a minute) rather than spin.
+const registerRetakes = 5
+
+// brokeSession reports whether err is that of a session that broke (or
+// ended) under a statement, or of a commit in doubt: something another
+// session may not meet. A connection that could not be opened is not one
+// (see endedForRead).
+func brokeSession(err error) bool {
+	return endedForRead(err) || asDoubt(err) != nil
+}
+
 // watch waits on the owner's liveness session until unregister stops it;
 // should the session end (whatever ended it) while the owner lives on, it
 // takes the lock again on a new session, trying until it can. Meanwhile
@@ -485,7 +509,7 @@ func (j *Journal) watch(ctx context.Context, r *registration, conn *pgx.Conn) {
 			continue
 		}
 		closeConn(conn)
-		if conn = j.retake(ctx, r); conn == nil {
+		if conn, _ = j.retake(ctx, r.owner, r.id, 0); conn == nil {
 			return
 		}
 	}
@@ -517,7 +541,9 @@ func ping(conn *pgx.Conn, d time.Duration) error {
 	return err
 }
 
-// retake takes r's lock on a new session, trying until it can or ctx ends.
+// retake takes owner's lock on a new session, trying until it can or ctx
+// ends, or (tries > 0) at most tries times, returning the last try's
+// error.
 //
 // Each try opens two connections of its own, side by side: one for the
 // lock, and one for the owner's row, which the pool's connections could
@@ -526,16 +552,19 @@ func ping(conn *pgx.Conn, d time.Duration) error {
 // gone, or through a middlebox that drops it) is given up well within the
 // grace, and twice as long at each try that runs out of time, up to ten
 // seconds, so that a slow server or machine is not given up on for ever.
-func (j *Journal) retake(ctx context.Context, r *registration) *pgx.Conn {
+func (j *Journal) retake(ctx context.Context, owner string, id int32, tries int) (*pgx.Conn, error) {
 	wait := retakeFirst
 	limit := j.pingEvery()
-	for {
+	for try := 1; ; try++ {
 		tctx, cancel := context.WithTimeout(ctx, limit)
-		conn, err := j.retakeOnce(tctx, r)
+		conn, err := j.retakeOnce(tctx, owner, id)
 		timedOut := tctx.Err() != nil
 		cancel()
 		if err == nil {
-			return conn
+			return conn, nil
+		}
+		if tries > 0 && try >= tries {
+			return nil, err
 		}
 		if timedOut {
 			limit = min(2*limit, 10*time.Second)
@@ -544,7 +573,7 @@ func (j *Journal) retake(ctx context.Context, r *registration) *pgx.Conn {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil
+			return nil, j.fail(ctx, "owner "+owner+"'s liveness lock", ctx.Err())
 		case <-t.C:
 		}
 		wait = min(2*wait, retakeMax)
@@ -553,14 +582,14 @@ func (j *Journal) retake(ctx context.Context, r *registration) *pgx.Conn {
 
 // retakeOnce is one try of retake. The row's connection is opened while
 // the lock's is, so that a try costs one connection's opening, not two.
-func (j *Journal) retakeOnce(ctx context.Context, r *registration) (*pgx.Conn, error) {
+func (j *Journal) retakeOnce(ctx context.Context, owner string, id int32) (*pgx.Conn, error) {
 	w := &dialing{done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		w.conn, w.err = j.dial(ctx)
 	}()
 	defer w.close()
-	return j.takeLiveness(ctx, r.owner, r.id, w.send)
+	return j.takeLiveness(ctx, owner, id, w.send)
 }
 
 // dialing is a connection being opened: Exec waits for it.

@@ -483,7 +483,7 @@ func brokeSession(err error) bool {
 func (j *Journal) watch(ctx context.Context, r *registration, conn *pgx.Conn) {
 	defer close(r.done)
 	every := j.pingEvery()
-	for {
+	for conn != nil {
 		// Nothing listens on this session: the wait returns when the
 		// session ends (or the watcher is stopped), or once it has idled
 		// for every, when the server is asked whether it is still there.
@@ -491,54 +491,132 @@ func (j *Journal) watch(ctx context.Context, r *registration, conn *pgx.Conn) {
 		err := conn.PgConn().WaitForNotification(wctx)
 		idle := wctx.Err() != nil
 		cancel()
-		alive := err == nil || idle // a wait cut short says nothing of the session
-		if idle && ctx.Err() == nil {
-			alive = ping(conn, every) == nil
+		switch {
+		case ctx.Err() != nil:
+			// Stopped: end leaves the registration on this session, the
+			// row and the lock in one commit, if it lives (a wait cut
+			// short says nothing of the session).
+			if err != nil && !idle {
+				closeConn(conn)
+				conn = nil
+			}
+		case err != nil && !idle:
+			closeConn(conn)
+			conn, _ = j.retake(ctx, r.owner, r.id, 0)
+		case idle:
+			conn = j.check(ctx, r, conn, every)
 		}
 		if ctx.Err() != nil {
-			// Stopped: end leaves the registration on this session, the
-			// row and the lock in one commit, if it lives.
-			if alive {
-				r.conn = conn
-			} else {
-				closeConn(conn)
-			}
-			return
-		}
-		if alive {
-			continue
-		}
-		closeConn(conn)
-		if conn, _ = j.retake(ctx, r.owner, r.id, 0); conn == nil {
+			r.conn = conn
 			return
 		}
 	}
 }
 
-// pingEvery is how long the liveness session idles before the watcher
-// asks the server whether it is still there, and how long it waits for
-// the answer: a quarter of the grace, so that a session the server ended
-// unheard (its TCP keepalive gave up on a connection that a NAT or a
-// firewall forgot, and drops silently) is taken again on a new one well
-// within it. The client's own TCP keepalive would take minutes. The
-// traffic also keeps such a connection from being forgotten.
-func (j *Journal) pingEvery() time.Duration {
-	return min(max(j.grace/4, 100*time.Millisecond), 5*time.Second)
+// check pings conn, which has idled for every, and returns the session
+// that holds the lock now: conn if it answers within every, a new one if
+// it failed. Make before break: a session that does not answer may be
+// stalled rather than gone (a network blip that holds its packets), and
+// the server may still hold its lock, so it is not closed (which would
+// let go of the lock at once) until a new session holds the lock; the lock
+// is taken on new sessions meanwhile (their tries find it held while the
+// old session lives, and take it once the server has ended it), and
+// whichever answers first is kept: the old session, should its ping be
+// answered, or the new one. Stopped (ctx), it returns the old session if
+// its ping was answered within every, else nil (a new session taken then
+// is returned rather than closed), for end.
+func (j *Journal) check(ctx context.Context, r *registration, conn *pgx.Conn, every time.Duration) *pgx.Conn {
+	p := startPing(conn)
+	t := time.NewTimer(every)
+	select {
+	case <-p.done:
+		t.Stop()
+		if p.err == nil {
+			return conn
+		}
+		closeConn(conn)
+		conn, _ = j.retake(ctx, r.owner, r.id, 0)
+		return conn
+	case <-t.C:
+	}
+	// Stopping the watcher does not cut a ping short before every: end
+	// would have no session to end the registration on, and falls back
+	// to the pool, slower where the pool has no connection to give
+	// (behind a PgBouncer that PAUSE holds, say).
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	taken := make(chan *pgx.Conn, 1)
+	go func() {
+		c, _ := j.retake(rctx, r.owner, r.id, 0)
+		taken <- c
+	}()
+	pinged := p.done
+	for {
+		select {
+		case <-pinged:
+			pinged = nil
+			if p.err == nil {
+				// The old session answered: it lives, and holds the
+				// lock. A try under way finds it held; stopped, it
+				// returns whatever it took, closed here.
+				cancel()
+				if c := <-taken; c != nil {
+					closeConn(c)
+				}
+				return conn
+			}
+			closeConn(conn)
+		case c := <-taken:
+			// A new session holds the lock, so the old one's has ended
+			// on the server (or the watcher was stopped: c is nil).
+			if pinged != nil {
+				p.stop()
+				closeConn(conn)
+			}
+			return c
+		}
+	}
 }
 
-// ping runs an empty statement on the liveness session, within d: it
-// takes no snapshot, and an answer says the session and its lock live.
-//
-// Stopping the watcher does not cut a ping short: pgx closes a
-// connection whose statement is canceled, and unregister, which stops the
-// watcher, then would have no session to end the registration on. Its
-// fallback, a transaction of the pool, may wait for ever where the pool
-// has no connection to give (behind a PgBouncer that PAUSE holds, say).
-func ping(conn *pgx.Conn, d time.Duration) error {
-	pctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	_, err := conn.PgConn().Exec(pctx, "").ReadAll()
-	return err
+// pinging is a ping of the liveness session in flight: an empty statement,
+// which takes no snapshot; an answer says the session and its lock live.
+// It is not given a deadline, which would close the connection when it
+// passed (pgx closes a connection whose statement is canceled), and with
+// it a session that may be stalled, not gone: the watcher waits for it
+// as long as it likes, and stop closes the connection.
+type pinging struct {
+	done   chan struct{} // closed once answered, or failed
+	err    error
+	cancel context.CancelFunc
+}
+
+func startPing(conn *pgx.Conn) *pinging {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &pinging{done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(p.done)
+		defer cancel()
+		_, p.err = conn.PgConn().Exec(ctx, "").ReadAll()
+	}()
+	return p
+}
+
+// stop cuts the ping short, closing its connection, and waits for it.
+func (p *pinging) stop() {
+	p.cancel()
+	<-p.done
+}
+
+// pingEvery is how long the liveness session idles before the watcher
+// asks the server whether it is still there, and how long it waits for
+// the answer before it takes the lock on a new session meanwhile: a
+// quarter of the grace, so that a session the server ended unheard (its
+// TCP keepalive gave up on a connection that a NAT or a firewall forgot,
+// and drops silently) is taken again on a new one well within it. The
+// client's own TCP keepalive would take minutes. The traffic also keeps
+// such a connection from being forgotten.
+func (j *Journal) pingEvery() time.Duration {
+	return min(max(j.grace/4, 100*time.Millisecond), 5*time.Second)
 }
 
 // retake takes owner's lock on a new session, trying until it can or ctx

@@ -460,6 +460,9 @@ const (
 	retakeMax   = 500 * time.Millisecond
 )
 
+// retakeOverlap is how many of retake's tries may be under way at once.
+const retakeOverlap = 4
+
 // registerRetakes is how many times Register takes its lock again on new
 // sessions after a session broke under its first take: enough for a lost
 // answer or two, bounded so that a registration whose sessions keep
@@ -625,36 +628,84 @@ func (j *Journal) pingEvery() time.Duration {
 //
 // Each try opens two connections of its own, side by side: one for the
 // lock, and one for the owner's row, which the pool's connections could
-// not be trusted with (see takeLiveness), closed once written. A try is given pingEvery at
-// first, so that a connection that does not answer (to a server that has
-// gone, or through a middlebox that drops it) is given up well within the
-// grace, and twice as long at each try that runs out of time, up to ten
-// seconds, so that a slow server or machine is not given up on for ever.
+// not be trusted with (see takeLiveness), closed once written. A try is
+// given pingEvery at first, so that a connection that does not answer (to
+// a server that has gone, or through a middlebox that drops it) is given
+// up well within the grace, and twice as long at each try that runs out
+// of time, up to ten seconds, so that a slow server or machine is not
+// given up on for ever.
+//
+// Tries overlap: one that has not answered within a quarter of its time
+// has another started beside it, up to retakeOverlap at once, and the
+// first that takes the lock wins (the others find it held). Behind a
+// pooler, a new connection's statements run on the pooler's idle server
+// sessions, which may have gone silent with the one that held the lock
+// (a NAT or a firewall that forgot them all): each try in flight holds
+// one of them, so that a later try meets a live one within the grace
+// rather than after every silent one has timed out in turn.
 func (j *Journal) retake(ctx context.Context, owner string, id int32, tries int) (*pgx.Conn, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		conn     *pgx.Conn
+		err      error
+		timedOut bool
+	}
+	results := make(chan result, retakeOverlap)
+	inFlight, started := 0, 0
+	defer func() {
+		// Tries still under way end with ctx; a lock one took anyway is
+		// let go.
+		go func(n int) {
+			for ; n > 0; n-- {
+				if r := <-results; r.conn != nil {
+					closeConn(r.conn)
+				}
+			}
+		}(inFlight)
+	}()
 	wait := retakeFirst
 	limit := j.pingEvery()
-	for try := 1; ; try++ {
-		tctx, cancel := context.WithTimeout(ctx, limit)
-		conn, err := j.retakeOnce(tctx, owner, id)
-		timedOut := tctx.Err() != nil
-		cancel()
-		if err == nil {
-			return conn, nil
-		}
-		if tries > 0 && try >= tries {
-			return nil, err
-		}
-		if timedOut {
-			limit = min(2*limit, 10*time.Second)
-		}
-		t := time.NewTimer(wait)
+	var last error
+	next := time.NewTimer(0) // when to start the next try
+	defer next.Stop()
+	for {
 		select {
+		case <-next.C:
+			if inFlight < retakeOverlap && (tries <= 0 || started < tries) {
+				inFlight++
+				started++
+				go func(limit time.Duration) {
+					tctx, tcancel := context.WithTimeout(ctx, limit)
+					defer tcancel()
+					conn, err := j.retakeOnce(tctx, owner, id)
+					results <- result{conn, err, errors.Is(tctx.Err(), context.DeadlineExceeded)}
+				}(limit)
+				next.Reset(limit / 4) // unanswered by then: another beside it
+			}
+		case r := <-results:
+			inFlight--
+			if r.err == nil {
+				return r.conn, nil
+			}
+			last = r.err
+			if r.timedOut {
+				limit = min(2*limit, 10*time.Second)
+			}
+			if tries > 0 && started >= tries {
+				if inFlight == 0 {
+					return nil, last
+				}
+				continue
+			}
+			next.Reset(wait)
+			wait = min(2*wait, retakeMax)
 		case <-ctx.Done():
-			t.Stop()
-			return nil, j.fail(ctx, "owner "+owner+"'s liveness lock", ctx.Err())
-		case <-t.C:
+			if last == nil {
+				last = ctx.Err()
+			}
+			return nil, j.fail(ctx, "owner "+owner+"'s liveness lock", last)
 		}
-		wait = min(2*wait, retakeMax)
 	}
 }
 

@@ -157,8 +157,8 @@ type registration struct {
 // connection string, BeforeConnect, AfterConnect and PrepareConn), but
 // does not count toward its MaxConns: a worker uses, on the database or
 // the pooler in front of it, its pool's connections and one more per
-// client registered through the journal (and, for a moment, one more
-// while it takes a lock again). Nothing the application does with the
+// client registered through the journal (and, for a moment while it
+// takes a lock again, up to 2 × retakeOverlap more). Nothing the application does with the
 // pool keeps the journal from holding or retaking its locks. With
 // WithoutLiveness it records nothing and opens nothing.
 //

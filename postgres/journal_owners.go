@@ -158,9 +158,10 @@ type registration struct {
 // does not count toward its MaxConns: a worker uses, on the database or
 // the pooler in front of it, its pool's connections and one more per
 // client registered through the journal (and, for a moment while it
-// takes a lock again, up to 2 × retakeOverlap more). Nothing the application does with the
-// pool keeps the journal from holding or retaking its locks. With
-// WithoutLiveness it records nothing and opens nothing.
+// takes a lock again, up to 2 × retakeOverlap more). Nothing the
+// application does with the pool keeps the journal from holding or
+// retaking its locks. With WithoutLiveness it records nothing and opens
+// nothing.
 //
 // Registering also removes the owners that are gone and hold no lease, so
 // that the table holds the live owners and those whose operations are yet
@@ -560,11 +561,14 @@ func (j *Journal) check(ctx context.Context, r *registration, conn *pgx.Conn, ev
 			pinged = nil
 			if p.err == nil {
 				// The old session answered: it lives, and holds the
-				// lock. A try under way finds it held; stopped, it
-				// returns whatever it took, closed here.
+				// lock, which the tries under way find held. Should one
+				// have taken it all the same (the old session's lock
+				// was lost meanwhile), the new session is the one
+				// that holds it.
 				cancel()
 				if c := <-taken; c != nil {
-					closeConn(c)
+					closeConn(conn)
+					return c
 				}
 				return conn
 			}

@@ -73,8 +73,9 @@
 // ends, however the worker ended (exit, crash, SIGKILL, a network
 // partition). The application's use of the pool never delays the lock,
 // and a worker uses one connection per registered client beyond its
-// pool's MaxConns (and one more for a moment while it takes a lock
-// again): count them in the server's max_connections. The open
+// pool's MaxConns (and, for a moment while it takes a lock again, up to
+// eight more: up to four tries side by side, of two connections each):
+// count them in the server's max_connections. The open
 // transaction keeps the server session bound to the worker's connection
 // behind a transaction pooler too (PgBouncer's pool_mode=transaction): the
 // pooler closes the one when the other ends, and holds one server session
@@ -85,10 +86,17 @@
 // pooler closing the connection): the journal watches the session and
 // takes the lock again at once on a new connection it opens for the
 // purpose (never one that idled in the pool, which may have gone silent
-// with it), giving up on a try that gets no answer within a quarter of
-// the grace; it asks the server on the idle session every quarter of its
-// LivenessGrace, so that a session ended unheard (a NAT or firewall that
-// drops the connection silently) is taken again too. So a free lock makes its
+// with it), starting another try beside one that has not answered
+// within a sixteenth of the grace (up to four at once: behind a pooler,
+// each holds one of the pooler's server sessions, which may have gone
+// silent together) and giving a try up after a quarter of it; it asks the
+// server on the idle session every quarter of its LivenessGrace, so that
+// a session ended unheard (a NAT or firewall that drops the connection
+// silently) is taken again too. A session that does not answer is not let
+// go before a new one holds the lock (a stalled session's server side
+// still holds it, and the new session's tries find it held): the first
+// to answer is kept. Register, too, takes its lock again on new sessions
+// when a session breaks under it (a lost answer). So a free lock makes its
 // owner gone only once it has stayed free for LivenessGrace (2 s by
 // default, on the database's clock); Claim and
 // Acquire then take its leases, before they lapse. Every judgement is made
@@ -105,7 +113,12 @@
 // the leases lapse unless the worker stays without a session for the
 // grace, when it is taken for dead and its late writes are refused
 // (idem.ErrLeaseLost). An owner that unregisters (Client.Close,
-// Journal.Close) is gone at once. Registering removes the owners that are
+// Journal.Close) is gone at once: the end is made on its liveness session,
+// the row and the lock in one commit, or through the pool should that
+// session fail or not have ended it within a quarter of the grace (a
+// commit whose answer was lost is read back). Unregistering returns nil
+// only once the end is made; a call made during another waits for it, and
+// one made after another failed tries again. Registering removes the owners that are
 // gone and hold no lease, so the owners table does not grow with every
 // process start. The lease's lapse remains the fallback, and the only rule
 // with WithoutLiveness, which records nothing: a fleet may mix journals

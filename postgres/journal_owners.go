@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -69,7 +70,10 @@ func (q *queries) ownerQueries(s string) {
 	// its lock and its leases' judgements go by.
 	q.newSession = `INSERT INTO ` + owners + ` (id, name, registered_at) OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3)
 		ON CONFLICT (id) DO UPDATE SET session = owners.session + 1`
-	q.endOwner = `UPDATE ` + owners + ` SET ended_at = ` + dbMillis + ` WHERE id = $1`
+	// Run again (ending through the pool after the liveness session
+	// failed, or after its COMMIT's answer was lost), it keeps the first
+	// end's time: it is its own read-back.
+	q.endOwner = `UPDATE ` + owners + ` SET ended_at = coalesce(ended_at, ` + dbMillis + `) WHERE id = $1`
 	// The owners among $2 that are gone, with LivenessGrace $3 in
 	// milliseconds. Those whose lock is free and that carry no mark for
 	// their session get one; those whose lock is held lose theirs. A row
@@ -132,6 +136,11 @@ type registration struct {
 	stop  context.CancelFunc
 	done  chan struct{} // closed when the watcher returned
 	conn  *pgx.Conn     // the session the watcher held last, once done; nil if none
+
+	// ending is held by the call that ends the registration (unregister,
+	// Close): another waits for it, and finds ended set if it ended.
+	ending sync.Mutex
+	ended  bool
 }
 
 // Register implements idem.Journal. The owner's name goes into the owners
@@ -148,10 +157,11 @@ type registration struct {
 // connection string, BeforeConnect, AfterConnect and PrepareConn), but
 // does not count toward its MaxConns: a worker uses, on the database or
 // the pooler in front of it, its pool's connections and one more per
-// client registered through the journal (and, for a moment, one more
-// while it takes a lock again). Nothing the application does with the
-// pool keeps the journal from holding or retaking its locks. With
-// WithoutLiveness it records nothing and opens nothing.
+// client registered through the journal (and, for a moment while it
+// takes a lock again, up to 2 × retakeOverlap more). Nothing the
+// application does with the pool keeps the journal from holding or
+// retaking its locks. With WithoutLiveness it records nothing and opens
+// nothing.
 //
 // Registering also removes the owners that are gone and hold no lease, so
 // that the table holds the live owners and those whose operations are yet
@@ -203,6 +213,16 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		conn, err = j.takeLiveness(ctx, owner, id, onPool(j.pool))
 		return err
 	})
+	if err != nil && ctx.Err() == nil && brokeSession(err) {
+		// A session broke under the take (the lock's, or the pool's that
+		// wrote the owner's new session): taken again on new sessions, as
+		// the watcher does, a few times. A lock the broken session took
+		// is free once the server has seen the session end: at once when
+		// the connection was closed or reset, but only when the server's
+		// TCP keepalive gives up on a connection that went silent (two
+		// hours and more by default), and Register then fails as before.
+		conn, err = j.retake(ctx, owner, id, registerRetakes)
+	}
 	if err != nil {
 		return nil, err // the row, without a lock and without leases, is swept
 	}
@@ -224,7 +244,7 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 	j.mine[owner] = r
 	j.mu.Unlock()
 	go j.watch(wctx, r, conn)
-	return func() error { return j.unregister(owner) }, nil
+	return func() error { return j.unregister(r) }, nil
 }
 
 // registerAgain settles a registration whose insert of the owner's row
@@ -441,6 +461,23 @@ const (
 	retakeMax   = 500 * time.Millisecond
 )
 
+// retakeOverlap is how many of retake's tries may be under way at once.
+const retakeOverlap = 4
+
+// registerRetakes is how many times Register takes its lock again on new
+// sessions after a session broke under its first take: enough for a lost
+// answer or two, bounded so that a registration whose sessions keep
+// breaking fails (in well under a minute) rather than spin.
+const registerRetakes = 5
+
+// brokeSession reports whether err is that of a session that broke (or
+// ended) under a statement, or of a commit in doubt: something another
+// session may not meet. A connection that could not be opened is not one
+// (see endedForRead).
+func brokeSession(err error) bool {
+	return endedForRead(err) || asDoubt(err) != nil
+}
+
 // watch waits on the owner's liveness session until unregister stops it;
 // should the session end (whatever ended it) while the owner lives on, it
 // takes the lock again on a new session, trying until it can. Meanwhile
@@ -450,7 +487,7 @@ const (
 func (j *Journal) watch(ctx context.Context, r *registration, conn *pgx.Conn) {
 	defer close(r.done)
 	every := j.pingEvery()
-	for {
+	for conn != nil {
 		// Nothing listens on this session: the wait returns when the
 		// session ends (or the watcher is stopped), or once it has idled
 		// for every, when the server is asked whether it is still there.
@@ -458,100 +495,234 @@ func (j *Journal) watch(ctx context.Context, r *registration, conn *pgx.Conn) {
 		err := conn.PgConn().WaitForNotification(wctx)
 		idle := wctx.Err() != nil
 		cancel()
-		alive := err == nil || idle // a wait cut short says nothing of the session
-		if idle && ctx.Err() == nil {
-			alive = ping(conn, every) == nil
+		switch {
+		case ctx.Err() != nil:
+			// Stopped: end leaves the registration on this session, the
+			// row and the lock in one commit, if it lives (a wait cut
+			// short says nothing of the session).
+			if err != nil && !idle {
+				closeConn(conn)
+				conn = nil
+			}
+		case err != nil && !idle:
+			closeConn(conn)
+			conn, _ = j.retake(ctx, r.owner, r.id, 0)
+		case idle:
+			conn = j.check(ctx, r, conn, every)
 		}
 		if ctx.Err() != nil {
-			// Stopped: end leaves the registration on this session, the
-			// row and the lock in one commit, if it lives.
-			if alive {
-				r.conn = conn
-			} else {
-				closeConn(conn)
-			}
-			return
-		}
-		if alive {
-			continue
-		}
-		closeConn(conn)
-		if conn = j.retake(ctx, r); conn == nil {
+			r.conn = conn
 			return
 		}
 	}
 }
 
+// check pings conn, which has idled for every, and returns the session
+// that holds the lock now: conn if it answers within every, a new one if
+// it failed. Make before break: a session that does not answer may be
+// stalled rather than gone (a network blip that holds its packets), and
+// the server may still hold its lock, so it is not closed (which would
+// let go of the lock at once) until a new session holds the lock; the lock
+// is taken on new sessions meanwhile (their tries find it held while the
+// old session lives, and take it once the server has ended it), and
+// whichever answers first is kept: the old session, should its ping be
+// answered, or the new one. Stopped (ctx), it returns the old session if
+// its ping was answered within every, else nil (a new session taken then
+// is returned rather than closed), for end.
+func (j *Journal) check(ctx context.Context, r *registration, conn *pgx.Conn, every time.Duration) *pgx.Conn {
+	p := startPing(conn)
+	t := time.NewTimer(every)
+	select {
+	case <-p.done:
+		t.Stop()
+		if p.err == nil {
+			return conn
+		}
+		closeConn(conn)
+		conn, _ = j.retake(ctx, r.owner, r.id, 0)
+		return conn
+	case <-t.C:
+	}
+	// Stopping the watcher does not cut a ping short before every: end
+	// would have no session to end the registration on, and falls back
+	// to the pool, slower where the pool has no connection to give
+	// (behind a PgBouncer that PAUSE holds, say).
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	taken := make(chan *pgx.Conn, 1)
+	go func() {
+		c, _ := j.retake(rctx, r.owner, r.id, 0)
+		taken <- c
+	}()
+	pinged := p.done
+	for {
+		select {
+		case <-pinged:
+			pinged = nil
+			if p.err == nil {
+				// The old session answered: it lives, and holds the
+				// lock, which the tries under way find held. Should one
+				// have taken it all the same (the old session's lock
+				// was lost meanwhile), the new session is the one
+				// that holds it.
+				cancel()
+				if c := <-taken; c != nil {
+					closeConn(conn)
+					return c
+				}
+				return conn
+			}
+			closeConn(conn)
+		case c := <-taken:
+			// A new session holds the lock, so the old one's has ended
+			// on the server (or the watcher was stopped: c is nil).
+			if pinged != nil {
+				p.stop()
+				closeConn(conn)
+			}
+			return c
+		}
+	}
+}
+
+// pinging is a ping of the liveness session in flight: an empty statement,
+// which takes no snapshot; an answer says the session and its lock live.
+// It is not given a deadline, which would close the connection when it
+// passed (pgx closes a connection whose statement is canceled), and with
+// it a session that may be stalled, not gone: the watcher waits for it
+// as long as it likes, and stop closes the connection.
+type pinging struct {
+	done   chan struct{} // closed once answered, or failed
+	err    error
+	cancel context.CancelFunc
+}
+
+func startPing(conn *pgx.Conn) *pinging {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &pinging{done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(p.done)
+		defer cancel()
+		_, p.err = conn.PgConn().Exec(ctx, "").ReadAll()
+	}()
+	return p
+}
+
+// stop cuts the ping short, closing its connection, and waits for it.
+func (p *pinging) stop() {
+	p.cancel()
+	<-p.done
+}
+
 // pingEvery is how long the liveness session idles before the watcher
 // asks the server whether it is still there, and how long it waits for
-// the answer: a quarter of the grace, so that a session the server ended
-// unheard (its TCP keepalive gave up on a connection that a NAT or a
-// firewall forgot, and drops silently) is taken again on a new one well
-// within it. The client's own TCP keepalive would take minutes. The
-// traffic also keeps such a connection from being forgotten.
+// the answer before it takes the lock on a new session meanwhile: a
+// quarter of the grace, so that a session the server ended unheard (its
+// TCP keepalive gave up on a connection that a NAT or a firewall forgot,
+// and drops silently) is taken again on a new one well within it. The
+// client's own TCP keepalive would take minutes. The traffic also keeps
+// such a connection from being forgotten.
 func (j *Journal) pingEvery() time.Duration {
 	return min(max(j.grace/4, 100*time.Millisecond), 5*time.Second)
 }
 
-// ping runs an empty statement on the liveness session, within d: it
-// takes no snapshot, and an answer says the session and its lock live.
-//
-// Stopping the watcher does not cut a ping short: pgx closes a
-// connection whose statement is canceled, and unregister, which stops the
-// watcher, then would have no session to end the registration on. Its
-// fallback, a transaction of the pool, may wait for ever where the pool
-// has no connection to give (behind a PgBouncer that PAUSE holds, say).
-func ping(conn *pgx.Conn, d time.Duration) error {
-	pctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	_, err := conn.PgConn().Exec(pctx, "").ReadAll()
-	return err
-}
-
-// retake takes r's lock on a new session, trying until it can or ctx ends.
+// retake takes owner's lock on a new session, trying until it can or ctx
+// ends, or (tries > 0) at most tries times, returning the last try's
+// error.
 //
 // Each try opens two connections of its own, side by side: one for the
 // lock, and one for the owner's row, which the pool's connections could
-// not be trusted with (see takeLiveness), closed once written. A try is given pingEvery at
-// first, so that a connection that does not answer (to a server that has
-// gone, or through a middlebox that drops it) is given up well within the
-// grace, and twice as long at each try that runs out of time, up to ten
-// seconds, so that a slow server or machine is not given up on for ever.
-func (j *Journal) retake(ctx context.Context, r *registration) *pgx.Conn {
+// not be trusted with (see takeLiveness), closed once written. A try is
+// given pingEvery at first, so that a connection that does not answer (to
+// a server that has gone, or through a middlebox that drops it) is given
+// up well within the grace, and twice as long at each try that runs out
+// of time, up to ten seconds, so that a slow server or machine is not
+// given up on for ever.
+//
+// Tries overlap: one that has not answered within a quarter of its time
+// has another started beside it, up to retakeOverlap at once, and the
+// first that takes the lock wins (the others find it held). Behind a
+// pooler, a new connection's statements run on the pooler's idle server
+// sessions, which may have gone silent with the one that held the lock
+// (a NAT or a firewall that forgot them all): each try in flight holds
+// one of them, so that a later try meets a live one within the grace
+// rather than after every silent one has timed out in turn.
+func (j *Journal) retake(ctx context.Context, owner string, id int32, tries int) (*pgx.Conn, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		conn     *pgx.Conn
+		err      error
+		timedOut bool
+	}
+	results := make(chan result, retakeOverlap)
+	inFlight, started := 0, 0
+	defer func() {
+		// Tries still under way end with ctx; a lock one took anyway is
+		// let go.
+		go func(n int) {
+			for ; n > 0; n-- {
+				if r := <-results; r.conn != nil {
+					closeConn(r.conn)
+				}
+			}
+		}(inFlight)
+	}()
 	wait := retakeFirst
 	limit := j.pingEvery()
+	var last error
+	next := time.NewTimer(0) // when to start the next try
+	defer next.Stop()
 	for {
-		tctx, cancel := context.WithTimeout(ctx, limit)
-		conn, err := j.retakeOnce(tctx, r)
-		timedOut := tctx.Err() != nil
-		cancel()
-		if err == nil {
-			return conn
-		}
-		if timedOut {
-			limit = min(2*limit, 10*time.Second)
-		}
-		t := time.NewTimer(wait)
 		select {
+		case <-next.C:
+			if inFlight < retakeOverlap && (tries <= 0 || started < tries) {
+				inFlight++
+				started++
+				go func(limit time.Duration) {
+					tctx, tcancel := context.WithTimeout(ctx, limit)
+					defer tcancel()
+					conn, err := j.retakeOnce(tctx, owner, id)
+					results <- result{conn, err, errors.Is(tctx.Err(), context.DeadlineExceeded)}
+				}(limit)
+				next.Reset(limit / 4) // unanswered by then: another beside it
+			}
+		case r := <-results:
+			inFlight--
+			if r.err == nil {
+				return r.conn, nil
+			}
+			last = r.err
+			if r.timedOut {
+				limit = min(2*limit, 10*time.Second)
+			}
+			if tries > 0 && started >= tries {
+				if inFlight == 0 {
+					return nil, last
+				}
+				continue
+			}
+			next.Reset(wait)
+			wait = min(2*wait, retakeMax)
 		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
+			if last == nil {
+				last = ctx.Err()
+			}
+			return nil, j.fail(ctx, "owner "+owner+"'s liveness lock", last)
 		}
-		wait = min(2*wait, retakeMax)
 	}
 }
 
 // retakeOnce is one try of retake. The row's connection is opened while
 // the lock's is, so that a try costs one connection's opening, not two.
-func (j *Journal) retakeOnce(ctx context.Context, r *registration) (*pgx.Conn, error) {
+func (j *Journal) retakeOnce(ctx context.Context, owner string, id int32) (*pgx.Conn, error) {
 	w := &dialing{done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		w.conn, w.err = j.dial(ctx)
 	}()
 	defer w.close()
-	return j.takeLiveness(ctx, r.owner, r.id, w.send)
+	return j.takeLiveness(ctx, owner, id, w.send)
 }
 
 // dialing is a connection being opened: Exec waits for it.
@@ -583,38 +754,156 @@ func (d *dialing) close() {
 	}
 }
 
-func (j *Journal) unregister(owner string) error {
-	j.mu.Lock()
-	r := j.mine[owner]
-	delete(j.mine, owner)
-	j.mu.Unlock()
-	if r == nil {
-		return nil // unregistered before, or the journal was closed
+// unregister ends r and then takes it out of the journal. It returns nil
+// only once the registration has ended: a call made while another ends it
+// waits for that one (end), and after one that failed the registration
+// stays in the journal (Close ends it too), and the next call tries again.
+func (j *Journal) unregister(r *registration) error {
+	if err := j.end(r); err != nil {
+		return err
 	}
-	return j.end(r)
+	j.mu.Lock()
+	if j.mine[r.owner] == r {
+		delete(j.mine, r.owner)
+	}
+	j.mu.Unlock()
+	return nil
 }
+
+// endTimeout bounds each of end's two ways of ending a registration: on
+// its liveness session, and through the pool.
+const endTimeout = 10 * time.Second
 
 // end stops r's watcher and ends the registration: the owner's row says
 // it ended, and the lock is let go with the same commit, so that other
 // journals see the owner gone at once.
 func (j *Journal) end(r *registration) error {
+	r.ending.Lock()
+	defer r.ending.Unlock()
+	if r.ended {
+		return nil
+	}
+	err := j.endOnce(r)
+	r.ended = err == nil
+	return err
+}
+
+// endOnce is one try of end: after the first, the watcher has stopped and
+// r.conn is nil, and the end runs through the pool.
+func (j *Journal) endOnce(r *registration) error {
 	r.stop()
 	<-r.done
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if r.conn == nil {
 		// No session now: the row alone says the owner ended.
-		return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.endOwner, r.id) })
+		return j.endThroughPool(context.Background(), r)
 	}
-	_, err := r.conn.Exec(ctx, j.q.endOwner, r.id)
-	if err == nil {
-		var tag pgconn.CommandTag
-		tag, err = r.conn.Exec(ctx, `COMMIT`)
-		if err == nil && tag.String() != "COMMIT" {
-			err = fmt.Errorf("postgres journal in schema %q: ending owner %q: the liveness transaction ended with %s", j.schema, r.owner, tag)
+	defer func() { r.conn = nil }() // closed: a later try goes through the pool
+	// A session that has not ended it within pingEvery (how long the
+	// watcher gives a ping) may be slow, or silent: the row is ended
+	// through the pool meanwhile, the session left to answer, and the
+	// first end that commits counts. The session is not cut short while
+	// it may still answer (a COMMIT cut short would be in doubt): should
+	// its UPDATE have run, the pool's waits for its transaction to end.
+	ctx, cancel := context.WithTimeout(context.Background(), endTimeout)
+	defer cancel()
+	onSession := make(chan error, 1)
+	go func() { onSession <- j.endOnSession(ctx, r) }()
+	t := time.NewTimer(j.pingEvery())
+	defer t.Stop()
+	var err error
+	select {
+	case err = <-onSession:
+		if err == nil {
+			return nil
+		}
+	case <-t.C:
+		pctx, pcancel := context.WithCancel(context.Background())
+		defer pcancel()
+		throughPool := make(chan error, 1)
+		go func() { throughPool <- j.endThroughPool(pctx, r) }()
+		select {
+		case err = <-onSession:
+			if err == nil {
+				pcancel() // ended on the session: the pool's end is not needed
+			}
+			perr := <-throughPool
+			if err == nil || perr == nil {
+				return nil
+			}
+			return fmt.Errorf("%w (on its liveness session: %v)", perr, err)
+		case perr := <-throughPool:
+			cancel() // ended: the session, if it still lives, lets go of the lock
+			serr := <-onSession
+			if perr == nil || serr == nil {
+				return nil
+			}
+			return fmt.Errorf("%w (on its liveness session: %v)", perr, serr)
 		}
 	}
-	closeConn(r.conn) // the connection is the registration's own
+	if d := asDoubt(err); d != nil {
+		// The COMMIT went out and its answer was lost: once its session
+		// has no transaction open (settle), the row says whether it
+		// committed, and the end through the pool, which keeps an end
+		// already made (endOwner), reads it back or makes it.
+		rctx, rcancel := readBackCtx(context.Background())
+		defer rcancel()
+		if serr := settle(rctx, j.pool, d); serr != nil {
+			return inDoubt(j.where()+": ending owner "+r.owner, d.err, serr)
+		}
+	}
+	// The session failed (broke, or its transaction had aborted): its
+	// transaction, closed with it, ends nothing; the row is ended through
+	// the pool, as when the watcher held no session.
+	if perr := j.endThroughPool(context.Background(), r); perr != nil {
+		return fmt.Errorf("%w (on its liveness session: %v)", perr, err)
+	}
+	return nil
+}
+
+// endOnSession ends the registration on its liveness session, r.conn, and
+// closes it: the row's ended_at and the lock's release in one commit. An
+// error whose COMMIT went out unanswered is a commitDoubt. (r.conn is left
+// for endOnce to clear once this returns.)
+func (j *Journal) endOnSession(ctx context.Context, r *registration) error {
+	conn := r.conn
+	defer closeConn(conn) // the connection is the registration's own
+	if _, err := conn.Exec(ctx, j.q.endOwner, r.id); err != nil {
+		return err
+	}
+	tag, err := conn.Exec(ctx, `COMMIT`)
+	if err != nil {
+		return doubtful(conn, err)
+	}
+	if tag.String() != "COMMIT" {
+		return fmt.Errorf("postgres journal in schema %q: ending owner %q: the liveness transaction ended with %s", j.schema, r.owner, tag)
+	}
+	return nil
+}
+
+// endThroughPool ends the registration with a transaction of the pool:
+// the row alone says the owner ended (its lock, if a session of its still
+// holds it, goes with that session). A commit in doubt is settled and the
+// end run again, which keeps the first's if it committed.
+func (j *Journal) endThroughPool(ctx context.Context, r *registration) error {
+	ctx, cancel := context.WithTimeout(ctx, endTimeout)
+	defer cancel()
+	write := func() error {
+		return onLiveSession(ctx, j.pool, func() error {
+			return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.endOwner, r.id) })
+		})
+	}
+	err := write()
+	if d := asDoubt(err); d != nil {
+		rctx, rcancel := context.WithTimeout(ctx, readBackTimeout)
+		defer rcancel()
+		if serr := settle(rctx, j.pool, d); serr != nil {
+			return inDoubt(j.where()+": ending owner "+r.owner, d.err, serr)
+		}
+		err = write()
+		if d := asDoubt(err); d != nil {
+			return inDoubt(j.where()+": ending owner "+r.owner, d.err, err)
+		}
+	}
 	return err
 }
 

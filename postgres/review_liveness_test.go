@@ -118,7 +118,7 @@ func TestUnregisterWhoseCommitAcknowledgementIsLostSaysItEnded(t *testing.T) {
 // Either way the owner's row does not say it ended, and the owner is not
 // gone at once, as the package doc promises of an owner that
 // unregisters: worker-b (grace an hour here) cannot take its operation;
-// with the default grace it takes it 2 s later. The registration should
+// with the default grace it takes it once the grace has run. The registration should
 // end through the pool, as it does when the watcher held no session,
 // and unregister return nil.
 func TestUnregisterEndsTheRegistrationWhenItsLivenessSessionFails(t *testing.T) {
@@ -223,8 +223,9 @@ func TestRegisterTakesItsLockDespiteALostReplyOnItsLivenessSession(t *testing.T)
 }
 
 // TestLiveWorkerKeepsItsLockThroughAStall: every answer of the database
-// to worker-a is held up (a network blip that stalls its sessions without
-// cutting them) for 5 s, while worker-a, alive, leases an operation for an
+// to worker-a is held up for 5 s (a network blip that stalls its sessions
+// without cutting them; the proxy's Delay holds the answers, what worker-a
+// sends still arrives), while worker-a, alive, leases an operation for an
 // hour; worker-b, not stalled, claims meanwhile, with the same default
 // grace (2 s). The README: "A network blip that stalls a worker's
 // sessions without cutting them: its lock stays held, so nobody takes its

@@ -122,8 +122,13 @@ func (q *queries) ownerQueries(s string) {
 	// of no use to anyone: a judgement of an owner without a row finds it
 	// not gone, and it holds nothing to judge. A live owner without a
 	// session writes its row again when it takes its lock (newSession).
-	q.sweep = `WITH ` + held + ` DELETE FROM ` + owners + ` o
-		WHERE NOT (o.id::oid IN (SELECT objid FROM held))
+	// held is read once, when the statement begins: a row that an owner's
+	// new session changed since (newSession counts sessions), which the
+	// DELETE meets again in its newest form once the transaction that
+	// held it ends, is not the row judged free, and stays (seen).
+	q.sweep = `WITH ` + held + `, seen AS MATERIALIZED (SELECT id, session FROM ` + owners + `)
+		DELETE FROM ` + owners + ` o
+		WHERE NOT (o.id::oid IN (SELECT objid FROM held)) AND (o.id, o.session) IN (SELECT id, session FROM seen)
 		AND o.name NOT IN (SELECT a.lease_owner FROM ` + q.due + ` d JOIN ` + q.operations + ` a ON a.id = d.id
 			WHERE a.state IN (1, 2, 3) AND a.lease_owner IS NOT NULL AND a.lease_expires_at > $2)`
 }

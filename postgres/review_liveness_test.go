@@ -118,7 +118,7 @@ func TestUnregisterWhoseCommitAcknowledgementIsLostSaysItEnded(t *testing.T) {
 // Either way the owner's row does not say it ended, and the owner is not
 // gone at once, as the package doc promises of an owner that
 // unregisters: worker-b (grace an hour here) cannot take its operation;
-// with the default grace it takes it 2 s later. The registration should
+// with the default grace it takes it once the grace has run. The registration should
 // end through the pool, as it does when the watcher held no session,
 // and unregister return nil.
 func TestUnregisterEndsTheRegistrationWhenItsLivenessSessionFails(t *testing.T) {
@@ -223,8 +223,9 @@ func TestRegisterTakesItsLockDespiteALostReplyOnItsLivenessSession(t *testing.T)
 }
 
 // TestLiveWorkerKeepsItsLockThroughAStall: every answer of the database
-// to worker-a is held up (a network blip that stalls its sessions without
-// cutting them) for 5 s, while worker-a, alive, leases an operation for an
+// to worker-a is held up for 5 s (a network blip that stalls its sessions
+// without cutting them; the proxy's Delay holds the answers, what worker-a
+// sends still arrives), while worker-a, alive, leases an operation for an
 // hour; worker-b, not stalled, claims meanwhile, with the same default
 // grace (2 s). The README: "A network blip that stalls a worker's
 // sessions without cutting them: its lock stays held, so nobody takes its
@@ -313,4 +314,112 @@ func TestLiveWorkerBehindAPoolerKeepsItsLockWhenThePoolersConnectionsGoSilent(t 
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// TestDeadWorkerIsTakenAfterTheGraceWhenASweepRacedItsLockTakenAgain:
+// Register sweeps the owners that are gone and hold no lease: the rows
+// whose lock its statement found free in pg_locks. Its DELETE finds the
+// rows afterwards, and one it meets changed (by a commit since the
+// statement began) it checks again against that same reading of pg_locks.
+// Here worker-a's liveness session has ended and it holds no lease; the
+// sweep of worker-b's registration reads pg_locks (worker-a's lock free)
+// and waits on another gone owner's row (which another transaction holds
+// for a moment: here an administrator's, in a fleet any judgement's or
+// registration's); meanwhile worker-a takes its lock again and records its
+// new session (session + 1 on its row); then the sweep goes on and
+// deletes worker-a's row, its lock held. worker-a, alive, then leases an
+// operation for an hour and dies (its sessions cut, none taken again).
+// worker-b (grace 200 ms) never takes the operation: a lease whose owner
+// has no row is not known gone, and waits for its lapse (an hour here;
+// with idem.Client, LeaseDuration), where the package doc promises it is
+// taken once its lock stayed free for LivenessGrace. The sweep should not
+// delete the row of an owner whose lock is held when it deletes (or the
+// owner should find its row gone and write it again).
+func TestDeadWorkerIsTakenAfterTheGraceWhenASweepRacedItsLockTakenAgain(t *testing.T) {
+	t.Parallel()
+	p, pool := proxiedPoolOf(t, 2)
+	schema := pgtest.Schema(t)
+	owners := pgschema.Ident(schema) + ".owners"
+	admin := pgtest.Pool(t)
+	a := openOn(t, pool, schema)
+	b := openOn(t, admin, schema, postgres.LivenessGrace(200*time.Millisecond))
+	rowsOf := func(owner string) (n int) {
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM `+owners+` WHERE name = $1`, owner).Scan(&n))
+		return n
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+			require.True(t, time.Now().Before(deadline), "%s: not after 10 s", what)
+		}
+	}
+
+	// worker-old is gone, its row (before worker-a's in the table) kept by
+	// a lease while worker-a registers, then swept-able.
+	unregisterOld, err := b.Register(ctx, "worker-old")
+	require.NoError(t, err)
+	oldKey := createRecords(t, b, 1)[0]
+	old, err := b.Acquire(ctx, oldKey, "worker-old", time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, unregisterOld())
+	unregisterA, err := a.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unregisterA() })
+	var session int64
+	require.NoError(t, admin.QueryRow(ctx, `SELECT session FROM `+owners+` WHERE name = 'worker-a'`).Scan(&session))
+	require.NoError(t, b.Release(ctx, oldKey, old.Lease))
+
+	// worker-a's liveness session ends, and it cannot take its lock again
+	// for now.
+	p.Refuse(time.Hour)
+	require.Equal(t, 1, terminateLiveness(t, schema, "worker-a"))
+	// worker-b's sweep finds both locks free and waits on worker-old's row.
+	tx, err := admin.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+owners+` WHERE name = 'worker-old' FOR UPDATE`)
+	require.NoError(t, err)
+	registered := make(chan error, 1)
+	go func() {
+		unregister, err := b.Register(ctx, "worker-b")
+		if err == nil {
+			t.Cleanup(func() { _ = unregister() })
+		}
+		registered <- err
+	}()
+	waitFor("worker-b's sweep waits on worker-old's row", func() bool {
+		var n int
+		require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND query LIKE 'WITH held AS MATERIALIZED%DELETE FROM `+owners+`%'`).Scan(&n))
+		return n > 0
+	})
+	// worker-a takes its lock again and records its new session.
+	p.Refuse(0)
+	waitFor("worker-a holds its lock again", func() bool {
+		var s int64
+		require.NoError(t, admin.QueryRow(ctx, `SELECT session FROM `+owners+` WHERE name = 'worker-a'`).Scan(&s))
+		return s > session && livenessHeld(t, schema, "worker-a")
+	})
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-registered)
+	t.Logf("worker-a's rows once the sweep is done: %d", rowsOf("worker-a"))
+
+	// worker-a, alive, leases an operation; then it dies.
+	key := createRecords(t, b, 1)[0]
+	_, err = a.Acquire(ctx, key, "worker-a", time.Hour)
+	require.NoError(t, err)
+	p.Refuse(time.Hour)
+	p.CutAll()
+	cut := time.Now()
+	for time.Since(cut) < 3*time.Second {
+		_, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 10, Lease: time.Hour})
+		require.NoError(t, err)
+		rec, err := b.Get(ctx, key)
+		require.NoError(t, err)
+		if rec.Lease.Owner == "worker-b" {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the dead worker-a's operation is not taken 3 s after it died (worker-b's grace: 200 ms); worker-a's rows: %d", rowsOf("worker-a"))
 }

@@ -762,16 +762,21 @@ func (c *Client) awaitLeft(finish context.Context) error {
 // enter registers a call in progress and ties ctx to the client's life:
 // Close cancels it and waits for the call to return (exit).
 func (c *Client) enter(ctx context.Context) (context.Context, callExit, error) {
+	// Made before the lock, which every call takes several times: the
+	// lock only registers it.
+	ctx, cancel := context.WithCancel(ctx)
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
+		cancel()
 		return nil, callExit{}, ErrClientClosed
 	}
 	c.calls.Add(1)
-	ctx, cancel := context.WithCancel(ctx)
 	c.lastCall++
-	c.cancels[c.lastCall] = cancel
-	return ctx, callExit{c, c.lastCall, cancel}, nil
+	id := c.lastCall
+	c.cancels[id] = cancel
+	c.mu.Unlock()
+	return ctx, callExit{c, id, cancel}, nil
 }
 
 // callExit ends a call enter registered: a value, not a closure, so that
@@ -1154,6 +1159,9 @@ type flight struct {
 // startFlight registers this call as the one driving op in this process,
 // or returns the flight already doing so.
 func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader bool) {
+	// Made before the lock, which every call takes several times; unused
+	// by a follower, which is rare.
+	mine := &flight{fingerprint: fingerprint}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if f, running := c.flights[op]; running {
@@ -1162,9 +1170,8 @@ func (c *Client) startFlight(op scopeID, fingerprint string) (f *flight, leader 
 		}
 		return f, false
 	}
-	f = &flight{fingerprint: fingerprint}
-	c.flights[op] = f
-	return f, true
+	c.flights[op] = mine
+	return mine, true
 }
 
 // endFlight ends the leader's flight: once it is out of c.flights no

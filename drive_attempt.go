@@ -172,7 +172,11 @@ func (d *driver) setHeaders(h http.Header) {
 		h[k] = vals[len(vals)-len(v) : len(vals) : len(vals)]
 	}
 	vals = append(vals, wire.FormatKey(d.rec.Key, d.form.quoted))
-	h[http.CanonicalHeaderKey(d.form.header)] = vals[len(vals)-1:]
+	name := d.form.header
+	if name != d.c.keyHeader { // the client's is canonical already (New)
+		name = http.CanonicalHeaderKey(name)
+	}
+	h[name] = vals[len(vals)-1:]
 }
 
 // newSender returns the client's go-retryablehttp client, which sends

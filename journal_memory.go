@@ -185,6 +185,38 @@ func (e *memEntry) wrote(l *memLive, answer *Response) []byte {
 	return nil
 }
 
+// packedSettle is a live record settled by a write, packed (packSettle)
+// before the write takes the lock: ok is false when it could not be, and
+// the write then stores it as wrote does.
+type packedSettle struct {
+	packed, respBody []byte
+	ok               bool
+}
+
+// packSettle packs out, the terminal record a write of answer (or nil)
+// makes of a live record whose request header is header and whose
+// history, with the write's event, is history: as wrote packs it.
+func packSettle(out Record, header memHeader, answer *Response, history []Event) packedSettle {
+	var resp memHeader
+	var fresh []byte
+	if answer != nil {
+		resp, fresh = memHeader{m: answer.Header}, answer.Body
+	}
+	p, body, ok := packRecord(out, header, resp, fresh, history)
+	return packedSettle{packed: p, respBody: body, ok: ok}
+}
+
+// settle stores out, which p packs, as e's record in place of its live
+// form, as wrote does; the caller holds m.mu and gives the live form back
+// to the pool.
+func (e *memEntry) settle(out Record, p packedSettle) {
+	e.gen++
+	e.live, e.packed, e.body, e.respBody = nil, p.packed, out.Body, nil
+	if out.Response != nil {
+		e.respBody = p.respBody
+	}
+}
+
 // historyCopy returns a copy of e's history. The caller holds m.mu.
 func (e *memEntry) historyCopy() []Event {
 	if e.live != nil {
@@ -544,12 +576,27 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 			return out, header, nil
 		}
 		s, gen := e.stored(), e.gen
+		// The history of a live record, copied: packed with the write
+		// below if it settles the record (the live form goes back to the
+		// pool once a write settles it, so it is read under the lock).
+		var room [2]Event
+		var history []Event
+		if e.live != nil {
+			history = append(room[:0], e.live.history...)
+		}
 		m.mu.Unlock()
 		// A leased write's rules need nothing but the stored record.
 		stored, header, _ := s.record()
 		out, ev, err := journal.ApplyUpdate(stored, rec, m.now(), why, nil)
 		if err != nil {
 			return Record{}, memHeader{}, err
+		}
+		// A write that settles a live record (a call's outcome) packs it
+		// here too, before the lock: every other caller waits for the
+		// lock, which then only swaps the packed record in.
+		var settled packedSettle
+		if s.packed == nil && out.State.Terminal() {
+			settled = packSettle(out, s.header, answer, append(history, ev))
 		}
 		if err := m.lock(ctx); err != nil {
 			return Record{}, memHeader{}, err
@@ -558,8 +605,21 @@ func (m *MemoryJournal) update(ctx context.Context, rec Record, d Durability, wh
 			m.mu.Unlock()
 			continue // written (or pruned) meanwhile: judge the write again
 		}
-		m.store(e, out, ev, answer)
+		if !settled.ok {
+			m.store(e, out, ev, answer)
+			m.mu.Unlock()
+			return out, header, nil
+		}
+		l := e.live // s's, as nothing wrote e since (gen)
+		e.settle(out, settled)
 		m.mu.Unlock()
+		// Nothing holds l now: readers copy its fields, and its history
+		// only under the lock.
+		*l = memLive{}
+		memLives.Put(l)
+		if out.Response != nil {
+			out.Response.Body = e.respBody
+		}
 		return out, header, nil
 	}
 }

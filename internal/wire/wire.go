@@ -28,7 +28,9 @@ var ReplayHeaders = []string{ReplayedHeader, "Idempotency-Replayed", "X-Idempote
 // Replayed reports whether h carries any replay header set to true.
 func Replayed(h http.Header) bool {
 	for _, name := range ReplayHeaders {
-		if strings.EqualFold(strings.TrimSpace(h.Get(name)), "true") {
+		// h[name] is h.Get(name): the names are canonical already, and
+		// Get would make each so again, on every answer.
+		if v := h[name]; len(v) > 0 && strings.EqualFold(strings.TrimSpace(v[0]), "true") {
 			return true
 		}
 	}

@@ -163,9 +163,9 @@ type registration struct {
 // does not count toward its MaxConns: a worker uses, on the database or
 // the pooler in front of it, its pool's connections and one more per
 // client registered through the journal (and, for a moment while it
-// takes a lock again, up to eight more: four tries side by side, two connections each). Nothing the
-// application does with the pool keeps the journal from holding or
-// retaking its locks. With WithoutLiveness it records nothing and opens
+// takes a lock again, up to eight more: four tries side by side, two
+// connections each). Nothing the application does with the pool keeps
+// the journal from holding or retaking its locks. With WithoutLiveness it records nothing and opens
 // nothing.
 //
 // Registering also removes the owners that are gone and hold no lease, so

@@ -1,0 +1,95 @@
+package postgres_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgschema"
+	"github.com/idemkit/idem/postgres/internal/pgtest"
+)
+
+// The tests of this file are an outside review of the reworked fleet
+// liveness (unregister's two ways of ending, Register's retake, make
+// before break, overlapping retakes, the sweep by session). Each fails
+// on the code it was written against (see the commit).
+
+// TestCloseEndsItsRegistrationsSideBySideOnASilentDatabase: a journal
+// holds three registrations (three idem.Clients on one journal) and the
+// database stops answering (every answer held). Close ends them one after
+// another, each given its liveness session and then the pool for up to
+// endTimeout (10 s): 3 × ~10 s, where one registration's end alone takes
+// ~10 s. A shutdown on a silent database should cost about one end's
+// bound, not one per registration: Close should end them side by side.
+// The test lets the database answer again 13 s in and fails if Close had
+// not returned by then.
+func TestCloseEndsItsRegistrationsSideBySideOnASilentDatabase(t *testing.T) {
+	t.Parallel()
+	p, pool := proxiedPoolOf(t, 4)
+	schema := pgtest.Schema(t)
+	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.LivenessGrace(400*time.Millisecond))
+	require.NoError(t, err)
+	for _, owner := range []string{"worker-1", "worker-2", "worker-3"} {
+		_, err := j.Register(ctx, owner)
+		require.NoError(t, err)
+	}
+	p.Delay(time.Hour)
+	defer p.Delay(0)
+	closed := make(chan error, 1)
+	start := time.Now()
+	go func() { closed <- j.Close() }()
+	select {
+	case err := <-closed:
+		t.Logf("Close returned after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(13 * time.Second):
+		p.Delay(0)
+		err := <-closed
+		t.Fatalf("Close had not returned 13 s into the silence with three registrations (one end is bounded by 10 s); "+
+			"it returned %v in, once the database answered: %v", time.Since(start).Round(time.Millisecond), err)
+	}
+}
+
+// TestUnregisterOfAnOwnerWhoseRowWasSweptLeavesItGone: worker-a's
+// liveness session ends and it cannot connect again for now (new
+// connections refused; its pool's connections still answer). worker-b
+// registers, and its sweep removes worker-a's row (lock free, no lease).
+// worker-a, alive and registered, then leases an operation (Acquire runs
+// on its pool) and unregisters: the end through the pool updates no row
+// and unregister returns nil. worker-b then cannot take the operation:
+// an owner without a row is not known gone, and its lease (an hour here;
+// with idem.Client, LeaseDuration) must lapse. The package doc: "An owner
+// that unregisters ... is gone at once". unregister should leave a row
+// that says the owner ended (or return an error), so that its leases are
+// taken at once.
+func TestUnregisterOfAnOwnerWhoseRowWasSweptLeavesItGone(t *testing.T) {
+	t.Parallel()
+	p, pool := proxiedPoolOf(t, 2)
+	schema := pgtest.Schema(t)
+	a := openOn(t, pool, schema, postgres.LivenessGrace(8*time.Second))
+	b := openOn(t, pgtest.Pool(t), schema, postgres.LivenessGrace(time.Hour))
+	key := createRecords(t, b, 1)[0]
+	unregister, err := a.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	p.Refuse(time.Hour)
+	require.Equal(t, 1, terminateLiveness(t, schema, "worker-a"))
+	unregisterB, err := b.Register(ctx, "worker-b")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unregisterB() })
+	var rows int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+pgschema.Ident(schema)+`.owners WHERE name = 'worker-a'`).Scan(&rows))
+	t.Logf("worker-a's rows after worker-b's sweep: %d", rows)
+	_, err = a.Acquire(ctx, key, "worker-a", time.Hour)
+	require.NoError(t, err)
+	err = unregister()
+	t.Logf("unregister: %v", err)
+	if err != nil {
+		return // an error says the owner may not be gone: honest
+	}
+	got, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 1, Lease: time.Hour})
+	require.NoError(t, err)
+	assert.Len(t, got, 1, "worker-a unregistered (nil): its operation is taken at once")
+}

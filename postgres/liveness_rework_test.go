@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/postgres"
@@ -92,4 +93,42 @@ func TestUnregisterOfAnOwnerWhoseRowWasSweptLeavesItGone(t *testing.T) {
 	got, err := b.Claim(ctx, idem.ClaimRequest{Owner: "worker-b", Limit: 1, Lease: time.Hour})
 	require.NoError(t, err)
 	assert.Len(t, got, 1, "worker-a unregistered (nil): its operation is taken at once")
+}
+
+// TestASilentLivenessSessionGivenUpLeavesNothingBehindClose: worker-a's
+// liveness session goes silent (its server side ended, as a NAT that
+// forgot it leaves it: the client's side stays open and hears nothing).
+// The watcher's ping goes unanswered, a new session takes the lock, and
+// the watcher gives the old one up (the ping stopped, the connection
+// closed). worker-a then unregisters and its journal closes, both
+// returning nil. Found: the old session's connection is still open, and a
+// goroutine with it (pgx's asyncClose of the canceled ping: a cancel
+// request, then a Terminate, then a read until the server closes, for up
+// to 15 s, which a silent connection never does); goleak finds it after
+// Close. A journal that has been closed should leave no connection of
+// its own and no goroutine: a connection given up as silent should be
+// closed at once (its socket), not drained.
+func TestASilentLivenessSessionGivenUpLeavesNothingBehindClose(t *testing.T) {
+	p, pool := proxiedPoolOf(t, 2)
+	schema := pgtest.Schema(t)
+	a, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema), postgres.LivenessGrace(400*time.Millisecond))
+	require.NoError(t, err)
+	unregister, err := a.Register(ctx, "worker-a")
+	require.NoError(t, err)
+	before := goleak.IgnoreCurrent()
+	old := livenessPID(t, schema, "worker-a")
+	require.True(t, p.Blackhole(old))
+	deadline := time.Now().Add(10 * time.Second)
+	for !livenessHeld(t, schema, "worker-a") || livenessPID(t, schema, "worker-a") == old {
+		require.True(t, time.Now().Before(deadline), "worker-a's lock not held again in 10 s")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, unregister())
+	require.NoError(t, a.Close())
+	extra := p.Sessions() - int(pool.Stat().TotalConns())
+	for end := time.Now().Add(3 * time.Second); extra != 0 && time.Now().Before(end); extra = p.Sessions() - int(pool.Stat().TotalConns()) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	assert.Equal(t, 0, extra, "unregistered and closed, 3 s on: connections of worker-a's beyond its pool's")
+	goleak.VerifyNone(t, before)
 }

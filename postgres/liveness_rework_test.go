@@ -1,6 +1,7 @@
 package postgres_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgproxy"
 	"github.com/idemkit/idem/postgres/internal/pgschema"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
@@ -131,4 +133,67 @@ func TestASilentLivenessSessionGivenUpLeavesNothingBehindClose(t *testing.T) {
 	}
 	assert.Equal(t, 0, extra, "unregistered and closed, 3 s on: connections of worker-a's beyond its pool's")
 	goleak.VerifyNone(t, before)
+}
+
+// TestRegisterWhoseLivenessSessionGoesSilentTakesItsLockOnANewOne: the
+// liveness connection Register has just opened goes silent (its server
+// side ended, as a NAT that forgot it leaves it) while its BEGIN's answer
+// is on the way; the pool and new connections answer. idem.New registers
+// with context.Background(), and Register runs the lock's statements on
+// that context without a bound of their own: it waits for an answer that
+// never comes (here for ever; behind a real NAT until the client's TCP
+// keepalive gives up, minutes), and idem.New with it (the test gives it
+// 6 s, three graces). The watcher gives a
+// silent session a quarter of the grace (default 2 s) and retake bounds
+// each try; Register should too, and hold its lock on a new session.
+func TestRegisterWhoseLivenessSessionGoesSilentTakesItsLockOnANewOne(t *testing.T) {
+	t.Parallel()
+	p, pool := proxiedPoolOf(t, 2)
+	schema := pgtest.Schema(t)
+	a := openOn(t, pool, schema)
+	p.Delay(200 * time.Millisecond)
+	type registered struct {
+		unregister func() error
+		err        error
+	}
+	done := make(chan registered, 1)
+	go func() {
+		u, err := a.Register(context.Background(), "worker-a")
+		done <- registered{u, err}
+	}()
+	// The liveness session's BEGIN has run on the server; its answer is
+	// held by the delay: the session goes silent now.
+	var pid int32
+	for deadline := time.Now().Add(10 * time.Second); pid == 0; time.Sleep(2 * time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "no liveness session began in 10 s")
+		err := pgtest.Pool(t).QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE state = 'idle in transaction'
+			AND query LIKE 'BEGIN ISOLATION LEVEL READ COMMITTED%' AND pid = ANY($1)`, pidsOf(p)).Scan(&pid)
+		if err != nil {
+			pid = 0
+		}
+	}
+	require.True(t, p.Blackhole(uint32(pid)))
+	p.Delay(0)
+	select {
+	case r := <-done:
+		require.NoError(t, r.err)
+		t.Cleanup(func() { _ = r.unregister() })
+		assert.True(t, livenessHeld(t, schema, "worker-a"), "the registered owner holds its lock")
+	case <-time.After(6 * time.Second):
+		p.CutAll() // lets Register return
+		r := <-done
+		if r.err == nil {
+			_ = r.unregister()
+		}
+		t.Fatalf("Register had not returned 6 s after its liveness session went silent (default grace, 2 s); once the session was cut: %v", r.err)
+	}
+}
+
+// pidsOf is the server processes of the proxy's sessions, for ANY($1).
+func pidsOf(p *pgproxy.Proxy) []int32 {
+	var pids []int32
+	for _, pid := range p.BackendPIDs() {
+		pids = append(pids, int32(pid))
+	}
+	return pids
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
@@ -453,11 +454,17 @@ func (j *Journal) dial(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // closeConn ends a connection's session, without waiting long on a
-// connection that has gone silent.
+// connection that has gone silent: pgx's Close sends the server its
+// Terminate (bounded by a second, should the socket not take it), and the
+// socket is closed then whatever pgx does. A connection whose statement
+// was cut short (its context ended, or its read failed) is one pgx has
+// already begun to close in the background, reading what the server still
+// sends for up to 15 s: closing its socket ends that reading at once.
 func closeConn(c *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = c.Close(ctx)
+	_ = c.PgConn().Conn().Close()
 }
 
 // How soon the watcher tries again to take a lock it could not.
@@ -596,26 +603,56 @@ func (j *Journal) check(ctx context.Context, r *registration, conn *pgx.Conn, ev
 // passed (pgx closes a connection whose statement is canceled), and with
 // it a session that may be stalled, not gone: the watcher waits for it
 // as long as it likes, and stop closes the connection.
+//
+// It is sent and read through pgconn's own messages rather than Exec: a
+// statement of Exec's whose read fails (its context canceled, or its
+// socket closed) has pgx close the connection in the background, with a
+// cancel request on a new connection and up to 15 s of reading what the
+// server still sends, which a silent connection never ends. Its reads
+// (ReceiveMessage) leave the connection to its owner: stop closes its
+// socket at once, and closeConn then closes it without waiting.
 type pinging struct {
-	done   chan struct{} // closed once answered, or failed
-	err    error
-	cancel context.CancelFunc
+	done chan struct{} // closed once answered, or failed
+	err  error
+	conn *pgx.Conn
 }
 
 func startPing(conn *pgx.Conn) *pinging {
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &pinging{done: make(chan struct{}), cancel: cancel}
+	p := &pinging{done: make(chan struct{}), conn: conn}
 	go func() {
 		defer close(p.done)
-		defer cancel()
-		_, p.err = conn.PgConn().Exec(ctx, "").ReadAll()
+		p.err = ping(conn.PgConn())
 	}()
 	return p
 }
 
-// stop cuts the ping short, closing its connection, and waits for it.
+// ping sends an empty statement on c and reads its answer, until the
+// server is ready for the next (an error it sends is the ping's error),
+// or the connection fails.
+func ping(c *pgconn.PgConn) error {
+	c.Frontend().Send(&pgproto3.Query{String: ""})
+	if err := c.Frontend().Flush(); err != nil {
+		return err
+	}
+	var failed error
+	for {
+		msg, err := c.ReceiveMessage(context.Background())
+		if err != nil {
+			return err
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			failed = pgconn.ErrorResponseToPgError(msg)
+		case *pgproto3.ReadyForQuery:
+			return failed
+		}
+	}
+}
+
+// stop cuts the ping short, closing its connection's socket, and waits
+// for it.
 func (p *pinging) stop() {
-	p.cancel()
+	_ = p.conn.PgConn().Conn().Close()
 	<-p.done
 }
 

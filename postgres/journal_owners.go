@@ -214,19 +214,29 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		}
 		return nil, j.fail(ctx, "registering owner "+owner, err)
 	}
+	// The take is given pingEvery, as retake's first try is: the caller's
+	// context may have no deadline (idem.New registers with
+	// context.Background()), and a new connection that goes silent (a NAT
+	// or a firewall that forgot it) would otherwise hold Register until
+	// the client's TCP keepalive gives up, minutes on.
 	var conn *pgx.Conn
-	err = onLiveSession(ctx, j.pool, func() (err error) {
-		conn, err = j.takeLiveness(ctx, owner, id, onPool(j.pool))
+	tctx, tcancel := context.WithTimeout(ctx, j.pingEvery())
+	err = onLiveSession(tctx, j.pool, func() (err error) {
+		conn, err = j.takeLiveness(tctx, owner, id, onPool(j.pool))
 		return err
 	})
-	if err != nil && ctx.Err() == nil && brokeSession(err) {
+	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded)
+	tcancel()
+	if err != nil && ctx.Err() == nil && (timedOut || brokeSession(err)) {
 		// A session broke under the take (the lock's, or the pool's that
-		// wrote the owner's new session): taken again on new sessions, as
-		// the watcher does, a few times. A lock the broken session took
-		// is free once the server has seen the session end: at once when
-		// the connection was closed or reset, but only when the server's
-		// TCP keepalive gives up on a connection that went silent (two
-		// hours and more by default), and Register then fails as before.
+		// wrote the owner's new session), or did not answer in time:
+		// taken again on new sessions, as the watcher does, a few times,
+		// each try bounded (and given longer after one that ran out of
+		// time). A lock the broken or silent session took is free once
+		// the server has seen the session end: at once when the
+		// connection was closed or reset, but only when the server's TCP
+		// keepalive gives up on a connection that went silent (two hours
+		// and more by default), and Register then fails as before.
 		conn, err = j.retake(ctx, owner, id, registerRetakes)
 	}
 	if err != nil {
@@ -476,10 +486,15 @@ const (
 // retakeOverlap is how many of retake's tries may be under way at once.
 const retakeOverlap = 4
 
+// retakeLimit is the longest time retake gives a try.
+const retakeLimit = 10 * time.Second
+
 // registerRetakes is how many times Register takes its lock again on new
-// sessions after a session broke under its first take: enough for a lost
-// answer or two, bounded so that a registration whose sessions keep
-// breaking fails (in well under a minute) rather than spin.
+// sessions after a session broke under its first take, or did not answer
+// in time: enough for a lost answer or two, bounded so that a
+// registration whose sessions keep breaking, or keep going unanswered at
+// retake's longest bound, fails (in well under a minute: 23 s measured on
+// a database that answered nothing, default grace) rather than spin.
 const registerRetakes = 5
 
 // brokeSession reports whether err is that of a session that broke (or
@@ -670,7 +685,10 @@ func (j *Journal) pingEvery() time.Duration {
 
 // retake takes owner's lock on a new session, trying until it can or ctx
 // ends, or (tries > 0) at most tries times, returning the last try's
-// error.
+// error. A try that ran out of a time shorter than the longest a try is
+// given (retakeLimit) does not count among tries: it is given again,
+// longer, so that a slow server, machine or network (a take is a few
+// round trips) does not spend them all.
 //
 // Each try opens two connections of its own, side by side: one for the
 // lock, and one for the owner's row, which the pool's connections could
@@ -678,7 +696,7 @@ func (j *Journal) pingEvery() time.Duration {
 // given pingEvery at first, so that a connection that does not answer (to
 // a server that has gone, or through a middlebox that drops it) is given
 // up well within the grace, and twice as long at each try that runs out
-// of time, up to ten seconds, so that a slow server or machine is not
+// of time, up to retakeLimit, so that a slow server or machine is not
 // given up on for ever.
 //
 // Tries overlap: one that has not answered within a quarter of its time
@@ -696,6 +714,7 @@ func (j *Journal) retake(ctx context.Context, owner string, id int32, tries int)
 		conn     *pgx.Conn
 		err      error
 		timedOut bool
+		limit    time.Duration // the try's time
 	}
 	results := make(chan result, retakeOverlap)
 	inFlight, started := 0, 0
@@ -725,7 +744,7 @@ func (j *Journal) retake(ctx context.Context, owner string, id int32, tries int)
 					tctx, tcancel := context.WithTimeout(ctx, limit)
 					defer tcancel()
 					conn, err := j.retakeOnce(tctx, owner, id)
-					results <- result{conn, err, errors.Is(tctx.Err(), context.DeadlineExceeded)}
+					results <- result{conn, err, errors.Is(tctx.Err(), context.DeadlineExceeded), limit}
 				}(limit)
 				next.Reset(limit / 4) // unanswered by then: another beside it
 			}
@@ -736,7 +755,10 @@ func (j *Journal) retake(ctx context.Context, owner string, id int32, tries int)
 			}
 			last = r.err
 			if r.timedOut {
-				limit = min(2*limit, 10*time.Second)
+				limit = min(2*limit, retakeLimit)
+				if r.limit < retakeLimit {
+					started-- // given again, longer: not one of tries
+				}
 			}
 			if tries > 0 && started >= tries {
 				if inFlight == 0 {

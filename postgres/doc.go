@@ -95,8 +95,10 @@
 // silently) is taken again too. A session that does not answer is not let
 // go before a new one holds the lock (a stalled session's server side
 // still holds it, and the new session's tries find it held): the first
-// to answer is kept. Register, too, takes its lock again on new sessions
-// when a session breaks under it (a lost answer). So a free lock makes its
+// to answer is kept. Register, too, gives its take a quarter of the grace
+// whatever its context (idem.New registers with context.Background()),
+// and takes its lock again on new sessions, as the watcher does, when a
+// session breaks under it (a lost answer) or does not answer in time. So a free lock makes its
 // owner gone only once it has stayed free for LivenessGrace (2 s by
 // default, on the database's clock); Claim and
 // Acquire then take its leases, before they lapse. Every judgement is made

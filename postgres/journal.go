@@ -205,12 +205,24 @@ func (j *Journal) Close() error {
 	mine := j.mine
 	j.mine = map[string]*registration{}
 	j.mu.Unlock()
-	var errs []error
+	// The registrations end side by side: on a database that does not
+	// answer, each end takes up to its bound (endTimeout), and a shutdown
+	// then costs one end, not one per registration.
+	errs := make([]error, 0, len(mine))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for _, r := range mine {
-		if err := j.end(r); err != nil {
-			errs = append(errs, fmt.Errorf("postgres journal in schema %q: ending owner %q's registration: %w", j.schema, r.owner, err))
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := j.end(r); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("postgres journal in schema %q: ending owner %q's registration: %w", j.schema, r.owner, err))
+				mu.Unlock()
+			}
+		}()
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
@@ -213,19 +214,29 @@ func (j *Journal) Register(ctx context.Context, owner string) (func() error, err
 		}
 		return nil, j.fail(ctx, "registering owner "+owner, err)
 	}
+	// The take is given pingEvery, as retake's first try is: the caller's
+	// context may have no deadline (idem.New registers with
+	// context.Background()), and a new connection that goes silent (a NAT
+	// or a firewall that forgot it) would otherwise hold Register until
+	// the client's TCP keepalive gives up, minutes on.
 	var conn *pgx.Conn
-	err = onLiveSession(ctx, j.pool, func() (err error) {
-		conn, err = j.takeLiveness(ctx, owner, id, onPool(j.pool))
+	tctx, tcancel := context.WithTimeout(ctx, j.pingEvery())
+	err = onLiveSession(tctx, j.pool, func() (err error) {
+		conn, err = j.takeLiveness(tctx, owner, id, onPool(j.pool))
 		return err
 	})
-	if err != nil && ctx.Err() == nil && brokeSession(err) {
+	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded)
+	tcancel()
+	if err != nil && ctx.Err() == nil && (timedOut || brokeSession(err)) {
 		// A session broke under the take (the lock's, or the pool's that
-		// wrote the owner's new session): taken again on new sessions, as
-		// the watcher does, a few times. A lock the broken session took
-		// is free once the server has seen the session end: at once when
-		// the connection was closed or reset, but only when the server's
-		// TCP keepalive gives up on a connection that went silent (two
-		// hours and more by default), and Register then fails as before.
+		// wrote the owner's new session), or did not answer in time:
+		// taken again on new sessions, as the watcher does, a few times,
+		// each try bounded (and given longer after one that ran out of
+		// time). A lock the broken or silent session took is free once
+		// the server has seen the session end: at once when the
+		// connection was closed or reset, but only when the server's TCP
+		// keepalive gives up on a connection that went silent (two hours
+		// and more by default), and Register then fails as before.
 		conn, err = j.retake(ctx, owner, id, registerRetakes)
 	}
 	if err != nil {
@@ -453,11 +464,17 @@ func (j *Journal) dial(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // closeConn ends a connection's session, without waiting long on a
-// connection that has gone silent.
+// connection that has gone silent: pgx's Close sends the server its
+// Terminate (bounded by a second, should the socket not take it), and the
+// socket is closed then whatever pgx does. A connection whose statement
+// was cut short (its context ended, or its read failed) is one pgx has
+// already begun to close in the background, reading what the server still
+// sends for up to 15 s: closing its socket ends that reading at once.
 func closeConn(c *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = c.Close(ctx)
+	_ = c.PgConn().Conn().Close()
 }
 
 // How soon the watcher tries again to take a lock it could not.
@@ -469,10 +486,15 @@ const (
 // retakeOverlap is how many of retake's tries may be under way at once.
 const retakeOverlap = 4
 
+// retakeLimit is the longest time retake gives a try.
+const retakeLimit = 10 * time.Second
+
 // registerRetakes is how many times Register takes its lock again on new
-// sessions after a session broke under its first take: enough for a lost
-// answer or two, bounded so that a registration whose sessions keep
-// breaking fails (in well under a minute) rather than spin.
+// sessions after a session broke under its first take, or did not answer
+// in time: enough for a lost answer or two, bounded so that a
+// registration whose sessions keep breaking, or keep going unanswered at
+// retake's longest bound, fails (in well under a minute: 23 s measured on
+// a database that answered nothing, default grace) rather than spin.
 const registerRetakes = 5
 
 // brokeSession reports whether err is that of a session that broke (or
@@ -596,26 +618,56 @@ func (j *Journal) check(ctx context.Context, r *registration, conn *pgx.Conn, ev
 // passed (pgx closes a connection whose statement is canceled), and with
 // it a session that may be stalled, not gone: the watcher waits for it
 // as long as it likes, and stop closes the connection.
+//
+// It is sent and read through pgconn's own messages rather than Exec: a
+// statement of Exec's whose read fails (its context canceled, or its
+// socket closed) has pgx close the connection in the background, with a
+// cancel request on a new connection and up to 15 s of reading what the
+// server still sends, which a silent connection never ends. Its reads
+// (ReceiveMessage) leave the connection to its owner: stop closes its
+// socket at once, and closeConn then closes it without waiting.
 type pinging struct {
-	done   chan struct{} // closed once answered, or failed
-	err    error
-	cancel context.CancelFunc
+	done chan struct{} // closed once answered, or failed
+	err  error
+	conn *pgx.Conn
 }
 
 func startPing(conn *pgx.Conn) *pinging {
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &pinging{done: make(chan struct{}), cancel: cancel}
+	p := &pinging{done: make(chan struct{}), conn: conn}
 	go func() {
 		defer close(p.done)
-		defer cancel()
-		_, p.err = conn.PgConn().Exec(ctx, "").ReadAll()
+		p.err = ping(conn.PgConn())
 	}()
 	return p
 }
 
-// stop cuts the ping short, closing its connection, and waits for it.
+// ping sends an empty statement on c and reads its answer, until the
+// server is ready for the next (an error it sends is the ping's error),
+// or the connection fails.
+func ping(c *pgconn.PgConn) error {
+	c.Frontend().Send(&pgproto3.Query{String: ""})
+	if err := c.Frontend().Flush(); err != nil {
+		return err
+	}
+	var failed error
+	for {
+		msg, err := c.ReceiveMessage(context.Background())
+		if err != nil {
+			return err
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			failed = pgconn.ErrorResponseToPgError(msg)
+		case *pgproto3.ReadyForQuery:
+			return failed
+		}
+	}
+}
+
+// stop cuts the ping short, closing its connection's socket, and waits
+// for it.
 func (p *pinging) stop() {
-	p.cancel()
+	_ = p.conn.PgConn().Conn().Close()
 	<-p.done
 }
 
@@ -633,7 +685,10 @@ func (j *Journal) pingEvery() time.Duration {
 
 // retake takes owner's lock on a new session, trying until it can or ctx
 // ends, or (tries > 0) at most tries times, returning the last try's
-// error.
+// error. A try that ran out of a time shorter than the longest a try is
+// given (retakeLimit) does not count among tries: it is given again,
+// longer, so that a slow server, machine or network (a take is a few
+// round trips) does not spend them all.
 //
 // Each try opens two connections of its own, side by side: one for the
 // lock, and one for the owner's row, which the pool's connections could
@@ -641,7 +696,7 @@ func (j *Journal) pingEvery() time.Duration {
 // given pingEvery at first, so that a connection that does not answer (to
 // a server that has gone, or through a middlebox that drops it) is given
 // up well within the grace, and twice as long at each try that runs out
-// of time, up to ten seconds, so that a slow server or machine is not
+// of time, up to retakeLimit, so that a slow server or machine is not
 // given up on for ever.
 //
 // Tries overlap: one that has not answered within a quarter of its time
@@ -659,6 +714,7 @@ func (j *Journal) retake(ctx context.Context, owner string, id int32, tries int)
 		conn     *pgx.Conn
 		err      error
 		timedOut bool
+		limit    time.Duration // the try's time
 	}
 	results := make(chan result, retakeOverlap)
 	inFlight, started := 0, 0
@@ -688,7 +744,7 @@ func (j *Journal) retake(ctx context.Context, owner string, id int32, tries int)
 					tctx, tcancel := context.WithTimeout(ctx, limit)
 					defer tcancel()
 					conn, err := j.retakeOnce(tctx, owner, id)
-					results <- result{conn, err, errors.Is(tctx.Err(), context.DeadlineExceeded)}
+					results <- result{conn, err, errors.Is(tctx.Err(), context.DeadlineExceeded), limit}
 				}(limit)
 				next.Reset(limit / 4) // unanswered by then: another beside it
 			}
@@ -699,7 +755,10 @@ func (j *Journal) retake(ctx context.Context, owner string, id int32, tries int)
 			}
 			last = r.err
 			if r.timedOut {
-				limit = min(2*limit, 10*time.Second)
+				limit = min(2*limit, retakeLimit)
+				if r.limit < retakeLimit {
+					started-- // given again, longer: not one of tries
+				}
 			}
 			if tries > 0 && started >= tries {
 				if inFlight == 0 {

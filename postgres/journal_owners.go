@@ -71,10 +71,15 @@ func (q *queries) ownerQueries(s string) {
 	// its lock and its leases' judgements go by.
 	q.newSession = `INSERT INTO ` + owners + ` (id, name, registered_at) OVERRIDING SYSTEM VALUE VALUES ($1, $2, $3)
 		ON CONFLICT (id) DO UPDATE SET session = owners.session + 1`
-	// Run again (ending through the pool after the liveness session
-	// failed, or after its COMMIT's answer was lost), it keeps the first
-	// end's time: it is its own read-back.
-	q.endOwner = `UPDATE ` + owners + ` SET ended_at = coalesce(ended_at, ` + dbMillis + `) WHERE id = $1`
+	// Ends owner $1, named $2. Run again (ending through the pool after
+	// the liveness session failed, or after its COMMIT's answer was lost),
+	// it keeps the first end's time: it is its own read-back. The row is
+	// written again, ended, if a sweep removed it while the owner had no
+	// session (as newSession does): an owner without a row is never judged
+	// gone, and the leases it took meanwhile would wait for their lapse.
+	q.endOwner = `INSERT INTO ` + owners + ` (id, name, registered_at, ended_at) OVERRIDING SYSTEM VALUE
+		VALUES ($1, $2, ` + dbMillis + `, ` + dbMillis + `)
+		ON CONFLICT (id) DO UPDATE SET ended_at = coalesce(owners.ended_at, EXCLUDED.ended_at)`
 	// The owners among $2 that are gone, with LivenessGrace $3 in
 	// milliseconds. Those whose lock is free and that carry no mark for
 	// their session get one; those whose lock is held lose theirs. A row
@@ -931,7 +936,7 @@ func (j *Journal) endOnce(r *registration) error {
 func (j *Journal) endOnSession(ctx context.Context, r *registration) error {
 	conn := r.conn
 	defer closeConn(conn) // the connection is the registration's own
-	if _, err := conn.Exec(ctx, j.q.endOwner, r.id); err != nil {
+	if _, err := conn.Exec(ctx, j.q.endOwner, r.id, r.owner); err != nil {
 		return err
 	}
 	tag, err := conn.Exec(ctx, `COMMIT`)
@@ -953,7 +958,7 @@ func (j *Journal) endThroughPool(ctx context.Context, r *registration) error {
 	defer cancel()
 	write := func() error {
 		return onLiveSession(ctx, j.pool, func() error {
-			return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.endOwner, r.id) })
+			return writeTx(ctx, j.pool, func(b *pgx.Batch) { b.Queue(j.q.endOwner, r.id, r.owner) })
 		})
 	}
 	err := write()

@@ -124,10 +124,7 @@ func livenessLocks(schema, what string) string {
 // and returns how many sessions it ended.
 func terminateLiveness(t *testing.T, schema, owner string) int {
 	t.Helper()
-	rows, err := pgtest.Pool(t).Query(ctx, livenessLocks(schema, "l.pid"), pgschema.Ident(schema)+".owners", owner)
-	require.NoError(t, err)
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	require.NoError(t, err)
+	pids := livenessPIDs(t, schema, owner)
 	for _, pid := range pids {
 		var ok bool
 		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&ok))

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -73,10 +72,7 @@ func (f *reviewFleet) takenByB(t *testing.T) bool {
 // liveness lock.
 func livenessPID(t *testing.T, schema, owner string) uint32 {
 	t.Helper()
-	rows, err := pgtest.Pool(t).Query(ctx, livenessLocks(schema, "l.pid"), pgschema.Ident(schema)+".owners", owner)
-	require.NoError(t, err)
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	require.NoError(t, err)
+	pids := livenessPIDs(t, schema, owner)
 	require.Len(t, pids, 1)
 	return uint32(pids[0])
 }

@@ -45,6 +45,30 @@ func newScripted(t *testing.T, script func(n int, w http.ResponseWriter, r *http
 	return s
 }
 
+// routeStatus sends srv's GET /status/{key} to its script too, with the
+// key asked about in r.PathValue("key"): the server is its own status
+// endpoint (idem.StatusEndpoint(srv.URL + "/status")).
+func (s *scripted) routeStatus() {
+	mux := http.NewServeMux()
+	mux.Handle("GET /status/{key}", s.Config.Handler)
+	mux.Handle("/", s.Config.Handler)
+	s.Config.Handler = mux
+}
+
+// assertJournalHoldsNo asserts that neither j's file nor its WAL holds
+// secret in clear. Close j first, so that nothing is left unwritten.
+func assertJournalHoldsNo(t *testing.T, j *idem.SQLiteJournal, secret string) {
+	t.Helper()
+	for _, path := range []string{j.Path(), j.Path() + "-wal"} {
+		b, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		require.NoError(t, err)
+		assert.NotContains(t, string(b), secret, "%s holds a secret in clear", path)
+	}
+}
+
 func (s *scripted) received() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -197,14 +221,7 @@ func TestAuthorizeTokensNeverReachTheJournalOrLogs(t *testing.T) {
 	assert.Empty(t, res.Header.Values("Set-Cookie"), "Set-Cookie is never journaled")
 	require.NoError(t, j.Close())
 
-	for _, path := range []string{j.Path(), j.Path() + "-wal"} {
-		b, err := os.ReadFile(path)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		require.NoError(t, err)
-		assert.NotContains(t, string(b), token, "%s holds the token", path)
-	}
+	assertJournalHoldsNo(t, j, token)
 	assert.NotEmpty(t, logs.String())
 	assert.NotContains(t, logs.String(), token)
 	assert.NotContains(t, logs.String(), marker, "logs carry no bodies")

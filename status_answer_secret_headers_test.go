@@ -2,10 +2,8 @@ package idem_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 
@@ -32,10 +30,7 @@ func TestStatusAnswerSetCookieInLowerCaseIsNeverJournaled(t *testing.T) {
 		}
 		dropConn(w) // the attempt's answer is lost: the client asks the status endpoint
 	})
-	mux := http.NewServeMux()
-	mux.Handle("GET /status/{key}", srv.Config.Handler)
-	mux.Handle("/", srv.Config.Handler)
-	srv.Config.Handler = mux
+	srv.routeStatus()
 	c, j := newClient(t, idem.Config{
 		BaseURL:       srv.URL,
 		Status:        idem.StatusEndpoint(srv.URL + "/status"),
@@ -49,14 +44,7 @@ func TestStatusAnswerSetCookieInLowerCaseIsNeverJournaled(t *testing.T) {
 		assert.False(t, strings.EqualFold(name, "Set-Cookie"), "the result carries Set-Cookie: %v", res.Header)
 	}
 	require.NoError(t, j.Close())
-	for _, path := range []string{j.Path(), j.Path() + "-wal"} {
-		b, err := os.ReadFile(path)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		require.NoError(t, err)
-		assert.False(t, strings.Contains(string(b), secret), "%s holds the status answer's Set-Cookie / secret header, in clear", path)
-	}
+	assertJournalHoldsNo(t, j, secret)
 }
 
 // TestStatusAnswerHeaderNamesAreCanonical: the stored answer's header names
@@ -75,10 +63,7 @@ func TestStatusAnswerHeaderNamesAreCanonical(t *testing.T) {
 		}
 		dropConn(w)
 	})
-	mux := http.NewServeMux()
-	mux.Handle("GET /status/{key}", srv.Config.Handler)
-	mux.Handle("/", srv.Config.Handler)
-	srv.Config.Handler = mux
+	srv.routeStatus()
 	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Status: idem.StatusEndpoint(srv.URL + "/status"), Retry: fastRetry()})
 	op := idem.Op{ID: "a", URL: "/orders"}
 	res, err := c.Do(context.Background(), op)
@@ -117,14 +102,7 @@ func TestAttemptAnswerWithLowerCaseNamesKeepsNoSecret(t *testing.T) {
 		assert.False(t, strings.EqualFold(name, "Set-Cookie") || strings.EqualFold(name, "X-Secret-Token"), "the result carries a secret: %v", res.Header)
 	}
 	require.NoError(t, j.Close())
-	for _, path := range []string{j.Path(), j.Path() + "-wal"} {
-		b, err := os.ReadFile(path)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		require.NoError(t, err)
-		assert.False(t, strings.Contains(string(b), secret), "%s holds the answer's Set-Cookie / secret header, in clear", path)
-	}
+	assertJournalHoldsNo(t, j, secret)
 }
 
 // lowerCaseNames is a RoundTripper that gives its answers' header names in

@@ -2,10 +2,8 @@ package idem_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 
@@ -33,10 +31,7 @@ func TestStatusAnswerSecretNameThatIsNoTokenIsNeverJournaled(t *testing.T) {
 		}
 		dropConn(w) // the attempt's answer is lost: the client asks the status endpoint
 	})
-	mux := http.NewServeMux()
-	mux.Handle("GET /status/{key}", srv.Config.Handler)
-	mux.Handle("/", srv.Config.Handler)
-	srv.Config.Handler = mux
+	srv.routeStatus()
 	c, j := newClient(t, idem.Config{
 		BaseURL:       srv.URL,
 		Status:        idem.StatusEndpoint(srv.URL + "/status"),
@@ -50,12 +45,5 @@ func TestStatusAnswerSecretNameThatIsNoTokenIsNeverJournaled(t *testing.T) {
 		assert.NotContains(t, strings.Join(v, ","), secret, "Result.Header[%q] carries the secret", name)
 	}
 	require.NoError(t, j.Close())
-	for _, path := range []string{j.Path(), j.Path() + "-wal"} {
-		b, err := os.ReadFile(path)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		require.NoError(t, err)
-		assert.False(t, strings.Contains(string(b), secret), "%s holds the secret header, in clear", path)
-	}
+	assertJournalHoldsNo(t, j, secret)
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,7 +39,17 @@ func TestCloseAfterAnEndedShutdownWaitsForTheInterruptedCall(t *testing.T) {
 	t.Cleanup(func() { close(release) })
 	path := filepath.Join(t.TempDir(), "ops.db")
 	j := openJournal(t, path)
-	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Owner: "w-shut", Retry: fastRetry()})
+	// The interrupted call's last journal write is slowed (its
+	// transition's hook, which runs on the call's goroutine, sleeps), so
+	// that a Close that did not wait for it would return first.
+	var shutting, lastWritten atomic.Bool
+	onTransition := func(idem.Transition) {
+		if shutting.Load() {
+			time.Sleep(200 * time.Millisecond)
+			lastWritten.Store(true)
+		}
+	}
+	c, err := idem.New(idem.Config{Journal: j, BaseURL: srv.URL, Owner: "w-shut", Retry: fastRetry(), OnTransition: onTransition})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {
@@ -48,18 +59,21 @@ func TestCloseAfterAnEndedShutdownWaitsForTheInterruptedCall(t *testing.T) {
 	<-arrived
 	sctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
+	shutting.Store(true)
 	require.ErrorIs(t, c.Shutdown(sctx), context.DeadlineExceeded)
 	require.NoError(t, c.Close())
-	select {
-	case err := <-done:
-		assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
-	default:
-		t.Error("Close returned while the call Shutdown interrupted had not returned")
-		<-done
-	}
+	// Once Close returned, the interrupted call has made its last write,
+	// its lease let go, on the journal still open. (Whether the caller's
+	// goroutine has received Do's return yet, the test cannot tell: Close
+	// waits for the call, not for its caller.)
+	assert.True(t, lastWritten.Load(), "Close returned while the call Shutdown interrupted was still journaling")
+	rec, err := j.Lookup(context.Background(), "default", "interrupted")
+	require.NoError(t, err)
+	assert.Empty(t, rec.Lease.Owner, "Close returned while the call Shutdown interrupted still held its lease")
+	assert.ErrorIs(t, <-done, idem.ErrOutcomeUnknown)
 	require.NoError(t, j.Close())
 	again := openJournal(t, path)
-	rec, err := again.Lookup(context.Background(), "default", "interrupted")
+	rec, err = again.Lookup(context.Background(), "default", "interrupted")
 	require.NoError(t, err)
 	assert.Empty(t, rec.Lease.Owner, "the interrupted call's lease is let go")
 }

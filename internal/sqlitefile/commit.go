@@ -435,9 +435,19 @@ func (db *DB) commit() error {
 // with jitter, instead of using SQLite's busy handler, whose sleeps grow to
 // 100 ms and let a process that writes back to back starve the others.
 func (db *DB) begin() error {
+	return db.whileBusy(func() error {
+		_, err := db.ctl.begin.ExecContext(batchCtx)
+		return err
+	})
+}
+
+// whileBusy runs fn again while it fails with SQLITE_BUSY, for up to
+// BusyTimeout, polling rather than sleeping in SQLite's busy handler (see
+// begin). Its other failures are classified.
+func (db *DB) whileBusy(fn func() error) error {
 	deadline := time.Now().Add(db.opts.BusyTimeout)
 	for {
-		_, err := db.ctl.begin.ExecContext(batchCtx)
+		err := fn()
 		if err == nil {
 			return nil
 		}

@@ -221,8 +221,8 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 // reports without a kind of its own (an unsupported file format, a schema it
 // cannot parse) means the file is not one this build can use.
 func (db *DB) openError(err error) error {
-	if fe := (*Error)(nil); errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return err
+	if fe := (*Error)(nil); errors.As(err, &fe) || isBusy(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err // says what it is
 	}
 	return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: err,
 		Hint: "not an SQLite database this build can read, or its header is damaged; check the path"}
@@ -443,10 +443,18 @@ func (db *DB) identity(ctx context.Context, c *sql.Conn) (int, error) {
 	return version, nil
 }
 
+// setWAL switches the file to WAL. The switch takes the file's exclusive
+// lock from within the read transaction it begins, and SQLite does not call
+// its busy handler for that upgrade while another connection holds the
+// reserved lock (each would wait for the other): when processes open a new
+// file together, all but one of those reaching the switch at once fail at
+// once. So it is tried again, like a write waiting for the lock.
 func (db *DB) setWAL(ctx context.Context, c *sql.Conn) error {
 	var mode string
-	if err := c.QueryRowContext(ctx, "PRAGMA journal_mode=WAL").Scan(&mode); err != nil {
-		return db.classify(err)
+	if err := db.whileBusy(func() error {
+		return c.QueryRowContext(ctx, "PRAGMA journal_mode=WAL").Scan(&mode)
+	}); err != nil {
+		return err
 	}
 	if !strings.EqualFold(mode, "wal") {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath,

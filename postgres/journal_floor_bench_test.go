@@ -82,6 +82,7 @@ type floorParts struct {
 	durableSettle bool // the settle waits for its WAL flush (no set_config: the session's level, on)
 	levelCreate   bool // the create sets its level too, as idem's does (set_config of commitDurable's form)
 	due           bool // idem's due queue: a row inserted with the create, deleted by the settle, in their statements
+	leaseIndex    bool // the other way to find lapsed leases without a scan: a partial index of the operations in flight by expiry
 	id            bool // an identity primary key beside the key's unique index, as idem's table has
 	width         bool // idem's row: its other 24 columns, 11 more parameters a write, fill factor 50
 }
@@ -132,6 +133,10 @@ func newContractFloor(tb testing.TB, pool *pgxpool.Pool, parts floorParts, lease
 		` + strings.Join(cols, ",\n\t\t") + `)`
 	if parts.width {
 		ddl += ` WITH (fillfactor = 50)`
+	}
+	if parts.leaseIndex {
+		// The settle changes state, in the predicate: it is never HOT.
+		ddl += `; CREATE INDEX ON ` + table + ` (lease_expires_at) WHERE state = 2`
 	}
 	if parts.due {
 		ddl += `; CREATE TABLE ` + schema + `.due (next_attempt_at bigint NOT NULL, key text NOT NULL,
@@ -452,6 +457,7 @@ func BenchmarkFloorParts(b *testing.B) {
 		{"floor-durable-settle", floorParts{durableSettle: true}},
 		{"floor+level", floorParts{levelCreate: true}},
 		{"floor+due", floorParts{due: true}},
+		{"floor+leaseindex", floorParts{leaseIndex: true}},
 		{"floor+id", floorParts{id: true}},
 		{"floor+width", floorParts{width: true}},
 		{"floor+all4", floorParts{levelCreate: true, due: true, id: true, width: true}},
@@ -463,7 +469,9 @@ func BenchmarkFloorParts(b *testing.B) {
 }
 
 // BenchmarkDoPaired is BenchmarkDo at one caller for idem's PostgreSQL
-// journal, the simple naive journal and the contract floor, in one
+// journal, the simple naive journal and the contract floor, without and
+// with a due queue or an index of leases (floorParts.due, leaseIndex: what
+// lets a worker find another's abandoned operations without a scan), in one
 // process, in alternating rounds of floorRound operations (see
 // BenchmarkFloorParts): the medians over the rounds of each one's process
 // CPU, backends' CPU and their sum per operation, of its ops/s, and of the
@@ -504,7 +512,12 @@ func BenchmarkDoPaired(b *testing.B) {
 	for _, o := range []struct {
 		name string
 		opened
-	}{{"simple", openSimpleNaive(b)}, {"floor", func() opened { _, o := openContractFloor(b, floorParts{}); return o }()}} {
+	}{
+		{"simple", openSimpleNaive(b)},
+		{"floor", func() opened { _, o := openContractFloor(b, floorParts{}); return o }()},
+		{"floor+due", func() opened { _, o := openContractFloor(b, floorParts{due: true}); return o }()},
+		{"floor+leaseindex", func() opened { _, o := openContractFloor(b, floorParts{leaseIndex: true}); return o }()},
+	} {
 		vs = append(vs, &pairedVariant{name: o.name, pids: o.pids, run: func(i int) error { return o.do(context.Background(), url, int64(i)) }})
 	}
 	pairedRounds(b, vs, "op")

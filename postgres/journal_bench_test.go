@@ -304,15 +304,17 @@ var benchBody = bytes.Repeat([]byte("x"), 200)
 // concurrent callers, on the PostgreSQL journal (group commit), on the naive
 // PostgreSQL journal (naiveJournal: idem's schema, a commit per write), on
 // the simple naive journal (simpleNaive: what a user writes in an afternoon,
-// without idem's client) and on the SQLite journal (synchronous=FULL, group
+// without idem's client), on the contract's floor (contractFloor: the
+// cheapest hand-written journal that keeps what idem's contract asks of a
+// journaled call, without idem's client) and on the SQLite journal (synchronous=FULL, group
 // commit), in the same run. The idem and naive PostgreSQL journals run on a
-// pool of 32 connections, the simple naive one on pgxpool's defaults, each
+// pool of 32 connections, the simple naive one and the floor on pgxpool's defaults, each
 // pool its own (so that its backends can be told apart) and each journal in
 // a fresh schema; the SQLite journal in a temporary directory.
 //
 // It reports ops/s; commits/op, transactions committed per operation (for
 // PostgreSQL counted in the server, see commits; for SQLite the journal's
-// own count, durable and not; for the simple naive journal its own count);
+// own count, durable and not; for the simple naive journal and the floor their own count);
 // cpu-µs/op, the CPU time of this process (client, loopback server, pgx or
 // SQLite) per operation; and pg-cpu-µs/op, that of the PostgreSQL backends
 // serving the configuration's pool, read from /proc (see benchPool). The
@@ -349,6 +351,7 @@ func BenchmarkDo(b *testing.B) {
 		{"postgres", func(b *testing.B) opened { return pg(b, false) }},
 		{"postgres-naive", func(b *testing.B) opened { return pg(b, true) }},
 		{"postgres-simple", func(b *testing.B) opened { return openSimpleNaive(b) }},
+		{"postgres-floor", func(b *testing.B) opened { _, o := openContractFloor(b, floorParts{}); return o }},
 		{"sqlite", func(b *testing.B) opened {
 			j, err := idem.OpenSQLite(filepath.Join(b.TempDir(), "ops.db"))
 			if err != nil {
@@ -388,12 +391,21 @@ type opened struct {
 // counted). It is closed when the benchmark ends.
 func benchPool(b *testing.B, conns int32) (*pgxpool.Pool, func() []int) {
 	b.Helper()
+	return benchPoolWith(b, conns, nil)
+}
+
+// benchPoolWith is benchPool whose sessions start with params set.
+func benchPoolWith(b *testing.B, conns int32, params map[string]string) (*pgxpool.Pool, func() []int) {
+	b.Helper()
 	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
 	if err != nil {
 		b.Fatal(err)
 	}
 	if conns > 0 {
 		cfg.MaxConns = conns
+	}
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
 	}
 	var r [6]byte
 	_, _ = rand.Read(r[:])

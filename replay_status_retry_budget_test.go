@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -47,5 +48,29 @@ func TestReplayStatusSpendsTheRetryBudget(t *testing.T) {
 
 	_, err = c.Do(context.Background(), orderOp("op-1", 1))
 	require.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Equal(t, int32(1), writes.Load(), fmt.Sprintf("writes of one operation received by the server with a retry budget that allows no re-send (%v)", err))
+}
+
+// The same budget and a status endpoint that says the server never saw the
+// key: each not_found is followed by a send of the request again, same
+// key, and those re-sends are not held to the budget either: MaxAttempts
+// writes reach a server in an outage, whatever the budget.
+func TestResendAfterNotFoundSpendsTheRetryBudget(t *testing.T) {
+	t.Parallel()
+	var writes atomic.Int32
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if key, ok := strings.CutPrefix(r.URL.Path, "/idempotency/"); ok {
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, `{"key":%q,"state":"not_found"}`, key)
+			return
+		}
+		writes.Add(1)
+		dropConn(w)
+	})
+	policy := fastRetry()
+	policy.RetryRatio, policy.MinRetriesPerSecond = 0.001, 0.001
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL, Retry: policy, Status: idem.StatusEndpoint(srv.URL + "/idempotency")})
+	_, err := c.Do(context.Background(), orderOp("op-1", 1))
+	require.Error(t, err)
 	assert.Equal(t, int32(1), writes.Load(), fmt.Sprintf("writes of one operation received by the server with a retry budget that allows no re-send (%v)", err))
 }

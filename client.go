@@ -348,10 +348,8 @@ func New(cfg Config) (*Client, error) {
 	if c.status == nil {
 		c.status = ReplayStatus()
 	}
-	if a, ok := c.status.(StatusAdapter); ok {
-		if err := a.checkConfig(); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
-		}
+	if err := checkStatusConfig(c.status); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
 	c.statusName = statusCheckerName(c.status)
 	c.log = cfg.Logger

@@ -101,11 +101,29 @@ var ErrBadStatus = wire.ErrBadStatus
 // (the response body is base64 when "body_encoding" is "base64"). Any
 // other answer, or no answer, is an error and leaves the operation unknown.
 // The server package serves this endpoint.
+//
+// base is an absolute http or https URL with a host, and no query (the key
+// goes in the path): New refuses any other with ErrInvalidConfig, before
+// anything is sent, rather than leave every unknown outcome unsettled.
 func StatusEndpoint(base string) StatusChecker {
 	return statusEndpoint{base: strings.TrimRight(base, "/")}
 }
 
 type statusEndpoint struct{ base string }
+
+// checkConfig reports what New cannot accept in s.
+func (s statusEndpoint) checkConfig() error {
+	u, err := url.Parse(s.base)
+	switch {
+	case err != nil:
+		return fmt.Errorf("Config.Status: StatusEndpoint(%q) does not parse: %v; give the endpoint's absolute URL, such as https://api.example.com/idempotency", redactString(s.base), redactError(err))
+	case !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return fmt.Errorf("Config.Status: StatusEndpoint(%q) is not an absolute http or https URL with a host (Config.BaseURL does not apply to it); give the endpoint's whole URL, such as https://api.example.com/idempotency", redactURL(u))
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return fmt.Errorf("Config.Status: StatusEndpoint(%q) has a query or fragment, but the key is appended to the path ({base}/{key}); give the base without them, or use a StatusAdapter for an endpoint of another shape", redactURL(u))
+	}
+	return nil
+}
 
 func (s statusEndpoint) Name() string { return "status endpoint " + s.base }
 
@@ -298,4 +316,16 @@ func readBody(r io.Reader, limit, size int64) ([]byte, bool, error) {
 		return b[:limit], true, err
 	}
 	return b, false, err
+}
+
+// checkStatusConfig reports what New cannot accept in s, a checker of this
+// package: a broken one is refused before anything is sent.
+func checkStatusConfig(s StatusChecker) error {
+	switch c := s.(type) {
+	case StatusAdapter:
+		return c.checkConfig()
+	case statusEndpoint:
+		return c.checkConfig()
+	}
+	return nil
 }

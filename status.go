@@ -319,12 +319,14 @@ func readBody(r io.Reader, limit, size int64) ([]byte, bool, error) {
 }
 
 // checkStatusConfig reports what New cannot accept in s, a checker of this
-// package: a broken one is refused before anything is sent.
+// package, by value or by pointer (a *StatusAdapter is a StatusChecker as
+// well, and its method set holds checkConfig): a broken one is refused
+// before anything is sent.
 func checkStatusConfig(s StatusChecker) error {
-	switch c := s.(type) {
-	case StatusAdapter:
-		return c.checkConfig()
-	case statusEndpoint:
+	if a, ok := s.(*StatusAdapter); ok && a == nil {
+		return errors.New("Config.Status: the *StatusAdapter is nil")
+	}
+	if c, ok := s.(interface{ checkConfig() error }); ok {
 		return c.checkConfig()
 	}
 	return nil

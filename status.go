@@ -103,7 +103,9 @@ var ErrBadStatus = wire.ErrBadStatus
 // The server package serves this endpoint.
 //
 // base is an absolute http or https URL with a host, and no query (the key
-// goes in the path): New refuses any other with ErrInvalidConfig, before
+// goes in the path) and no userinfo (credentials belong in
+// Config.Authorize, and a checker's URL is in its name, which errors, logs
+// and the journal show): New refuses any other with ErrInvalidConfig, before
 // anything is sent, rather than leave every unknown outcome unsettled.
 func StatusEndpoint(base string) StatusChecker {
 	return statusEndpoint{base: strings.TrimRight(base, "/")}
@@ -119,13 +121,17 @@ func (s statusEndpoint) checkConfig() error {
 		return fmt.Errorf("Config.Status: StatusEndpoint(%q) does not parse: %v; give the endpoint's absolute URL, such as https://api.example.com/idempotency", redactString(s.base), redactError(err))
 	case !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 		return fmt.Errorf("Config.Status: StatusEndpoint(%q) is not an absolute http or https URL with a host (Config.BaseURL does not apply to it); give the endpoint's whole URL, such as https://api.example.com/idempotency", redactURL(u))
+	case u.User != nil:
+		return fmt.Errorf("Config.Status: StatusEndpoint(%q) carries user credentials; add them in Config.Authorize, which runs for status checks too", redactURL(u))
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		return fmt.Errorf("Config.Status: StatusEndpoint(%q) has a query or fragment, but the key is appended to the path ({base}/{key}); give the base without them, or use a StatusAdapter for an endpoint of another shape", redactURL(u))
 	}
 	return nil
 }
 
-func (s statusEndpoint) Name() string { return "status endpoint " + s.base }
+// Name is the base without its query and userinfo, as every URL in the
+// client's errors and logs (New refuses both anyway).
+func (s statusEndpoint) Name() string { return "status endpoint " + redactString(s.base) }
 
 func (s statusEndpoint) CheckStatus(ctx context.Context, q StatusQuery) (Status, error) {
 	return getStatus(ctx, q, s.base+"/"+url.PathEscape(q.Record.Key), func(code int, _ http.Header, body []byte) (Status, error) {
@@ -227,7 +233,8 @@ type StatusAdapter struct {
 	// Name names the adapter in errors and logs. Required.
 	Name string
 	// URL is the status URL, with {key} where the key goes (path-escaped).
-	// Required.
+	// Required: absolute http or https, without userinfo (credentials
+	// belong in Config.Authorize).
 	URL string
 	// Decode reads the answer: its HTTP status, headers and body (at most
 	// Config.MaxResponseBytes). Required.
@@ -240,13 +247,16 @@ func (a StatusAdapter) checkConfig() error {
 	case a.Name == "":
 		return errors.New("Config.Status: StatusAdapter.Name is empty; name the status endpoint, for errors and logs")
 	case !strings.Contains(a.URL, "{key}"):
-		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q has no {key}; write where the key goes, such as https://api.example.com/requests/{key}", a.Name, a.URL)
+		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q has no {key}; write where the key goes, such as https://api.example.com/requests/{key}", a.Name, redactString(a.URL))
 	case a.Decode == nil:
 		return fmt.Errorf("Config.Status: StatusAdapter %q: Decode is nil", a.Name)
 	}
 	u, err := url.Parse(strings.ReplaceAll(a.URL, "{key}", "k"))
 	if err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") {
-		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q is not an absolute http or https URL", a.Name, a.URL)
+		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q is not an absolute http or https URL", a.Name, redactString(a.URL))
+	}
+	if u.User != nil {
+		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q carries user credentials; add them in Config.Authorize, which runs for status checks too", a.Name, redactURL(u))
 	}
 	return nil
 }

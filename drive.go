@@ -127,7 +127,7 @@ func (d *driver) run(ctx context.Context) (*Result, error) {
 	}
 	if d.obs != nil {
 		call := &d.obs.call
-		call.Key, call.Method, call.URL, call.Link = d.rec.Key, d.rec.Method, d.rec.URL, d.rec.Link
+		call.Key, call.Method, call.URL, call.Link = d.rec.Key, d.rec.Method, redactString(d.rec.URL), d.rec.Link
 		d.unknown = d.maybeApplied
 	}
 	d.c.hold(d.rec.Key, d.lease)

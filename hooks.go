@@ -73,7 +73,10 @@ type Call struct {
 	// Scope and ID name the operation. Key is its key when the call starts
 	// from the journal (Send, Resume); for Do it is known at CallEnd.
 	Scope, ID, Key string
-	// Method and URL are the request's.
+	// Method and URL are the request's; URL without its query and userinfo,
+	// which may carry a token, as in every error and log of the client
+	// (the journaled request keeps the whole URL: it is sent again). The
+	// otel module takes only its host and port.
 	Method, URL string
 	// Link is what Hooks.Link returned when the operation was created,
 	// when the call starts from the journal.
@@ -197,6 +200,7 @@ func (c *Client) observe(ctx context.Context, call Call, fn func(context.Context
 		return fn(ctx)
 	}
 	h := &c.cfg.Hooks
+	call.URL = redactString(call.URL)
 	o := &observation{call: call}
 	ctx = context.WithValue(ctx, observationKey{}, o)
 	if h.CallStart != nil {

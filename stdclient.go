@@ -738,6 +738,9 @@ func (e *redactedError) Unwrap() error { return e.err }
 // redactString is redact for a URL in a string. One that does not parse
 // is cut at its query.
 func redactString(s string) string {
+	if !strings.ContainsAny(s, "?@") {
+		return s // nothing to take out: no parsing, no copy
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		s, _, _ = strings.Cut(s, "?")

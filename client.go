@@ -135,8 +135,11 @@ type Config struct {
 	// journal. Defaults to 4 MiB.
 	MaxResponseBytes int64
 	// SecretHeaders lists more headers, besides Authorization,
-	// Proxy-Authorization and Cookie, that Op.Header may not carry and
-	// that are never journaled from responses (Set-Cookie never is). A
+	// Proxy-Authorization, Cookie, X-Api-Key, X-Auth-Token and Api-Key
+	// (where API gateways and SDKs, Anthropic's among them, send their
+	// keys), that Op.Header may not carry, that the standard client sends
+	// for its call only and never journals, and that are never journaled
+	// from responses (Set-Cookie never is). A
 	// stored response's header names are canonical: a secret header is
 	// dropped whatever case the answer (an attempt's or a status
 	// checker's) spells its name in.
@@ -319,7 +322,7 @@ func New(cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 		}
 	}
-	c.secrets = []string{"Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie"}
+	c.secrets = slices.Clone(defaultSecretHeaders)
 	for _, h := range cfg.SecretHeaders {
 		c.secrets = append(c.secrets, http.CanonicalHeaderKey(h))
 	}
@@ -372,6 +375,11 @@ func New(cfg Config) (*Client, error) {
 	}
 	return c, nil
 }
+
+// defaultSecretHeaders are the headers that carry credentials whatever
+// Config.SecretHeaders says: the standard ones, and those API gateways and
+// SDKs send API keys in.
+var defaultSecretHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie", "X-Api-Key", "X-Auth-Token", "Api-Key"}
 
 // Owner returns the name under which this client holds leases: Config.Owner
 // and a suffix of its own.

@@ -30,8 +30,9 @@ type Op struct {
 	// URL is absolute, or relative to Config.BaseURL.
 	URL string
 	// Header is sent with every attempt and journaled. Credentials are
-	// refused here (Authorization, Proxy-Authorization, Cookie and
-	// Config.SecretHeaders): add them with Config.Authorize.
+	// refused here (Authorization, Proxy-Authorization, Cookie, X-Api-Key,
+	// X-Auth-Token, Api-Key and Config.SecretHeaders): add them with
+	// Config.Authorize.
 	Header http.Header
 	// Body is sent byte for byte on every attempt.
 	Body []byte

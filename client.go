@@ -469,7 +469,7 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Response, error) {
 	creds := credentialsOf(ctx)
-	if a.authorize == nil && a.propagate == nil && len(creds) == 0 {
+	if a.authorize == nil && a.propagate == nil && creds == nil {
 		if ctx == req.Context() {
 			return a.base.RoundTrip(req)
 		}
@@ -497,9 +497,10 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 	}
 	// The credentials the request gave the RoundTripper for this call
 	// override Authorize's, under whatever spelling it wrote them: they
-	// are in the call's context, never in the journal.
-	if len(creds) > 0 {
-		withCredentials(r.Header, creds)
+	// are in the call's context, never in the journal, and go to the
+	// request's origin only (a status endpoint elsewhere has Authorize's).
+	if cr := creds.forURL(r.URL); len(cr) > 0 {
+		withCredentials(r.Header, cr)
 	}
 	return a.base.RoundTrip(r)
 }

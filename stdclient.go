@@ -113,8 +113,12 @@ func RefuseUnnamedWrites() TransportOption {
 //
 //   - credentials (Authorization, Proxy-Authorization, Cookie and
 //     Config.SecretHeaders): never journaled. They are added to every
-//     request of this call for the operation, attempts and status checks,
-//     after Config.Authorize, which they override. A Resume, or a later
+//     request of this call for the operation that goes to the request's
+//     origin (attempts, and status checks when the status endpoint is on
+//     that origin), after Config.Authorize, which they override; they
+//     never leave the request's origin: a status check elsewhere carries
+//     Config.Authorize's credentials only, as Authorize sees where each
+//     request goes. A Resume, or a later
 //     call without them, has Config.Authorize's: set it when operations
 //     must be finished after a restart;
 //   - a key the request carries (Config.KeyHeader, Idempotency-Key,
@@ -267,7 +271,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, stop := cancelWith(req)
 	defer stop()
 	if len(r.creds.header) > 0 {
-		r.creds.Context = ctx
+		r.creds.Context, r.creds.origin = ctx, req.URL
 		ctx = &r.creds
 	}
 	res, err := t.c.do(ctx, p)
@@ -763,6 +767,8 @@ func (c *Client) rawTransport() http.RoundTripper {
 // context value took three allocations and the response a fourth.
 type callCredentials struct {
 	context.Context
+	// origin is the request's URL: the credentials go to its origin only.
+	origin *url.URL
 	header []credential
 	inline [2]credential
 }
@@ -799,11 +805,18 @@ func (c *callCredentials) add(canon string, values []string, h http.Header) {
 }
 
 // credentialsOf returns the call's credentials that ctx carries, if any.
-func credentialsOf(ctx context.Context) []credential {
-	if c, ok := ctx.Value(callCredentialsKey{}).(*callCredentials); ok {
-		return c.header
+func credentialsOf(ctx context.Context) *callCredentials {
+	c, _ := ctx.Value(callCredentialsKey{}).(*callCredentials)
+	return c
+}
+
+// forURL returns the credentials for a request to u: none unless u is on
+// the origin of the request that gave them.
+func (c *callCredentials) forURL(u *url.URL) []credential {
+	if c == nil || u == nil || c.origin == nil || !sameOrigin(u, c.origin) {
+		return nil
 	}
-	return nil
+	return c.header
 }
 
 // withCredentials sets creds in h, in place of the headers of their names

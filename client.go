@@ -483,7 +483,7 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		r.Header, r.URL, r.Host = p.Header.Clone(), p.URL, p.Host
 	}
 	if a.propagate != nil {
-		a.propagate(ctx, r.Header)
+		propagate(ctx, a.propagate, r.Header)
 	}
 	if a.authorize != nil && p == nil {
 		ar := r.WithContext(untraced{ctx})
@@ -503,6 +503,36 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		withCredentials(r.Header, cr)
 	}
 	return a.base.RoundTrip(r)
+}
+
+// propagate runs Hooks.Propagate for a request whose headers are h: it
+// adds headers, and may not change those the request carries (the key's
+// among them, under any spelling), or one operation would go out under
+// several keys. What it writes under such a name is not sent.
+func propagate(ctx context.Context, fn func(context.Context, http.Header), h http.Header) {
+	added := make(http.Header, 2)
+	fn(ctx, added)
+	for name, values := range added {
+		if carries(h, name) {
+			continue
+		}
+		canon := http.CanonicalHeaderKey(name)
+		h[canon] = append(h[canon], values...)
+	}
+}
+
+// carries reports whether h has the header name under any spelling.
+func carries(h http.Header, name string) bool {
+	if _, ok := h[name]; ok {
+		return true
+	}
+	canon := http.CanonicalHeaderKey(name)
+	for n := range h {
+		if n == canon || http.CanonicalHeaderKey(n) == canon {
+			return true
+		}
+	}
+	return false
 }
 
 // deadlineBody lifts a request's AttemptTimeout when its body is closed,

@@ -36,7 +36,11 @@ type Hooks struct {
 	// Propagate adds headers to each request the client sends, attempts
 	// and status checks, right before it is sent: the trace context
 	// (traceparent), say. What it adds is neither part of the fingerprint
-	// nor journaled; it must not set the key's header.
+	// nor journaled. It is given a header of its own, and only the names
+	// the request does not carry yet (under any spelling) are added from
+	// it: what it writes under the key's header, or any other the request
+	// carries (the journaled ones, Authorize's), is not sent, so that one
+	// operation goes out under one key.
 	Propagate func(ctx context.Context, h http.Header)
 	// Link returns what is journaled with a new operation so that a later
 	// call, Resume after a crash say, can relate its work to the call that

@@ -29,7 +29,10 @@ type Op struct {
 	Method string
 	// URL is absolute, or relative to Config.BaseURL.
 	URL string
-	// Header is sent with every attempt and journaled. Credentials are
+	// Header is sent with every attempt and journaled, its names made
+	// canonical: the spellings of one name ("x-a", "X-A") are one header,
+	// with the values of each spelling in turn, spellings in byte order
+	// (as the standard client merges a request's). Credentials are
 	// refused here (Authorization, Proxy-Authorization, Cookie, X-Api-Key,
 	// X-Auth-Token, Api-Key and Config.SecretHeaders): add them with
 	// Config.Authorize.
@@ -262,7 +265,13 @@ func (c *Client) prepareAt(op Op, u string, use headerUse) (prepared, error) {
 			return prepared{}, err
 		}
 		if use == copyHeader {
-			p.header[canon] = slices.Clone(values)
+			if _, twice := p.header[canon]; twice {
+				// Another spelling of the name came first: one header,
+				// every spelling's values, in one order whatever the map's.
+				p.header[canon] = spellings(op.Header, canon, true, nil)
+			} else {
+				p.header[canon] = slices.Clone(values)
+			}
 		}
 	}
 	p.fingerprint = Fingerprint(p.method, p.url, p.header, op.SignificantHeaders, p.body)

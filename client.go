@@ -132,7 +132,8 @@ type Config struct {
 	AttemptTimeout time.Duration
 	// MaxResponseBytes is how much of a response body is read and
 	// journaled. A longer body is cut, and the cut is noted in the
-	// journal. Defaults to 4 MiB.
+	// journal and in Result.BodyCut (the standard client's body then ends
+	// with io.ErrUnexpectedEOF). Defaults to 4 MiB.
 	MaxResponseBytes int64
 	// SecretHeaders lists more headers, besides Authorization,
 	// Proxy-Authorization, Cookie, X-Api-Key, X-Auth-Token and Api-Key

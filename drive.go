@@ -421,7 +421,7 @@ func (d *driver) settle(ctx context.Context, v Decision, resp *Response, cut boo
 	next.Response = resp
 	next.NextAttemptAt = time.Time{}
 	if cut {
-		note := fmt.Sprintf("response body cut at %d bytes (Config.MaxResponseBytes)", d.c.cfg.MaxResponseBytes)
+		note := fmt.Sprintf(bodyCutNote+"%d bytes"+bodyCutEnd, d.c.cfg.MaxResponseBytes)
 		next.LastError = joinNotes(next.LastError, note)
 	}
 	dur := Deferred

@@ -65,6 +65,12 @@ type Result struct {
 	// attempt again by itself, after a reused connection died before any
 	// reply; see RetryPolicy.MaxAttempts.
 	TransportResends int
+	// BodyCut reports that Body is not the whole answer: it was cut at
+	// Config.MaxResponseBytes (the journal notes it in LastError). The
+	// standard client's response then has no Content-Length, and reading
+	// its body ends with an error matching io.ErrUnexpectedEOF after the
+	// bytes kept, as net/http reports a body that ends early.
+	BodyCut bool
 	// Journaled reports that the answer came from the journal: the
 	// operation had settled before this call, which sent nothing. An agent
 	// runtime, say, can tell a tool call that ran now from one that ran
@@ -95,7 +101,24 @@ func resultFrom(rec Record) *Result {
 		r.Body = rec.Response.Body
 		r.Replayed = rec.Response.Replayed
 	}
+	r.BodyCut = bodyCutIn(rec.LastError)
 	return r
+}
+
+// The note settle journals in LastError when the answer's body was cut,
+// last of its notes: "response body cut at N bytes (Config.MaxResponseBytes)".
+const (
+	bodyCutNote = "response body cut at "
+	bodyCutEnd  = " (Config.MaxResponseBytes)"
+)
+
+// bodyCutIn reports whether a settled record's LastError notes the cut.
+func bodyCutIn(lastError string) bool {
+	if !strings.HasSuffix(lastError, bodyCutEnd) {
+		return false
+	}
+	i := strings.LastIndex(lastError, bodyCutNote)
+	return i == 0 || (i > 0 && strings.HasSuffix(lastError[:i], "; "))
 }
 
 // KeyKind chooses how keys are minted.

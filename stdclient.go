@@ -577,7 +577,7 @@ func cancelWith(req *http.Request) (context.Context, func()) {
 func (r *resultResponse) response(req *http.Request, res *Result) *http.Response {
 	h := res.Header
 	mark := res.Replayed && !wire.Replayed(h)
-	if mark || !contentLengthIs(h, len(res.Body)) {
+	if mark || res.BodyCut || !contentLengthIs(h, len(res.Body)) {
 		h = h.Clone()
 		h.Del("Content-Length") // the body was cut (Config.MaxResponseBytes)
 		if mark {
@@ -599,6 +599,9 @@ func (r *resultResponse) response(req *http.Request, res *Result) *http.Response
 		Body:          &r.body,
 		ContentLength: int64(len(res.Body)),
 		Request:       req,
+	}
+	if res.BodyCut {
+		r.resp.ContentLength = -1 // unknown: the whole answer was longer
 	}
 	return &r.resp
 }
@@ -647,6 +650,28 @@ func statusLine(code int) string {
 type resultBody struct {
 	bytes.Reader
 	res *Result
+}
+
+// errBodyCut ends the body of an answer cut at Config.MaxResponseBytes:
+// a reader that knows nothing of idem must not take the bytes kept for
+// the whole answer, and net/http reports a body that ends early so.
+var errBodyCut = fmt.Errorf("idem: the response body was cut at Config.MaxResponseBytes (Result.BodyCut): %w", io.ErrUnexpectedEOF)
+
+func (b *resultBody) Read(p []byte) (int, error) {
+	n, err := b.Reader.Read(p)
+	if err == io.EOF && b.res != nil && b.res.BodyCut {
+		err = errBodyCut
+	}
+	return n, err
+}
+
+// WriteTo is bytes.Reader's (io.Copy uses it), with Read's end.
+func (b *resultBody) WriteTo(w io.Writer) (int64, error) {
+	n, err := b.Reader.WriteTo(w)
+	if err == nil && b.res != nil && b.res.BodyCut {
+		err = errBodyCut
+	}
+	return n, err
 }
 
 func (*resultBody) Close() error { return nil }

@@ -132,11 +132,15 @@ type Config struct {
 	AttemptTimeout time.Duration
 	// MaxResponseBytes is how much of a response body is read and
 	// journaled. A longer body is cut, and the cut is noted in the
-	// journal. Defaults to 4 MiB.
+	// journal and in Result.BodyCut (the standard client's body then ends
+	// with io.ErrUnexpectedEOF). Defaults to 4 MiB.
 	MaxResponseBytes int64
 	// SecretHeaders lists more headers, besides Authorization,
-	// Proxy-Authorization and Cookie, that Op.Header may not carry and
-	// that are never journaled from responses (Set-Cookie never is). A
+	// Proxy-Authorization, Cookie, X-Api-Key, X-Auth-Token and Api-Key
+	// (where API gateways and SDKs, Anthropic's among them, send their
+	// keys), that Op.Header may not carry, that the standard client sends
+	// for its call only and never journals, and that are never journaled
+	// from responses (Set-Cookie never is). A
 	// stored response's header names are canonical: a secret header is
 	// dropped whatever case the answer (an attempt's or a status
 	// checker's) spells its name in.
@@ -319,7 +323,7 @@ func New(cfg Config) (*Client, error) {
 			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 		}
 	}
-	c.secrets = []string{"Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie"}
+	c.secrets = slices.Clone(defaultSecretHeaders)
 	for _, h := range cfg.SecretHeaders {
 		c.secrets = append(c.secrets, http.CanonicalHeaderKey(h))
 	}
@@ -348,10 +352,8 @@ func New(cfg Config) (*Client, error) {
 	if c.status == nil {
 		c.status = ReplayStatus()
 	}
-	if a, ok := c.status.(StatusAdapter); ok {
-		if err := a.checkConfig(); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
-		}
+	if err := checkStatusConfig(c.status); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
 	c.statusName = statusCheckerName(c.status)
 	c.log = cfg.Logger
@@ -374,6 +376,11 @@ func New(cfg Config) (*Client, error) {
 	}
 	return c, nil
 }
+
+// defaultSecretHeaders are the headers that carry credentials whatever
+// Config.SecretHeaders says: the standard ones, and those API gateways and
+// SDKs send API keys in.
+var defaultSecretHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie", "X-Api-Key", "X-Auth-Token", "Api-Key"}
 
 // Owner returns the name under which this client holds leases: Config.Owner
 // and a suffix of its own.
@@ -463,7 +470,7 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Response, error) {
 	creds := credentialsOf(ctx)
-	if a.authorize == nil && a.propagate == nil && len(creds) == 0 {
+	if a.authorize == nil && a.propagate == nil && creds == nil {
 		if ctx == req.Context() {
 			return a.base.RoundTrip(req)
 		}
@@ -477,7 +484,7 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 		r.Header, r.URL, r.Host = p.Header.Clone(), p.URL, p.Host
 	}
 	if a.propagate != nil {
-		a.propagate(ctx, r.Header)
+		propagate(ctx, a.propagate, r.Header)
 	}
 	if a.authorize != nil && p == nil {
 		ar := r.WithContext(untraced{ctx})
@@ -491,11 +498,42 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 	}
 	// The credentials the request gave the RoundTripper for this call
 	// override Authorize's, under whatever spelling it wrote them: they
-	// are in the call's context, never in the journal.
-	if len(creds) > 0 {
-		withCredentials(r.Header, creds)
+	// are in the call's context, never in the journal, and go to the
+	// request's origin only (a status endpoint elsewhere has Authorize's).
+	if cr := creds.forURL(r.URL); len(cr) > 0 {
+		withCredentials(r.Header, cr)
 	}
 	return a.base.RoundTrip(r)
+}
+
+// propagate runs Hooks.Propagate for a request whose headers are h: it
+// adds headers, and may not change those the request carries (the key's
+// among them, under any spelling), or one operation would go out under
+// several keys. What it writes under such a name is not sent.
+func propagate(ctx context.Context, fn func(context.Context, http.Header), h http.Header) {
+	added := make(http.Header, 2)
+	fn(ctx, added)
+	for name, values := range added {
+		if carries(h, name) {
+			continue
+		}
+		canon := http.CanonicalHeaderKey(name)
+		h[canon] = append(h[canon], values...)
+	}
+}
+
+// carries reports whether h has the header name under any spelling.
+func carries(h http.Header, name string) bool {
+	if _, ok := h[name]; ok {
+		return true
+	}
+	canon := http.CanonicalHeaderKey(name)
+	for n := range h {
+		if n == canon || http.CanonicalHeaderKey(n) == canon {
+			return true
+		}
+	}
+	return false
 }
 
 // deadlineBody lifts a request's AttemptTimeout when its body is closed,

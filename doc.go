@@ -96,10 +96,11 @@
 // and from whom, each stop and when the operation is due again). Every
 // later attempt, replay and status check uses the record's key form,
 // whichever client, process or tool sends it. The journal never holds
-// credentials: Authorization, Proxy-Authorization, Cookie and any header in
-// Config.SecretHeaders are refused in Op.Header, Set-Cookie and those
-// secret headers are dropped from stored responses (whatever the case of
-// their names: a status endpoint's JSON need not be canonical), and
+// credentials: Authorization, Proxy-Authorization, Cookie, X-Api-Key,
+// X-Auth-Token, Api-Key and any header in Config.SecretHeaders are refused
+// in Op.Header, Set-Cookie and those secret headers are dropped from
+// stored responses (whatever the case of their names: a status endpoint's
+// JSON need not be canonical), and
 // Config.Authorize adds credentials to each request right before it is
 // sent (OperationFrom tells it which operation, so it can choose them per
 // tenant).

@@ -127,7 +127,7 @@ func (d *driver) run(ctx context.Context) (*Result, error) {
 	}
 	if d.obs != nil {
 		call := &d.obs.call
-		call.Key, call.Method, call.URL, call.Link = d.rec.Key, d.rec.Method, d.rec.URL, d.rec.Link
+		call.Key, call.Method, call.URL, call.Link = d.rec.Key, d.rec.Method, redactString(d.rec.URL), d.rec.Link
 		d.unknown = d.maybeApplied
 	}
 	d.c.hold(d.rec.Key, d.lease)
@@ -421,7 +421,7 @@ func (d *driver) settle(ctx context.Context, v Decision, resp *Response, cut boo
 	next.Response = resp
 	next.NextAttemptAt = time.Time{}
 	if cut {
-		note := fmt.Sprintf("response body cut at %d bytes (Config.MaxResponseBytes)", d.c.cfg.MaxResponseBytes)
+		note := fmt.Sprintf(bodyCutNote+"%d bytes"+bodyCutEnd, d.c.cfg.MaxResponseBytes)
 		next.LastError = joinNotes(next.LastError, note)
 	}
 	dur := Deferred

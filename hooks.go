@@ -36,7 +36,11 @@ type Hooks struct {
 	// Propagate adds headers to each request the client sends, attempts
 	// and status checks, right before it is sent: the trace context
 	// (traceparent), say. What it adds is neither part of the fingerprint
-	// nor journaled; it must not set the key's header.
+	// nor journaled. It is given a header of its own, and only the names
+	// the request does not carry yet (under any spelling) are added from
+	// it: what it writes under the key's header, or any other the request
+	// carries (the journaled ones, Authorize's), is not sent, so that one
+	// operation goes out under one key.
 	Propagate func(ctx context.Context, h http.Header)
 	// Link returns what is journaled with a new operation so that a later
 	// call, Resume after a crash say, can relate its work to the call that
@@ -73,7 +77,10 @@ type Call struct {
 	// Scope and ID name the operation. Key is its key when the call starts
 	// from the journal (Send, Resume); for Do it is known at CallEnd.
 	Scope, ID, Key string
-	// Method and URL are the request's.
+	// Method and URL are the request's; URL without its query and userinfo,
+	// which may carry a token, as in every error and log of the client
+	// (the journaled request keeps the whole URL: it is sent again). The
+	// otel module takes only its host and port.
 	Method, URL string
 	// Link is what Hooks.Link returned when the operation was created,
 	// when the call starts from the journal.
@@ -197,6 +204,7 @@ func (c *Client) observe(ctx context.Context, call Call, fn func(context.Context
 		return fn(ctx)
 	}
 	h := &c.cfg.Hooks
+	call.URL = redactString(call.URL)
 	o := &observation{call: call}
 	ctx = context.WithValue(ctx, observationKey{}, o)
 	if h.CallStart != nil {

@@ -29,9 +29,13 @@ type Op struct {
 	Method string
 	// URL is absolute, or relative to Config.BaseURL.
 	URL string
-	// Header is sent with every attempt and journaled. Credentials are
-	// refused here (Authorization, Proxy-Authorization, Cookie and
-	// Config.SecretHeaders): add them with Config.Authorize.
+	// Header is sent with every attempt and journaled, its names made
+	// canonical: the spellings of one name ("x-a", "X-A") are one header,
+	// with the values of each spelling in turn, spellings in byte order
+	// (as the standard client merges a request's). Credentials are
+	// refused here (Authorization, Proxy-Authorization, Cookie, X-Api-Key,
+	// X-Auth-Token, Api-Key and Config.SecretHeaders): add them with
+	// Config.Authorize.
 	Header http.Header
 	// Body is sent byte for byte on every attempt.
 	Body []byte
@@ -61,6 +65,12 @@ type Result struct {
 	// attempt again by itself, after a reused connection died before any
 	// reply; see RetryPolicy.MaxAttempts.
 	TransportResends int
+	// BodyCut reports that Body is not the whole answer: it was cut at
+	// Config.MaxResponseBytes (the journal notes it in LastError). The
+	// standard client's response then has no Content-Length, and reading
+	// its body ends with an error matching io.ErrUnexpectedEOF after the
+	// bytes kept, as net/http reports a body that ends early.
+	BodyCut bool
 	// Journaled reports that the answer came from the journal: the
 	// operation had settled before this call, which sent nothing. An agent
 	// runtime, say, can tell a tool call that ran now from one that ran
@@ -91,7 +101,24 @@ func resultFrom(rec Record) *Result {
 		r.Body = rec.Response.Body
 		r.Replayed = rec.Response.Replayed
 	}
+	r.BodyCut = bodyCutIn(rec.LastError)
 	return r
+}
+
+// The note settle journals in LastError when the answer's body was cut,
+// last of its notes: "response body cut at N bytes (Config.MaxResponseBytes)".
+const (
+	bodyCutNote = "response body cut at "
+	bodyCutEnd  = " (Config.MaxResponseBytes)"
+)
+
+// bodyCutIn reports whether a settled record's LastError notes the cut.
+func bodyCutIn(lastError string) bool {
+	if !strings.HasSuffix(lastError, bodyCutEnd) {
+		return false
+	}
+	i := strings.LastIndex(lastError, bodyCutNote)
+	return i == 0 || (i > 0 && strings.HasSuffix(lastError[:i], "; "))
 }
 
 // KeyKind chooses how keys are minted.
@@ -261,7 +288,13 @@ func (c *Client) prepareAt(op Op, u string, use headerUse) (prepared, error) {
 			return prepared{}, err
 		}
 		if use == copyHeader {
-			p.header[canon] = slices.Clone(values)
+			if _, twice := p.header[canon]; twice {
+				// Another spelling of the name came first: one header,
+				// every spelling's values, in one order whatever the map's.
+				p.header[canon] = spellings(op.Header, canon, true, nil)
+			} else {
+				p.header[canon] = slices.Clone(values)
+			}
 		}
 	}
 	p.fingerprint = Fingerprint(p.method, p.url, p.header, op.SignificantHeaders, p.body)

@@ -236,7 +236,7 @@ func Classify(a Attempt) Decision {
 	case code >= 500 && code <= 599, code == http.StatusRequestTimeout:
 		return Decision{Verdict: RetrySameKey, RetryAfter: after, Reason: reason}
 	case code == http.StatusTemporaryRedirect, code == http.StatusPermanentRedirect:
-		return Decision{Verdict: Rejected, Reason: fmt.Sprintf("%s: redirected to %q, another origin; idem follows redirects only within the request's origin, so that a write and its credentials never go elsewhere", reason, h.Get("Location"))}
+		return Decision{Verdict: Rejected, Reason: fmt.Sprintf("%s: redirected to %q, another origin; idem follows redirects only within the request's origin, so that a write and its credentials never go elsewhere", reason, redactString(h.Get("Location")))}
 	default:
 		return Decision{Verdict: Rejected, Reason: reason}
 	}

@@ -101,13 +101,37 @@ var ErrBadStatus = wire.ErrBadStatus
 // (the response body is base64 when "body_encoding" is "base64"). Any
 // other answer, or no answer, is an error and leaves the operation unknown.
 // The server package serves this endpoint.
+//
+// base is an absolute http or https URL with a host, and no query (the key
+// goes in the path) and no userinfo (credentials belong in
+// Config.Authorize, and a checker's URL is in its name, which errors, logs
+// and the journal show): New refuses any other with ErrInvalidConfig, before
+// anything is sent, rather than leave every unknown outcome unsettled.
 func StatusEndpoint(base string) StatusChecker {
 	return statusEndpoint{base: strings.TrimRight(base, "/")}
 }
 
 type statusEndpoint struct{ base string }
 
-func (s statusEndpoint) Name() string { return "status endpoint " + s.base }
+// checkConfig reports what New cannot accept in s.
+func (s statusEndpoint) checkConfig() error {
+	u, err := url.Parse(s.base)
+	switch {
+	case err != nil:
+		return fmt.Errorf("Config.Status: StatusEndpoint(%q) does not parse: %v; give the endpoint's absolute URL, such as https://api.example.com/idempotency", redactString(s.base), redactError(err))
+	case !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+		return fmt.Errorf("Config.Status: StatusEndpoint(%q) is not an absolute http or https URL with a host (Config.BaseURL does not apply to it); give the endpoint's whole URL, such as https://api.example.com/idempotency", redactURL(u))
+	case u.User != nil:
+		return fmt.Errorf("Config.Status: StatusEndpoint(%q) carries user credentials; add them in Config.Authorize, which runs for status checks too", redactURL(u))
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return fmt.Errorf("Config.Status: StatusEndpoint(%q) has a query or fragment, but the key is appended to the path ({base}/{key}); give the base without them, or use a StatusAdapter for an endpoint of another shape", redactURL(u))
+	}
+	return nil
+}
+
+// Name is the base without its query and userinfo, as every URL in the
+// client's errors and logs (New refuses both anyway).
+func (s statusEndpoint) Name() string { return "status endpoint " + redactString(s.base) }
 
 func (s statusEndpoint) CheckStatus(ctx context.Context, q StatusQuery) (Status, error) {
 	return getStatus(ctx, q, s.base+"/"+url.PathEscape(q.Record.Key), func(code int, _ http.Header, body []byte) (Status, error) {
@@ -209,7 +233,8 @@ type StatusAdapter struct {
 	// Name names the adapter in errors and logs. Required.
 	Name string
 	// URL is the status URL, with {key} where the key goes (path-escaped).
-	// Required.
+	// Required: absolute http or https, without userinfo (credentials
+	// belong in Config.Authorize).
 	URL string
 	// Decode reads the answer: its HTTP status, headers and body (at most
 	// Config.MaxResponseBytes). Required.
@@ -222,13 +247,16 @@ func (a StatusAdapter) checkConfig() error {
 	case a.Name == "":
 		return errors.New("Config.Status: StatusAdapter.Name is empty; name the status endpoint, for errors and logs")
 	case !strings.Contains(a.URL, "{key}"):
-		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q has no {key}; write where the key goes, such as https://api.example.com/requests/{key}", a.Name, a.URL)
+		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q has no {key}; write where the key goes, such as https://api.example.com/requests/{key}", a.Name, redactString(a.URL))
 	case a.Decode == nil:
 		return fmt.Errorf("Config.Status: StatusAdapter %q: Decode is nil", a.Name)
 	}
 	u, err := url.Parse(strings.ReplaceAll(a.URL, "{key}", "k"))
 	if err != nil || !u.IsAbs() || (u.Scheme != "http" && u.Scheme != "https") {
-		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q is not an absolute http or https URL", a.Name, a.URL)
+		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q is not an absolute http or https URL", a.Name, redactString(a.URL))
+	}
+	if u.User != nil {
+		return fmt.Errorf("Config.Status: StatusAdapter %q: URL %q carries user credentials; add them in Config.Authorize, which runs for status checks too", a.Name, redactURL(u))
 	}
 	return nil
 }
@@ -298,4 +326,18 @@ func readBody(r io.Reader, limit, size int64) ([]byte, bool, error) {
 		return b[:limit], true, err
 	}
 	return b, false, err
+}
+
+// checkStatusConfig reports what New cannot accept in s, a checker of this
+// package, by value or by pointer (a *StatusAdapter is a StatusChecker as
+// well, and its method set holds checkConfig): a broken one is refused
+// before anything is sent.
+func checkStatusConfig(s StatusChecker) error {
+	if a, ok := s.(*StatusAdapter); ok && a == nil {
+		return errors.New("Config.Status: the *StatusAdapter is nil")
+	}
+	if c, ok := s.(interface{ checkConfig() error }); ok {
+		return c.checkConfig()
+	}
+	return nil
 }

@@ -113,8 +113,12 @@ func RefuseUnnamedWrites() TransportOption {
 //
 //   - credentials (Authorization, Proxy-Authorization, Cookie and
 //     Config.SecretHeaders): never journaled. They are added to every
-//     request of this call for the operation, attempts and status checks,
-//     after Config.Authorize, which they override. A Resume, or a later
+//     request of this call for the operation that goes to the request's
+//     origin (attempts, and status checks when the status endpoint is on
+//     that origin), after Config.Authorize, which they override; they
+//     never leave the request's origin: a status check elsewhere carries
+//     Config.Authorize's credentials only, as Authorize sees where each
+//     request goes. A Resume, or a later
 //     call without them, has Config.Authorize's: set it when operations
 //     must be finished after a restart;
 //   - a key the request carries (Config.KeyHeader, Idempotency-Key,
@@ -267,7 +271,7 @@ func (t *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, stop := cancelWith(req)
 	defer stop()
 	if len(r.creds.header) > 0 {
-		r.creds.Context = ctx
+		r.creds.Context, r.creds.origin = ctx, req.URL
 		ctx = &r.creds
 	}
 	res, err := t.c.do(ctx, p)
@@ -573,7 +577,7 @@ func cancelWith(req *http.Request) (context.Context, func()) {
 func (r *resultResponse) response(req *http.Request, res *Result) *http.Response {
 	h := res.Header
 	mark := res.Replayed && !wire.Replayed(h)
-	if mark || !contentLengthIs(h, len(res.Body)) {
+	if mark || res.BodyCut || !contentLengthIs(h, len(res.Body)) {
 		h = h.Clone()
 		h.Del("Content-Length") // the body was cut (Config.MaxResponseBytes)
 		if mark {
@@ -595,6 +599,9 @@ func (r *resultResponse) response(req *http.Request, res *Result) *http.Response
 		Body:          &r.body,
 		ContentLength: int64(len(res.Body)),
 		Request:       req,
+	}
+	if res.BodyCut {
+		r.resp.ContentLength = -1 // unknown: the whole answer was longer
 	}
 	return &r.resp
 }
@@ -643,6 +650,28 @@ func statusLine(code int) string {
 type resultBody struct {
 	bytes.Reader
 	res *Result
+}
+
+// errBodyCut ends the body of an answer cut at Config.MaxResponseBytes:
+// a reader that knows nothing of idem must not take the bytes kept for
+// the whole answer, and net/http reports a body that ends early so.
+var errBodyCut = fmt.Errorf("idem: the response body was cut at Config.MaxResponseBytes (Result.BodyCut): %w", io.ErrUnexpectedEOF)
+
+func (b *resultBody) Read(p []byte) (int, error) {
+	n, err := b.Reader.Read(p)
+	if err == io.EOF && b.res != nil && b.res.BodyCut {
+		err = errBodyCut
+	}
+	return n, err
+}
+
+// WriteTo is bytes.Reader's (io.Copy uses it), with Read's end.
+func (b *resultBody) WriteTo(w io.Writer) (int64, error) {
+	n, err := b.Reader.WriteTo(w)
+	if err == nil && b.res != nil && b.res.BodyCut {
+		err = errBodyCut
+	}
+	return n, err
 }
 
 func (*resultBody) Close() error { return nil }
@@ -738,6 +767,9 @@ func (e *redactedError) Unwrap() error { return e.err }
 // redactString is redact for a URL in a string. One that does not parse
 // is cut at its query.
 func redactString(s string) string {
+	if !strings.ContainsAny(s, "?@") {
+		return s // nothing to take out: no parsing, no copy
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		s, _, _ = strings.Cut(s, "?")
@@ -760,6 +792,8 @@ func (c *Client) rawTransport() http.RoundTripper {
 // context value took three allocations and the response a fourth.
 type callCredentials struct {
 	context.Context
+	// origin is the request's URL: the credentials go to its origin only.
+	origin *url.URL
 	header []credential
 	inline [2]credential
 }
@@ -796,11 +830,18 @@ func (c *callCredentials) add(canon string, values []string, h http.Header) {
 }
 
 // credentialsOf returns the call's credentials that ctx carries, if any.
-func credentialsOf(ctx context.Context) []credential {
-	if c, ok := ctx.Value(callCredentialsKey{}).(*callCredentials); ok {
-		return c.header
+func credentialsOf(ctx context.Context) *callCredentials {
+	c, _ := ctx.Value(callCredentialsKey{}).(*callCredentials)
+	return c
+}
+
+// forURL returns the credentials for a request to u: none unless u is on
+// the origin of the request that gave them.
+func (c *callCredentials) forURL(u *url.URL) []credential {
+	if c == nil || u == nil || c.origin == nil || !sameOrigin(u, c.origin) {
+		return nil
 	}
-	return nil
+	return c.header
 }
 
 // withCredentials sets creds in h, in place of the headers of their names

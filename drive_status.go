@@ -74,6 +74,9 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			}
 			return d.settleFromStatus(ctx, st)
 		case StatusNotFound:
+			if d.answered() {
+				return d.keyForgotten(ctx)
+			}
 			// The server has not seen the key yet: send it again, same
 			// key. An earlier attempt may still be on its way (held in a
 			// gateway, delayed in the network) and arrive after this
@@ -100,6 +103,33 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// answered reports whether this call holds proof that the server received
+// the key and applied the request: a success status line whose body broke
+// off (partial). A status check that then says not_found does not make
+// the request unseen; a cut refusal does not count, as a server need not
+// keep a request it refused.
+func (d *driver) answered() bool {
+	if d.partial == nil {
+		return false
+	}
+	resp := &http.Response{StatusCode: d.partial.StatusCode, Header: http.Header{}}
+	return d.c.classify(Attempt{Response: resp, Body: d.partial.Body, Written: true}).Verdict == Succeeded
+}
+
+// keyForgotten handles a status endpoint that says it never saw a key
+// whose request the server answered with a success: the server lost the
+// key (or the endpoint is not the one that keeps it), so a re-send would
+// be executed as a new request. Nothing more is sent: the operation is
+// parked as expired, for an operator to check the business records and
+// Reconcile. (The proof lives in this call only; a later call that found
+// the record unknown could not tell, so it is not left unknown.)
+func (d *driver) keyForgotten(ctx context.Context) error {
+	cause := fmt.Errorf("%w: key %s was answered HTTP %d, then status check %d by %s said the server never saw it; a re-send would be executed again, so it is not re-sent: check the business records, then Reconcile",
+		ErrKeyNotHonoured, d.rec.Key, d.partial.StatusCode, d.checks, d.c.statusName)
+	// Durable: losing this would let a resume send the request again.
+	return d.park(ctx, cause, Durable)
 }
 
 // recordCheck journals a status check that did not settle the operation:

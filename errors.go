@@ -36,7 +36,9 @@ var (
 	// re-sent. An operator settles it with Reconcile.
 	ErrNeedsReconciliation = errors.New("idem: operation needs reconciliation")
 	// ErrKeyNotHonoured: the server answered one key twice with different
-	// results, so it executed the request again: it does not keep
+	// results, so it executed the request again, or its status endpoint
+	// said it never saw a key it had answered with a success, so it would
+	// execute the request again: it does not keep
 	// idempotency keys. The operation is expired: errors matching it also
 	// match ErrNeedsReconciliation. Nothing more is sent, and an operator
 	// checks for a duplicate.

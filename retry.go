@@ -125,8 +125,9 @@ const (
 	// InProgress: the server is still processing the key (409): wait, then
 	// check status.
 	InProgress
-	// Unknown: the request was written and no answer came (a timeout, a
-	// reset, an EOF): never re-send blindly; check status.
+	// Unknown: the request was written and no final answer came (a
+	// timeout, a reset, an EOF, a 1xx): never re-send blindly; check
+	// status.
 	Unknown
 )
 
@@ -173,6 +174,7 @@ type Classifier func(Attempt) Decision
 //
 //	not written (dial failure, refused)       → Retry (with or without an error)
 //	written, then a timeout, reset or EOF     → Unknown
+//	1xx (a 101 Switching Protocols)           → Unknown (no final answer)
 //	2xx (303 too)                             → Succeeded, whatever the body
 //	a key conflict the server names           → KeyConflict (any other status; see below)
 //	any other status marked as replayed       → Rejected (the server's stored answer)
@@ -215,6 +217,12 @@ func Classify(a Attempt) Decision {
 	reason := statusReason(code)
 	if a.Err != nil {
 		return Decision{Verdict: Unknown, Reason: reason + " with its body cut off: " + a.Err.Error()}
+	}
+	if code < 200 {
+		// No final answer (RFC 9110 §15.2): net/http returns a 101 as the
+		// response because the connection changed protocols, not because
+		// the server answered the write, which it received.
+		return Decision{Verdict: Unknown, Reason: reason + ": no final answer to the request"}
 	}
 	// A success status is the server saying it applied the request: no body
 	// overrides it, or a write that took effect would be reported as not

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -100,6 +101,9 @@ var ErrBadStatus = wire.ErrBadStatus
 //
 // (the response body is base64 when "body_encoding" is "base64"). Any
 // other answer, or no answer, is an error and leaves the operation unknown.
+// The answer is read up to what a stored body of Config.MaxResponseBytes
+// can take in it, escaped or in base64; a stored body longer than
+// MaxResponseBytes is cut there, and the cut noted, as an attempt's is.
 // The server package serves this endpoint.
 func StatusEndpoint(base string) StatusChecker {
 	return statusEndpoint{base: strings.TrimRight(base, "/")}
@@ -127,9 +131,11 @@ func (s statusEndpoint) CheckStatus(ctx context.Context, q StatusQuery) (Status,
 }
 
 // getStatus asks GET u and decodes the answer with decode. A transport
-// error, an answer larger than MaxResponseBytes, a body that breaks off
-// and a decode error are errors; decode errors wrap ErrBadStatus. The
-// answer's Retry-After is kept when decode gives none.
+// error, an answer larger than a stored answer of MaxResponseBytes can
+// make it (envelopeBytes), a body that breaks off and a decode error are
+// errors; decode errors wrap ErrBadStatus. A stored answer's body longer
+// than MaxResponseBytes is cut there (Status.BodyCut). The answer's
+// Retry-After is kept when decode gives none.
 func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, http.Header, []byte) (Status, error)) (Status, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -141,12 +147,14 @@ func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, ht
 		return Status{}, fmt.Errorf("GET %s: %w", redact(req), err)
 	}
 	defer resp.Body.Close()
-	body, truncated, err := readBody(resp.Body, q.MaxResponseBytes, resp.ContentLength)
+	limit := envelopeBytes(q.MaxResponseBytes)
+	body, truncated, err := readBody(resp.Body, limit, resp.ContentLength)
 	if err != nil {
 		return Status{}, fmt.Errorf("HTTP %d, reading the body: %w", resp.StatusCode, err)
 	}
 	if truncated {
-		return Status{}, fmt.Errorf("%w: the answer is larger than %d bytes (Config.MaxResponseBytes)", ErrBadStatus, q.MaxResponseBytes)
+		return Status{}, fmt.Errorf("%w: the answer is larger than %d bytes, the most a stored answer of Config.MaxResponseBytes (%d) takes in a status answer",
+			ErrBadStatus, limit, q.MaxResponseBytes)
 	}
 	st, err := decode(resp.StatusCode, resp.Header, body)
 	if err != nil {
@@ -167,7 +175,30 @@ func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, ht
 	if st.RetryAfter == 0 {
 		st.RetryAfter = RetryAfter(resp.Header, time.Now())
 	}
+	if st.Response != nil && int64(len(st.Response.Body)) > q.MaxResponseBytes {
+		// Cut as an attempt's answer is, and noted so.
+		st.Response.Body = st.Response.Body[:q.MaxResponseBytes:q.MaxResponseBytes]
+		st.BodyCut = true
+	}
 	return st, nil
+}
+
+// envelopeAllowance is what a status answer holds besides the stored
+// answer's body: the key, the state, the stored answer's status and
+// headers, the JSON around them.
+const envelopeAllowance = 64 << 10
+
+// envelopeBytes is the most a status answer is read to carry a stored
+// answer whose body is limit bytes long: in a JSON string, each byte may be
+// escaped to six ("\u00e9", "\ufffd" for a byte that is no UTF-8), and
+// base64 takes four for three; plus envelopeAllowance. It saturates rather
+// than overflow for a very large limit.
+func envelopeBytes(limit int64) int64 {
+	const most = math.MaxInt64 - 1 // readBody reads one byte past its limit
+	if limit > (most-envelopeAllowance)/6 {
+		return most
+	}
+	return 6*limit + envelopeAllowance
 }
 
 // StatusAdapter is a StatusChecker for a status endpoint of another shape
@@ -212,7 +243,10 @@ type StatusAdapter struct {
 	// Required.
 	URL string
 	// Decode reads the answer: its HTTP status, headers and body (at most
-	// Config.MaxResponseBytes). Required.
+	// what a stored answer of Config.MaxResponseBytes takes in an
+	// envelope, escaped as JSON: six times as much, and 64 KiB). A
+	// Response.Body it returns longer than MaxResponseBytes is cut there,
+	// and the cut noted. Required.
 	Decode func(statusCode int, header http.Header, body []byte) (Status, error)
 }
 

@@ -218,7 +218,7 @@ func Classify(a Attempt) Decision {
 	if a.Err != nil {
 		return Decision{Verdict: Unknown, Reason: reason + " with its body cut off: " + a.Err.Error()}
 	}
-	if code < 200 {
+	if code >= 100 && code < 200 {
 		// No final answer (RFC 9110 §15.2): net/http returns a 101 as the
 		// response because the connection changed protocols, not because
 		// the server answered the write, which it received.

@@ -46,6 +46,10 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			if errors.As(err, &je) {
 				return d.journalFailed(je.err)
 			}
+			// The next check waits for the server's time, as the next
+			// attempt would: within this call up to MaxRetryAfter, else
+			// the operation is due again then.
+			d.serverAsked(st.RetryAfter)
 			before := d.cause
 			d.cause = fmt.Errorf("status check by %s: %w", d.c.statusName, err)
 			if errors.Is(err, ErrAuthorizeFailed) {

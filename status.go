@@ -18,7 +18,9 @@ import (
 // is unknown. It must never answer StatusNotFound unless the server said so
 // explicitly: a failed or unreadable status call is an error, which leaves
 // the operation unknown, never "not found" (which makes the client send the
-// request again).
+// request again). With an error, the client reads only the Status's
+// RetryAfter: the wait the server asked for before it is asked again (a
+// 503 or 429 with Retry-After), honoured as an attempt's is.
 type StatusChecker interface {
 	CheckStatus(ctx context.Context, q StatusQuery) (Status, error)
 }
@@ -79,7 +81,8 @@ type Status struct {
 	State StatusState
 	// Response is the server's stored answer when State is StatusCompleted.
 	Response *Response
-	// RetryAfter is how long the server asked to wait before asking again.
+	// RetryAfter is how long the server asked to wait before asking again;
+	// with a checker's error too.
 	RetryAfter time.Duration
 	// BodyCut reports that Response.Body was cut at MaxResponseBytes; the
 	// journal notes it.
@@ -147,13 +150,16 @@ func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, ht
 		return Status{}, fmt.Errorf("GET %s: %w", redact(req), err)
 	}
 	defer resp.Body.Close()
+	// An answer that settles nothing (a 503, a 429) still says when to ask
+	// again.
+	failed := Status{RetryAfter: RetryAfter(resp.Header, time.Now())}
 	limit := envelopeBytes(q.MaxResponseBytes)
 	body, truncated, err := readBody(resp.Body, limit, resp.ContentLength)
 	if err != nil {
-		return Status{}, fmt.Errorf("HTTP %d, reading the body: %w", resp.StatusCode, err)
+		return failed, fmt.Errorf("HTTP %d, reading the body: %w", resp.StatusCode, err)
 	}
 	if truncated {
-		return Status{}, fmt.Errorf("%w: the answer is larger than %d bytes, the most a stored answer of Config.MaxResponseBytes (%d) takes in a status answer",
+		return failed, fmt.Errorf("%w: the answer is larger than %d bytes, the most a stored answer of Config.MaxResponseBytes (%d) takes in a status answer",
 			ErrBadStatus, limit, q.MaxResponseBytes)
 	}
 	st, err := decode(resp.StatusCode, resp.Header, body)
@@ -161,19 +167,19 @@ func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, ht
 		if !errors.Is(err, ErrBadStatus) {
 			err = fmt.Errorf("%w: HTTP %d: %w", ErrBadStatus, resp.StatusCode, err)
 		}
-		return Status{}, err
+		return failed, err
 	}
 	switch st.State {
 	case StatusProcessing, StatusNotFound:
 	case StatusCompleted:
 		if st.Response == nil || st.Response.StatusCode < 100 || st.Response.StatusCode > 599 {
-			return Status{}, fmt.Errorf("%w: HTTP %d: completed without a response status", ErrBadStatus, resp.StatusCode)
+			return failed, fmt.Errorf("%w: HTTP %d: completed without a response status", ErrBadStatus, resp.StatusCode)
 		}
 	default:
-		return Status{}, fmt.Errorf("%w: HTTP %d: the decoder returned no state", ErrBadStatus, resp.StatusCode)
+		return failed, fmt.Errorf("%w: HTTP %d: the decoder returned no state", ErrBadStatus, resp.StatusCode)
 	}
 	if st.RetryAfter == 0 {
-		st.RetryAfter = RetryAfter(resp.Header, time.Now())
+		st.RetryAfter = failed.RetryAfter
 	}
 	if st.Response != nil && int64(len(st.Response.Body)) > q.MaxResponseBytes {
 		// Cut as an attempt's answer is, and noted so.
@@ -308,7 +314,7 @@ func (replayStatus) CheckStatus(ctx context.Context, q StatusQuery) (Status, err
 	case InProgress:
 		return Status{State: StatusProcessing, RetryAfter: d.RetryAfter}, nil
 	}
-	return Status{}, errors.New(d.Reason)
+	return Status{RetryAfter: d.RetryAfter}, errors.New(d.Reason)
 }
 
 // readBody reads at most limit bytes and reports whether there was more.

@@ -46,6 +46,9 @@ type driver struct {
 	sends           int  // attempts this call made
 	checks          int  // status checks this call made
 	replayed        bool // the status check in progress re-sent the request
+	// resend: the next send follows a status check's not_found, a re-send
+	// that spends the shared retry budget as a retry does.
+	resend bool
 
 	// cause is the latest reason the operation is not settled.
 	cause error
@@ -207,6 +210,13 @@ func (d *driver) send(ctx context.Context) error {
 	// intent stays unsent, and the next send reuses it).
 	if d.authErr = d.preauthorize(req.Request); d.authErr != nil {
 		return d.unauthorized(ctx)
+	}
+	if d.resend {
+		if !d.c.budget.withdraw() {
+			// Unknown, not pending: an earlier attempt may still arrive.
+			return d.stop(ctx, fmt.Errorf("%w: %s: not sent", ErrRetryBudgetExhausted, d.why), d.failedDue())
+		}
+		d.resend = false
 	}
 	if !d.journaled {
 		next := d.rec

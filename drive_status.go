@@ -52,8 +52,10 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			d.serverAsked(st.RetryAfter)
 			before := d.cause
 			d.cause = fmt.Errorf("status check by %s: %w", d.c.statusName, err)
-			if errors.Is(err, ErrAuthorizeFailed) {
-				// Every further check would fail the same way.
+			if errors.Is(err, ErrAuthorizeFailed) || errors.Is(err, ErrRetryBudgetExhausted) {
+				// Every further check would fail the same way (the
+				// budget refills in time, not within this call's
+				// backoff: an attempt's round stops on it too).
 				return d.stop(ctx, d.cause, d.failedDue())
 			}
 			if ctx.Err() != nil {
@@ -88,6 +90,7 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			// re-send be refused, it is unknown, not pending.
 			d.next = stepSend
 			d.why = fmt.Sprintf("send again, same key: status check %d said the server never saw the key", d.checks)
+			d.resend = true
 			return nil
 		case StatusProcessing:
 			d.cause = errProcessing
@@ -225,6 +228,11 @@ func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 		// Authorize first: a replay it stops is no attempt.
 		if err := d.preauthorize(req); err != nil {
 			return nil, err
+		}
+		// A replay is a re-send of the request, as heavy for the server
+		// as a retry: it spends the shared retry budget as one does.
+		if !d.c.budget.withdraw() {
+			return nil, fmt.Errorf("%w: the replay, a re-send of the request, was not made", ErrRetryBudgetExhausted)
 		}
 		d.replayed = true
 		next := d.rec

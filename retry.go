@@ -62,7 +62,10 @@ type RetryPolicy struct {
 	// client's operations share, so that an outage does not turn into a
 	// retry storm: every first attempt deposits RetryRatio tokens, the
 	// budget refills by MinRetriesPerSecond tokens a second, and every
-	// re-send spends one. Default to 0.2 and 10.
+	// re-send spends one: a retry, a ReplayStatus replay, a send after a
+	// status check said not_found. A re-send the budget refuses ends the
+	// call with ErrRetryBudgetExhausted as its cause. Default to 0.2 and
+	// 10.
 	RetryRatio          float64
 	MinRetriesPerSecond float64
 }

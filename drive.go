@@ -242,6 +242,9 @@ func (d *driver) send(ctx context.Context) error {
 	d.journaled = false
 	d.next, d.why = stepCheck, ""
 
+	// Whether an attempt before the round's last may have reached the
+	// server: an earlier call's or round's, or one of this round.
+	reachedBefore, sendsBefore := d.maybeApplied, d.sends
 	last, err := rd.run(req)
 	err = redactError(err)
 	if rd.journalErr != nil {
@@ -256,6 +259,16 @@ func (d *driver) send(ctx context.Context) error {
 		return d.stop(ctx, err, d.failedDue())
 	}
 	v := last.decision
+	if v.Verdict == KeyConflict && (reachedBefore || d.sends-sendsBefore > 1 || last.writes.Load() > 1) {
+		// The client sends nothing but the journaled request under the
+		// key: the request the server holds it for is an earlier attempt
+		// of this operation, in a form the server tells apart (an
+		// Authorize that puts a fresh token in the URL, a signed
+		// header), which may have been applied. No rejection: the
+		// outcome is unknown, for the status check.
+		d.cause = fmt.Errorf("%s, answering a re-send: the key is an earlier attempt's, which may have been applied", v.Reason)
+		return d.markUnknown(ctx, v.Reason)
+	}
 	if v.Verdict == Succeeded || v.Verdict == Rejected || v.Verdict == KeyConflict {
 		return d.settle(ctx, v, d.stored(last.resp, last.body), last.cut, EventAnswer, "")
 	}

@@ -166,9 +166,6 @@ var errProcessing = errors.New("the server is still processing the key")
 // stored answer is final for the key, whatever its status.
 func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 	resp := st.Response
-	if d.partial != nil && !agrees(d.partial, resp) {
-		return d.keyNotHonoured(ctx, resp)
-	}
 	// The checker's header map is its own, its names as the server or a
 	// decoder spelled them: the stored answer gets a copy in canonical
 	// form, without secrets, before anything (the Classifier included)
@@ -176,6 +173,12 @@ func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 	resp.Header = resp.Header.Clone()
 	d.c.dropSecrets(resp.Header)
 	v := d.c.classify(Attempt{Response: &http.Response{StatusCode: resp.StatusCode, Header: resp.Header}, Body: resp.Body, Written: true})
+	if v.Verdict == KeyConflict && d.replayed {
+		return d.replayConflict(ctx, v)
+	}
+	if d.partial != nil && !agrees(d.partial, resp) {
+		return d.keyNotHonoured(ctx, resp)
+	}
 	switch v.Verdict {
 	case Succeeded, KeyConflict:
 	default:
@@ -188,6 +191,21 @@ func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 	}
 	detail := fmt.Sprintf("check %d: completed, HTTP %d", d.checks, resp.StatusCode)
 	return d.settle(ctx, v, resp, st.BodyCut, EventStatus, detail)
+}
+
+// replayConflict handles a key conflict answering a replay (ReplayStatus):
+// the replay is the journaled request, the only one the client sends under
+// the key, so the request the server holds the key for is an earlier
+// attempt of this operation, in a form the server tells apart (an
+// Authorize that puts a fresh token in the URL, a signed header). That
+// attempt may have been applied: no rejection. The outcome stays unknown,
+// and the call stops, as every replay would meet the same answer; an
+// operator who finds the outcome settles it with Reconcile, or it expires
+// with the server's retention.
+func (d *driver) replayConflict(ctx context.Context, v Decision) error {
+	d.cause = fmt.Errorf("status check by %s: %s, answering the replay of the journaled request: the key is held for an earlier attempt of this operation, in a form the server tells apart (does Authorize change the URL or a signed header?), which may have been applied; a replay cannot learn its outcome",
+		d.c.statusName, v.Reason)
+	return d.stop(ctx, d.cause, d.failedDue())
 }
 
 // query is what the status checker gets: the record, and the means to

@@ -115,7 +115,13 @@ const (
 	// 5xx the server says it replayed from its store. Terminal.
 	Rejected
 	// KeyConflict: the server says the key was used with another request.
-	// Terminal (rejected), reported as ErrKeyConflict.
+	// Terminal (rejected), reported as ErrKeyConflict, when it answers
+	// the first attempt of the operation that may have reached the
+	// server. Answering a re-send (a retry, a ReplayStatus replay, a send
+	// after not_found) once an earlier attempt may have reached it, it
+	// means the key is that attempt's, which may have been applied (the
+	// client sends nothing else under the key): the outcome is unknown,
+	// for the status check, never a rejection.
 	KeyConflict
 	// Retry: the request did not take effect (it was never written, or the
 	// server refused it before processing, as with 429): send it again with

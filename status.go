@@ -287,7 +287,11 @@ func (a StatusAdapter) String() string { return a.Name }
 // most middlewares): it re-sends the journaled request, byte for byte, with
 // the same key. A definitive answer is the operation's result; a 409 means
 // the server is still processing; anything else is an error and leaves the
-// operation unknown. Against a server that does not keep keys, a replay
+// operation unknown. A key conflict is no answer for the key: the server
+// holds it for an earlier attempt in a form it tells apart from the
+// replay (a fresh token in the URL, say), so the outcome stays unknown and
+// the call stops; a status endpoint (StatusEndpoint, StatusAdapter) can
+// settle it. Against a server that does not keep keys, a replay
 // executes the request again: use it only with servers that do.
 func ReplayStatus() StatusChecker { return replayStatus{} }
 

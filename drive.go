@@ -243,7 +243,9 @@ func (d *driver) send(ctx context.Context) error {
 	d.next, d.why = stepCheck, ""
 
 	// Whether an attempt before the round's last may have reached the
-	// server: an earlier call's or round's, or one of this round.
+	// server: an earlier call's or round's, or one of this round (any
+	// retried one counts: wrongly unknown costs a status check, wrongly
+	// rejected loses an applied write).
 	reachedBefore, sendsBefore := d.maybeApplied, d.sends
 	last, err := rd.run(req)
 	err = redactError(err)

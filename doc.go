@@ -157,7 +157,10 @@
 // A server that does not keep keys executes a replay again. When the client
 // holds the beginning of a first answer (its body broke off) and the next
 // answer for the same key differs, it stops: nothing more is sent, and the
-// operation is parked for an operator with ErrKeyNotHonoured.
+// operation is parked for an operator with ErrKeyNotHonoured. So it is
+// when the client holds the beginning of a success and the status check
+// then says the server never saw the key: the server lost it, and a
+// re-send would be executed again.
 //
 // # Tenants, concurrency and crashes
 //

@@ -46,6 +46,9 @@ type driver struct {
 	sends           int  // attempts this call made
 	checks          int  // status checks this call made
 	replayed        bool // the status check in progress re-sent the request
+	// resend: the next send follows a status check's not_found, a re-send
+	// that spends the shared retry budget as a retry does.
+	resend bool
 
 	// cause is the latest reason the operation is not settled.
 	cause error
@@ -208,6 +211,13 @@ func (d *driver) send(ctx context.Context) error {
 	if d.authErr = d.preauthorize(req.Request); d.authErr != nil {
 		return d.unauthorized(ctx)
 	}
+	if d.resend {
+		if !d.c.budget.withdraw() {
+			// Unknown, not pending: an earlier attempt may still arrive.
+			return d.stop(ctx, fmt.Errorf("%w: %s: not sent", ErrRetryBudgetExhausted, d.why), d.failedDue())
+		}
+		d.resend = false
+	}
 	if !d.journaled {
 		next := d.rec
 		next.State = StateInFlight
@@ -232,6 +242,11 @@ func (d *driver) send(ctx context.Context) error {
 	d.journaled = false
 	d.next, d.why = stepCheck, ""
 
+	// Whether an attempt before the round's last may have reached the
+	// server: an earlier call's or round's, or one of this round (any
+	// retried one counts: wrongly unknown costs a status check, wrongly
+	// rejected loses an applied write).
+	reachedBefore, sendsBefore := d.maybeApplied, d.sends
 	last, err := rd.run(req)
 	err = redactError(err)
 	if rd.journalErr != nil {
@@ -246,6 +261,16 @@ func (d *driver) send(ctx context.Context) error {
 		return d.stop(ctx, err, d.failedDue())
 	}
 	v := last.decision
+	if v.Verdict == KeyConflict && (reachedBefore || d.sends-sendsBefore > 1 || last.writes.Load() > 1) {
+		// The client sends nothing but the journaled request under the
+		// key: the request the server holds it for is an earlier attempt
+		// of this operation, in a form the server tells apart (an
+		// Authorize that puts a fresh token in the URL, a signed
+		// header), which may have been applied. No rejection: the
+		// outcome is unknown, for the status check.
+		d.cause = fmt.Errorf("%s, answering a re-send: the key is an earlier attempt's, which may have been applied", v.Reason)
+		return d.markUnknown(ctx, v.Reason)
+	}
 	if v.Verdict == Succeeded || v.Verdict == Rejected || v.Verdict == KeyConflict {
 		return d.settle(ctx, v, d.stored(last.resp, last.body), last.cut, EventAnswer, "")
 	}

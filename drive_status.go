@@ -46,10 +46,16 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			if errors.As(err, &je) {
 				return d.journalFailed(je.err)
 			}
+			// The next check waits for the server's time, as the next
+			// attempt would: within this call up to MaxRetryAfter, else
+			// the operation is due again then.
+			d.serverAsked(st.RetryAfter)
 			before := d.cause
 			d.cause = fmt.Errorf("status check by %s: %w", d.c.statusName, err)
-			if errors.Is(err, ErrAuthorizeFailed) {
-				// Every further check would fail the same way.
+			if errors.Is(err, ErrAuthorizeFailed) || errors.Is(err, ErrRetryBudgetExhausted) {
+				// Every further check would fail the same way (the
+				// budget refills in time, not within this call's
+				// backoff: an attempt's round stops on it too).
 				return d.stop(ctx, d.cause, d.failedDue())
 			}
 			if ctx.Err() != nil {
@@ -74,6 +80,9 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			}
 			return d.settleFromStatus(ctx, st)
 		case StatusNotFound:
+			if d.answered() {
+				return d.keyForgotten(ctx)
+			}
 			// The server has not seen the key yet: send it again, same
 			// key. An earlier attempt may still be on its way (held in a
 			// gateway, delayed in the network) and arrive after this
@@ -81,6 +90,7 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			// re-send be refused, it is unknown, not pending.
 			d.next = stepSend
 			d.why = fmt.Sprintf("send again, same key: status check %d said the server never saw the key", d.checks)
+			d.resend = true
 			return nil
 		case StatusProcessing:
 			d.cause = errProcessing
@@ -100,6 +110,33 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// answered reports whether this call holds proof that the server received
+// the key and applied the request: a success status line whose body broke
+// off (partial). A status check that then says not_found does not make
+// the request unseen; a cut refusal does not count, as a server need not
+// keep a request it refused.
+func (d *driver) answered() bool {
+	if d.partial == nil {
+		return false
+	}
+	resp := &http.Response{StatusCode: d.partial.StatusCode, Header: http.Header{}}
+	return d.c.classify(Attempt{Response: resp, Body: d.partial.Body, Written: true}).Verdict == Succeeded
+}
+
+// keyForgotten handles a status endpoint that says it never saw a key
+// whose request the server answered with a success: the server lost the
+// key (or the endpoint is not the one that keeps it), so a re-send would
+// be executed as a new request. Nothing more is sent: the operation is
+// parked as expired, for an operator to check the business records and
+// Reconcile. (The proof lives in this call only; a later call that found
+// the record unknown could not tell, so it is not left unknown.)
+func (d *driver) keyForgotten(ctx context.Context) error {
+	cause := fmt.Errorf("%w: key %s was answered HTTP %d, then status check %d by %s said the server never saw it; a re-send would be executed again, so it is not re-sent: check the business records, then Reconcile",
+		ErrKeyNotHonoured, d.rec.Key, d.partial.StatusCode, d.checks, d.c.statusName)
+	// Durable: losing this would let a resume send the request again.
+	return d.park(ctx, cause, Durable)
 }
 
 // recordCheck journals a status check that did not settle the operation:
@@ -129,9 +166,6 @@ var errProcessing = errors.New("the server is still processing the key")
 // stored answer is final for the key, whatever its status.
 func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 	resp := st.Response
-	if d.partial != nil && !agrees(d.partial, resp) {
-		return d.keyNotHonoured(ctx, resp)
-	}
 	// The checker's header map is its own, its names as the server or a
 	// decoder spelled them: the stored answer gets a copy in canonical
 	// form, without secrets, before anything (the Classifier included)
@@ -139,6 +173,12 @@ func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 	resp.Header = resp.Header.Clone()
 	d.c.dropSecrets(resp.Header)
 	v := d.c.classify(Attempt{Response: &http.Response{StatusCode: resp.StatusCode, Header: resp.Header}, Body: resp.Body, Written: true})
+	if v.Verdict == KeyConflict && d.replayed {
+		return d.replayConflict(ctx, v)
+	}
+	if d.partial != nil && !agrees(d.partial, resp) {
+		return d.keyNotHonoured(ctx, resp)
+	}
 	switch v.Verdict {
 	case Succeeded, KeyConflict:
 	default:
@@ -151,6 +191,21 @@ func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 	}
 	detail := fmt.Sprintf("check %d: completed, HTTP %d", d.checks, resp.StatusCode)
 	return d.settle(ctx, v, resp, st.BodyCut, EventStatus, detail)
+}
+
+// replayConflict handles a key conflict answering a replay (ReplayStatus):
+// the replay is the journaled request, the only one the client sends under
+// the key, so the request the server holds the key for is an earlier
+// attempt of this operation, in a form the server tells apart (an
+// Authorize that puts a fresh token in the URL, a signed header). That
+// attempt may have been applied: no rejection. The outcome stays unknown,
+// and the call stops, as every replay would meet the same answer; an
+// operator who finds the outcome settles it with Reconcile, or it expires
+// with the server's retention.
+func (d *driver) replayConflict(ctx context.Context, v Decision) error {
+	d.cause = fmt.Errorf("status check by %s: %s, answering the replay of the journaled request: the key is held for an earlier attempt of this operation, in a form the server tells apart (does Authorize change the URL or a signed header?), which may have been applied; a replay cannot learn its outcome",
+		d.c.statusName, v.Reason)
+	return d.stop(ctx, d.cause, d.failedDue())
 }
 
 // query is what the status checker gets: the record, and the means to
@@ -191,6 +246,11 @@ func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 		// Authorize first: a replay it stops is no attempt.
 		if err := d.preauthorize(req); err != nil {
 			return nil, err
+		}
+		// A replay is a re-send of the request, as heavy for the server
+		// as a retry: it spends the shared retry budget as one does.
+		if !d.c.budget.withdraw() {
+			return nil, fmt.Errorf("%w: the replay, a re-send of the request, was not made", ErrRetryBudgetExhausted)
 		}
 		d.replayed = true
 		next := d.rec

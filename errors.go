@@ -29,14 +29,20 @@ var (
 	ErrRejected = errors.New("idem: rejected by the server")
 	// ErrKeyConflict: the server says the key was already used with a
 	// different request. The operation is rejected: errors matching it
-	// also match ErrRejected.
+	// also match ErrRejected. Only when no earlier attempt of the
+	// operation may have reached the server: a key conflict answering a
+	// re-send is about that earlier attempt (in a form the server tells
+	// apart, such as a fresh token Authorize put in the URL), which may
+	// have been applied, so the outcome is unknown (see KeyConflict).
 	ErrKeyConflict = errors.New("idem: server reports the key was used with a different request")
 	// ErrNeedsReconciliation: the server's key retention passed before the
 	// outcome was confirmed, so the operation is expired and will not be
 	// re-sent. An operator settles it with Reconcile.
 	ErrNeedsReconciliation = errors.New("idem: operation needs reconciliation")
 	// ErrKeyNotHonoured: the server answered one key twice with different
-	// results, so it executed the request again: it does not keep
+	// results, so it executed the request again, or its status endpoint
+	// said it never saw a key it had answered with a success, so it would
+	// execute the request again: it does not keep
 	// idempotency keys. The operation is expired: errors matching it also
 	// match ErrNeedsReconciliation. Nothing more is sent, and an operator
 	// checks for a duplicate.

@@ -62,7 +62,10 @@ type RetryPolicy struct {
 	// client's operations share, so that an outage does not turn into a
 	// retry storm: every first attempt deposits RetryRatio tokens, the
 	// budget refills by MinRetriesPerSecond tokens a second, and every
-	// re-send spends one. Default to 0.2 and 10.
+	// re-send spends one: a retry, a ReplayStatus replay, a send after a
+	// status check said not_found. A re-send the budget refuses ends the
+	// call with ErrRetryBudgetExhausted as its cause. Default to 0.2 and
+	// 10.
 	RetryRatio          float64
 	MinRetriesPerSecond float64
 }
@@ -112,7 +115,13 @@ const (
 	// 5xx the server says it replayed from its store. Terminal.
 	Rejected
 	// KeyConflict: the server says the key was used with another request.
-	// Terminal (rejected), reported as ErrKeyConflict.
+	// Terminal (rejected), reported as ErrKeyConflict, when it answers
+	// the first attempt of the operation that may have reached the
+	// server. Answering a re-send (a retry, a ReplayStatus replay, a send
+	// after not_found) once an earlier attempt may have reached it, it
+	// means the key is that attempt's, which may have been applied (the
+	// client sends nothing else under the key): the outcome is unknown,
+	// for the status check, never a rejection.
 	KeyConflict
 	// Retry: the request did not take effect (it was never written, or the
 	// server refused it before processing, as with 429): send it again with
@@ -125,8 +134,9 @@ const (
 	// InProgress: the server is still processing the key (409): wait, then
 	// check status.
 	InProgress
-	// Unknown: the request was written and no answer came (a timeout, a
-	// reset, an EOF): never re-send blindly; check status.
+	// Unknown: the request was written and no final answer came (a
+	// timeout, a reset, an EOF, a 1xx): never re-send blindly; check
+	// status.
 	Unknown
 )
 
@@ -173,6 +183,7 @@ type Classifier func(Attempt) Decision
 //
 //	not written (dial failure, refused)       → Retry (with or without an error)
 //	written, then a timeout, reset or EOF     → Unknown
+//	1xx (a 101 Switching Protocols)           → Unknown (no final answer)
 //	2xx (303 too)                             → Succeeded, whatever the body
 //	a key conflict the server names           → KeyConflict (any other status; see below)
 //	any other status marked as replayed       → Rejected (the server's stored answer)
@@ -215,6 +226,12 @@ func Classify(a Attempt) Decision {
 	reason := statusReason(code)
 	if a.Err != nil {
 		return Decision{Verdict: Unknown, Reason: reason + " with its body cut off: " + a.Err.Error()}
+	}
+	if code >= 100 && code < 200 {
+		// No final answer (RFC 9110 §15.2): net/http returns a 101 as the
+		// response because the connection changed protocols, not because
+		// the server answered the write, which it received.
+		return Decision{Verdict: Unknown, Reason: reason + ": no final answer to the request"}
 	}
 	// A success status is the server saying it applied the request: no body
 	// overrides it, or a write that took effect would be reported as not

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -17,7 +18,9 @@ import (
 // is unknown. It must never answer StatusNotFound unless the server said so
 // explicitly: a failed or unreadable status call is an error, which leaves
 // the operation unknown, never "not found" (which makes the client send the
-// request again).
+// request again). With an error, the client reads only the Status's
+// RetryAfter: the wait the server asked for before it is asked again (a
+// 503 or 429 with Retry-After), honoured as an attempt's is.
 type StatusChecker interface {
 	CheckStatus(ctx context.Context, q StatusQuery) (Status, error)
 }
@@ -78,7 +81,8 @@ type Status struct {
 	State StatusState
 	// Response is the server's stored answer when State is StatusCompleted.
 	Response *Response
-	// RetryAfter is how long the server asked to wait before asking again.
+	// RetryAfter is how long the server asked to wait before asking again;
+	// with a checker's error too.
 	RetryAfter time.Duration
 	// BodyCut reports that Response.Body was cut at MaxResponseBytes; the
 	// journal notes it.
@@ -100,6 +104,9 @@ var ErrBadStatus = wire.ErrBadStatus
 //
 // (the response body is base64 when "body_encoding" is "base64"). Any
 // other answer, or no answer, is an error and leaves the operation unknown.
+// The answer is read up to what a stored body of Config.MaxResponseBytes
+// can take in it, escaped or in base64; a stored body longer than
+// MaxResponseBytes is cut there, and the cut noted, as an attempt's is.
 // The server package serves this endpoint.
 //
 // base is an absolute http or https URL with a host, and no query (the key
@@ -151,9 +158,11 @@ func (s statusEndpoint) CheckStatus(ctx context.Context, q StatusQuery) (Status,
 }
 
 // getStatus asks GET u and decodes the answer with decode. A transport
-// error, an answer larger than MaxResponseBytes, a body that breaks off
-// and a decode error are errors; decode errors wrap ErrBadStatus. The
-// answer's Retry-After is kept when decode gives none.
+// error, an answer larger than a stored answer of MaxResponseBytes can
+// make it (envelopeBytes), a body that breaks off and a decode error are
+// errors; decode errors wrap ErrBadStatus. A stored answer's body longer
+// than MaxResponseBytes is cut there (Status.BodyCut). The answer's
+// Retry-After is kept when decode gives none.
 func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, http.Header, []byte) (Status, error)) (Status, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
@@ -165,33 +174,61 @@ func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, ht
 		return Status{}, fmt.Errorf("GET %s: %w", redact(req), err)
 	}
 	defer resp.Body.Close()
-	body, truncated, err := readBody(resp.Body, q.MaxResponseBytes, resp.ContentLength)
+	// An answer that settles nothing (a 503, a 429) still says when to ask
+	// again.
+	failed := Status{RetryAfter: RetryAfter(resp.Header, time.Now())}
+	limit := envelopeBytes(q.MaxResponseBytes)
+	body, truncated, err := readBody(resp.Body, limit, resp.ContentLength)
 	if err != nil {
-		return Status{}, fmt.Errorf("HTTP %d, reading the body: %w", resp.StatusCode, err)
+		return failed, fmt.Errorf("HTTP %d, reading the body: %w", resp.StatusCode, err)
 	}
 	if truncated {
-		return Status{}, fmt.Errorf("%w: the answer is larger than %d bytes (Config.MaxResponseBytes)", ErrBadStatus, q.MaxResponseBytes)
+		return failed, fmt.Errorf("%w: the answer is larger than %d bytes, the most a stored answer of Config.MaxResponseBytes (%d) takes in a status answer",
+			ErrBadStatus, limit, q.MaxResponseBytes)
 	}
 	st, err := decode(resp.StatusCode, resp.Header, body)
 	if err != nil {
 		if !errors.Is(err, ErrBadStatus) {
 			err = fmt.Errorf("%w: HTTP %d: %w", ErrBadStatus, resp.StatusCode, err)
 		}
-		return Status{}, err
+		return failed, err
 	}
 	switch st.State {
 	case StatusProcessing, StatusNotFound:
 	case StatusCompleted:
 		if st.Response == nil || st.Response.StatusCode < 100 || st.Response.StatusCode > 599 {
-			return Status{}, fmt.Errorf("%w: HTTP %d: completed without a response status", ErrBadStatus, resp.StatusCode)
+			return failed, fmt.Errorf("%w: HTTP %d: completed without a response status", ErrBadStatus, resp.StatusCode)
 		}
 	default:
-		return Status{}, fmt.Errorf("%w: HTTP %d: the decoder returned no state", ErrBadStatus, resp.StatusCode)
+		return failed, fmt.Errorf("%w: HTTP %d: the decoder returned no state", ErrBadStatus, resp.StatusCode)
 	}
 	if st.RetryAfter == 0 {
-		st.RetryAfter = RetryAfter(resp.Header, time.Now())
+		st.RetryAfter = failed.RetryAfter
+	}
+	if st.Response != nil && int64(len(st.Response.Body)) > q.MaxResponseBytes {
+		// Cut as an attempt's answer is, and noted so.
+		st.Response.Body = st.Response.Body[:q.MaxResponseBytes:q.MaxResponseBytes]
+		st.BodyCut = true
 	}
 	return st, nil
+}
+
+// envelopeAllowance is what a status answer holds besides the stored
+// answer's body: the key, the state, the stored answer's status and
+// headers, the JSON around them.
+const envelopeAllowance = 64 << 10
+
+// envelopeBytes is the most a status answer is read to carry a stored
+// answer whose body is limit bytes long: in a JSON string, each byte may be
+// escaped to six ("\u00e9", "\ufffd" for a byte that is no UTF-8), and
+// base64 takes four for three; plus envelopeAllowance. It saturates rather
+// than overflow for a very large limit.
+func envelopeBytes(limit int64) int64 {
+	const most = math.MaxInt64 - 1 // readBody reads one byte past its limit
+	if limit > (most-envelopeAllowance)/6 {
+		return most
+	}
+	return 6*limit + envelopeAllowance
 }
 
 // StatusAdapter is a StatusChecker for a status endpoint of another shape
@@ -237,7 +274,10 @@ type StatusAdapter struct {
 	// belong in Config.Authorize).
 	URL string
 	// Decode reads the answer: its HTTP status, headers and body (at most
-	// Config.MaxResponseBytes). Required.
+	// what a stored answer of Config.MaxResponseBytes takes in an
+	// envelope, escaped as JSON: six times as much, and 64 KiB). A
+	// Response.Body it returns longer than MaxResponseBytes is cut there,
+	// and the cut noted. Required.
 	Decode func(statusCode int, header http.Header, body []byte) (Status, error)
 }
 
@@ -275,7 +315,11 @@ func (a StatusAdapter) String() string { return a.Name }
 // most middlewares): it re-sends the journaled request, byte for byte, with
 // the same key. A definitive answer is the operation's result; a 409 means
 // the server is still processing; anything else is an error and leaves the
-// operation unknown. Against a server that does not keep keys, a replay
+// operation unknown. A key conflict is no answer for the key: the server
+// holds it for an earlier attempt in a form it tells apart from the
+// replay (a fresh token in the URL, say), so the outcome stays unknown and
+// the call stops; a status endpoint (StatusEndpoint, StatusAdapter) can
+// settle it. Against a server that does not keep keys, a replay
 // executes the request again: use it only with servers that do.
 func ReplayStatus() StatusChecker { return replayStatus{} }
 
@@ -302,7 +346,7 @@ func (replayStatus) CheckStatus(ctx context.Context, q StatusQuery) (Status, err
 	case InProgress:
 		return Status{State: StatusProcessing, RetryAfter: d.RetryAfter}, nil
 	}
-	return Status{}, errors.New(d.Reason)
+	return Status{RetryAfter: d.RetryAfter}, errors.New(d.Reason)
 }
 
 // readBody reads at most limit bytes and reports whether there was more.

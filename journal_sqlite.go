@@ -21,7 +21,8 @@ import (
 // *FileError naming the path and what to do, and match with errors.Is.
 var (
 	// ErrNotJournal: the file is not an idem journal: another program's
-	// SQLite database, or not SQLite at all.
+	// SQLite database, idem's server key store (the message says so), or
+	// not SQLite at all.
 	ErrNotJournal = sqlitefile.ErrForeign
 	// ErrSchemaTooNew: the journal was written by a newer idem.
 	ErrSchemaTooNew = sqlitefile.ErrSchemaTooNew

@@ -30,7 +30,7 @@ var (
 type FileError = sqlitefile.Error
 
 // storeAppID marks a file as an idem server key store ("idms").
-const storeAppID = 0x69646d73
+const storeAppID = sqlitefile.StoreAppID
 
 // storeSchema[i] migrates the store's schema from version i to i+1.
 var storeSchema = []string{

@@ -32,6 +32,20 @@ var (
 	ErrHot = errors.New("left mid-write by a process that ended")
 )
 
+// Application IDs of idem's kinds of file. They are listed here, in one
+// place, so that a file opened as the wrong kind (the server's key store
+// given as a journal) is named for what it is, not taken for another
+// program's.
+const (
+	JournalAppID int32 = 0x69646d6a // "idmj"
+	StoreAppID   int32 = 0x69646d73 // "idms"
+)
+
+var kinds = map[int32]struct{ what, whose, hint string }{
+	JournalAppID: {"journal", "a client's", "this one is opened by idem.OpenSQLite and the idem command's --journal"},
+	StoreAppID:   {"key store", "the server's", "this one is opened by server.OpenSQLiteStore"},
+}
+
 // Error is a failure tied to one file. It says what went wrong and what to
 // do about it, and matches its Kind and its cause with errors.Is.
 type Error struct {

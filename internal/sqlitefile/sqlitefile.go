@@ -431,6 +431,11 @@ func (db *DB) identity(ctx context.Context, c *sql.Conn) (int, error) {
 		return 0, &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
 			Err:  fmt.Errorf("marked as an idem %s but without a schema version (%d tables)", db.what, tables),
 			Hint: "restore a backup, or move it aside to start a new one"}
+	case appID != db.opts.AppID && kinds[appID].what != "":
+		k := kinds[appID]
+		return 0, &Error{What: db.what, Path: db.path, Kind: ErrForeign,
+			Err:  fmt.Errorf("it is an idem %s (%s), not a %s", k.what, k.whose, db.what),
+			Hint: fmt.Sprintf("give the %s's path; %s", db.what, k.hint)}
 	case appID != db.opts.AppID:
 		return 0, &Error{What: db.what, Path: db.path, Kind: ErrForeign,
 			Err:  fmt.Errorf("SQLite database with application_id %#x and %d tables", appID, tables),

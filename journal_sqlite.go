@@ -44,6 +44,10 @@ var (
 	// ended while it wrote the file (one killed while it created the
 	// journal, say). Opening it without SQLiteReadOnly rolls that write back.
 	ErrJournalUnrecovered = sqlitefile.ErrHot
+	// ErrJournalLocked: another process held the journal's lock for longer
+	// than the busy timeout (SQLiteBusyTimeout): an sqlite3 shell or a
+	// backup tool left in a transaction, say. The failed call wrote nothing.
+	ErrJournalLocked = sqlitefile.ErrLocked
 )
 
 // FileError is a failure tied to a journal file: its path, the kind of

@@ -20,6 +20,9 @@ var (
 	ErrNotStore = sqlitefile.ErrForeign
 	// ErrSchemaTooNew: the store was written by a newer idem.
 	ErrSchemaTooNew = sqlitefile.ErrSchemaTooNew
+	// ErrStoreLocked: another process held the store's lock for longer
+	// than the busy timeout (SQLiteBusyTimeout).
+	ErrStoreLocked = sqlitefile.ErrLocked
 	// ErrStoreClosed: the store was closed.
 	ErrStoreClosed = errors.New("idem key store closed")
 )

@@ -455,8 +455,7 @@ func (db *DB) whileBusy(fn func() error) error {
 			return db.classify(err)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("idem %s %s: another process has held the write lock for over %s: %w",
-				db.what, db.path, db.opts.BusyTimeout, err)
+			return db.locked("the write lock", err)
 		}
 		time.Sleep(time.Duration(50+rand.IntN(250)) * time.Microsecond)
 	}

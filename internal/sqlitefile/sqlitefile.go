@@ -217,12 +217,16 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	return db, nil
 }
 
-// openError makes every failure to open the file a *Error. One that SQLite
+// openError makes every failure to open the file a *Error. A lock another
+// process held past the busy timeout is ErrLocked; one that SQLite
 // reports without a kind of its own (an unsupported file format, a schema it
 // cannot parse) means the file is not one this build can use.
 func (db *DB) openError(err error) error {
-	if fe := (*Error)(nil); errors.As(err, &fe) || isBusy(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if fe := (*Error)(nil); errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err // says what it is
+	}
+	if isBusy(err) {
+		return db.locked("a lock on the file", err)
 	}
 	return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: err,
 		Hint: "not an SQLite database this build can read, or its header is damaged; check the path"}

@@ -125,7 +125,8 @@ type DB struct {
 	Reader *sql.DB
 
 	// The group commit's queue. queueMu guards queue, leading and closed;
-	// the leader alone uses batch, txFull, lastWALCheck and the writer.
+	// the leader alone uses batch, txFull, lastWALCheck, walCheckEvery and
+	// the writer.
 	queueMu sync.Mutex
 	queue   []*writeReq
 	leading bool
@@ -168,7 +169,8 @@ type DB struct {
 	unsyncedSince time.Time
 	unsyncedN     int64
 
-	lastWALCheck time.Time
+	lastWALCheck  time.Time
+	walCheckEvery time.Duration // see truncateIfLarge
 
 	// wal is the WAL file, open for fsync (syncWAL) from its first use.
 	walMu    sync.Mutex
@@ -195,7 +197,7 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err}
 	}
-	db := &DB{what: opts.What, path: abs, opts: opts}
+	db := &DB{what: opts.What, path: abs, opts: opts, walCheckEvery: walCheckInterval}
 	if opts.ReadOnly {
 		return db, db.openReadOnly(ctx)
 	}

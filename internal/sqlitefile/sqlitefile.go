@@ -54,9 +54,10 @@ type Options struct {
 	// LingerDelay bounds how long buffered writes wait in the open
 	// transaction for another write to commit them. Defaults to 1 ms.
 	LingerDelay time.Duration
-	// WALLimit is the WAL size above which the committer truncates the WAL
-	// when no reader is in the way. SQLite's own checkpoints keep it near
-	// 4 MB unless long readers hold them back. Defaults to 64 MiB.
+	// WALLimit is the WAL size above which the committer truncates the WAL,
+	// waiting a little for the readers in its way (see truncateIfLarge).
+	// SQLite's own checkpoints keep it near 4 MB unless readers hold
+	// them back. Defaults to 64 MiB.
 	WALLimit int64
 	// Closed is the error kind reported after Close. Defaults to ErrClosed.
 	Closed error

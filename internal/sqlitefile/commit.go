@@ -586,7 +586,8 @@ func (db *DB) Sync(ctx context.Context) error {
 // 4 MB. Running it here, rather than from another connection, means it
 // never competes with the committer for the write lock.
 func (db *DB) truncateIfLarge() {
-	if time.Since(db.lastWALCheck) < db.walCheckEvery {
+	every := max(db.walCheckEvery, walCheckInterval)
+	if time.Since(db.lastWALCheck) < every {
 		return
 	}
 	db.lastWALCheck = time.Now()
@@ -601,14 +602,14 @@ func (db *DB) truncateIfLarge() {
 		var busy, frames, done int
 		err := db.writer.QueryRowContext(batchCtx, "PRAGMA wal_checkpoint(TRUNCATE)").Scan(&busy, &frames, &done)
 		if err == nil && busy == 0 {
-			db.walCheckEvery = walCheckInterval
+			db.walCheckEvery = 0
 			db.statsMu.Lock()
 			db.stats.Checkpoints++
 			db.statsMu.Unlock()
 			return
 		}
 		if (err != nil && !isBusy(err)) || time.Now().After(deadline) {
-			db.walCheckEvery = min(2*db.walCheckEvery, maxCheckpointBackoff)
+			db.walCheckEvery = min(2*every, maxCheckpointBackoff)
 			return
 		}
 		time.Sleep(time.Duration(50+rand.IntN(250)) * time.Microsecond)

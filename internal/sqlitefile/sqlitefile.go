@@ -171,7 +171,7 @@ type DB struct {
 	unsyncedN     int64
 
 	lastWALCheck  time.Time
-	walCheckEvery time.Duration // see truncateIfLarge
+	walCheckEvery time.Duration // see truncateIfLarge; 0 is walCheckInterval
 
 	// wal is the WAL file, open for fsync (syncWAL) from its first use.
 	walMu    sync.Mutex
@@ -198,7 +198,7 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err}
 	}
-	db := &DB{what: opts.What, path: abs, opts: opts, walCheckEvery: walCheckInterval}
+	db := &DB{what: opts.What, path: abs, opts: opts}
 	if opts.ReadOnly {
 		return db, db.openReadOnly(ctx)
 	}

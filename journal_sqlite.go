@@ -21,7 +21,8 @@ import (
 // *FileError naming the path and what to do, and match with errors.Is.
 var (
 	// ErrNotJournal: the file is not an idem journal: another program's
-	// SQLite database, or not SQLite at all.
+	// SQLite database, idem's server key store (the message says so), or
+	// not SQLite at all.
 	ErrNotJournal = sqlitefile.ErrForeign
 	// ErrSchemaTooNew: the journal was written by a newer idem.
 	ErrSchemaTooNew = sqlitefile.ErrSchemaTooNew
@@ -43,6 +44,10 @@ var (
 	// ended while it wrote the file (one killed while it created the
 	// journal, say). Opening it without SQLiteReadOnly rolls that write back.
 	ErrJournalUnrecovered = sqlitefile.ErrHot
+	// ErrJournalLocked: another process held the journal's lock for longer
+	// than the busy timeout (SQLiteBusyTimeout): an sqlite3 shell or a
+	// backup tool left in a transaction, say. The failed call wrote nothing.
+	ErrJournalLocked = sqlitefile.ErrLocked
 )
 
 // FileError is a failure tied to a journal file: its path, the kind of

@@ -15,7 +15,7 @@ import (
 )
 
 // journalAppID marks a file as an idem journal ("idmj").
-const journalAppID = 0x69646d6a
+const journalAppID = sqlitefile.JournalAppID
 
 // journalSchema[i] migrates the journal schema from version i to i+1.
 //

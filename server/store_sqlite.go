@@ -20,6 +20,9 @@ var (
 	ErrNotStore = sqlitefile.ErrForeign
 	// ErrSchemaTooNew: the store was written by a newer idem.
 	ErrSchemaTooNew = sqlitefile.ErrSchemaTooNew
+	// ErrStoreLocked: another process held the store's lock for longer
+	// than the busy timeout (SQLiteBusyTimeout).
+	ErrStoreLocked = sqlitefile.ErrLocked
 	// ErrStoreClosed: the store was closed.
 	ErrStoreClosed = errors.New("idem key store closed")
 )
@@ -30,7 +33,7 @@ var (
 type FileError = sqlitefile.Error
 
 // storeAppID marks a file as an idem server key store ("idms").
-const storeAppID = 0x69646d73
+const storeAppID = sqlitefile.StoreAppID
 
 // storeSchema[i] migrates the store's schema from version i to i+1.
 var storeSchema = []string{

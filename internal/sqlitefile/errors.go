@@ -30,7 +30,25 @@ var (
 	// journal beside it (a process ended while it wrote the file), which
 	// only a connection that may write plays back.
 	ErrHot = errors.New("left mid-write by a process that ended")
+	// ErrLocked: another process held a lock on the file for longer than
+	// Options.BusyTimeout (an sqlite3 shell or a backup tool left in a
+	// transaction, or a process stopped while it held the lock).
+	ErrLocked = errors.New("locked by another process")
 )
+
+// Application IDs of idem's kinds of file. They are listed here, in one
+// place, so that a file opened as the wrong kind (the server's key store
+// given as a journal) is named for what it is, not taken for another
+// program's.
+const (
+	JournalAppID int32 = 0x69646d6a // "idmj"
+	StoreAppID   int32 = 0x69646d73 // "idms"
+)
+
+var kinds = map[int32]struct{ what, whose, hint string }{
+	JournalAppID: {"journal", "a client's", "this one is opened by idem.OpenSQLite and the idem command's --journal"},
+	StoreAppID:   {"key store", "the server's", "this one is opened by server.OpenSQLiteStore"},
+}
 
 // Error is a failure tied to one file. It says what went wrong and what to
 // do about it, and matches its Kind and its cause with errors.Is.
@@ -118,6 +136,16 @@ func (db *DB) classify(err error) error {
 // file system is full, the quota is spent, or the file hit its size limit.
 func noSpace(errno syscall.Errno) bool {
 	return errno == syscall.ENOSPC || errno == syscall.EDQUOT || errno == syscall.EFBIG
+}
+
+// locked reports err, SQLite's busy failure after waiting BusyTimeout for
+// the lock (the write lock, or any lock while the file is opened), as an
+// ErrLocked that says what to do.
+func (db *DB) locked(lock string, err error) error {
+	return &Error{What: db.what, Path: db.path, Kind: ErrLocked,
+		Err: fmt.Errorf("waited %s for %s: %w", db.opts.BusyTimeout, lock, err),
+		Hint: fmt.Sprintf("find the process that holds it (fuser %s) and end its transaction, or let writes wait longer (SQLiteBusyTimeout); nothing was written by the failed call",
+			db.path)}
 }
 
 func isBusy(err error) bool {

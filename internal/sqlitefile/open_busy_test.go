@@ -86,6 +86,7 @@ func TestOpenBlockedByAReaderPastItsBusyTimeoutSaysSo(t *testing.T) {
 	_, err = Open(ctx, path, Options{What: "test file", AppID: appID, Migrations: testSchema, BusyTimeout: 200 * time.Millisecond})
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, ErrForeign)
+	assert.ErrorIs(t, err, ErrLocked)
 	assert.Contains(t, err.Error(), "another process")
 	assert.Contains(t, err.Error(), "200ms")
 }

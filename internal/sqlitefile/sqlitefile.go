@@ -54,9 +54,10 @@ type Options struct {
 	// LingerDelay bounds how long buffered writes wait in the open
 	// transaction for another write to commit them. Defaults to 1 ms.
 	LingerDelay time.Duration
-	// WALLimit is the WAL size above which the committer truncates the WAL
-	// when no reader is in the way. SQLite's own checkpoints keep it near
-	// 4 MB unless long readers hold them back. Defaults to 64 MiB.
+	// WALLimit is the WAL size above which the committer truncates the WAL,
+	// waiting a little for the readers in its way (see truncateIfLarge).
+	// SQLite's own checkpoints keep it near 4 MB unless readers hold
+	// them back. Defaults to 64 MiB.
 	WALLimit int64
 	// Closed is the error kind reported after Close. Defaults to ErrClosed.
 	Closed error
@@ -125,7 +126,8 @@ type DB struct {
 	Reader *sql.DB
 
 	// The group commit's queue. queueMu guards queue, leading and closed;
-	// the leader alone uses batch, txFull, lastWALCheck and the writer.
+	// the leader alone uses batch, txFull, lastWALCheck, walCheckEvery and
+	// the writer.
 	queueMu sync.Mutex
 	queue   []*writeReq
 	leading bool
@@ -168,7 +170,8 @@ type DB struct {
 	unsyncedSince time.Time
 	unsyncedN     int64
 
-	lastWALCheck time.Time
+	lastWALCheck  time.Time
+	walCheckEvery time.Duration // see truncateIfLarge; 0 is walCheckInterval
 
 	// wal is the WAL file, open for fsync (syncWAL) from its first use.
 	walMu    sync.Mutex
@@ -217,12 +220,16 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	return db, nil
 }
 
-// openError makes every failure to open the file a *Error. One that SQLite
+// openError makes every failure to open the file a *Error. A lock another
+// process held past the busy timeout is ErrLocked; one that SQLite
 // reports without a kind of its own (an unsupported file format, a schema it
 // cannot parse) means the file is not one this build can use.
 func (db *DB) openError(err error) error {
-	if fe := (*Error)(nil); errors.As(err, &fe) || isBusy(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if fe := (*Error)(nil); errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err // says what it is
+	}
+	if isBusy(err) {
+		return db.locked("a lock on the file", err)
 	}
 	return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: err,
 		Hint: "not an SQLite database this build can read, or its header is damaged; check the path"}
@@ -431,6 +438,11 @@ func (db *DB) identity(ctx context.Context, c *sql.Conn) (int, error) {
 		return 0, &Error{What: db.what, Path: db.path, Kind: ErrCorrupt,
 			Err:  fmt.Errorf("marked as an idem %s but without a schema version (%d tables)", db.what, tables),
 			Hint: "restore a backup, or move it aside to start a new one"}
+	case appID != db.opts.AppID && kinds[appID].what != "":
+		k := kinds[appID]
+		return 0, &Error{What: db.what, Path: db.path, Kind: ErrForeign,
+			Err:  fmt.Errorf("it is an idem %s (%s), not a %s", k.what, k.whose, db.what),
+			Hint: fmt.Sprintf("give the %s's path; %s", db.what, k.hint)}
 	case appID != db.opts.AppID:
 		return 0, &Error{What: db.what, Path: db.path, Kind: ErrForeign,
 			Err:  fmt.Errorf("SQLite database with application_id %#x and %d tables", appID, tables),

@@ -219,17 +219,23 @@ type Transition struct {
 // use; create one per journal and tenant, reuse it, and Close (or Shutdown)
 // it before the process exits, so that nothing it buffered is lost.
 type Client struct {
-	cfg        Config
-	journal    Journal
-	base       *url.URL
-	lastURL    atomic.Pointer[resolvedURL] // see resolve
-	keyHeader  string
-	secrets    []string
-	owner      string                // the lease owner: Config.Owner and a unique suffix
-	http       *http.Client          // the client's transport, closed by Close
-	attempts   *http.Client          // the same, for attempts and status checks
-	sender     *retryablehttp.Client // sends rounds of attempts (newSender)
-	status     StatusChecker         // Config.Status
+	cfg       Config
+	journal   Journal
+	base      *url.URL
+	lastURL   atomic.Pointer[resolvedURL] // see resolve
+	keyHeader string
+	secrets   []string
+	owner     string                // the lease owner: Config.Owner and a unique suffix
+	http      *http.Client          // the client's transport, closed by Close
+	attempts  *http.Client          // the same, for attempts and status checks
+	sender    *retryablehttp.Client // sends rounds of attempts (newSender)
+	// traces: the transport is net/http's own, which traces every request
+	// it is given (the attempts' are theirs, with their trace): an attempt
+	// it failed without writing its headers was not written. Another
+	// transport's attempt is known unwritten only when the trace saw it
+	// (attempt.traced).
+	traces     bool
+	status     StatusChecker // Config.Status
 	statusName string
 	classify   Classifier
 	retry      RetryPolicy
@@ -396,6 +402,7 @@ func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 		t.MaxIdleConnsPerHost = 256
 		base = t
 	}
+	_, c.traces = base.(*http.Transport)
 	own := &http.Client{
 		Transport: authorizing{base: base, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate,
 			timeout: c.cfg.AttemptTimeout},

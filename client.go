@@ -977,6 +977,9 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rec.ExpiresAt = now.Add(c.cfg.Retention)
 	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
 	stored, created, err := c.createRecord(ctx, rec, p.ownHeader, p.ownBody)
+	if p.journaledAsGiven(stored, err) {
+		return c.continueExisting(ctx, stored)
+	}
 	if err != nil {
 		if !errors.Is(err, ErrFingerprintMismatch) {
 			// The create's answer may have been lost after it committed.
@@ -1021,6 +1024,9 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 	rec.State = StatePending
 	rec.Link = c.link(ctx)
 	stored, created, err := c.journal.Create(ctx, rec)
+	if p.journaledAsGiven(stored, err) {
+		err = nil
+	}
 	if err != nil {
 		return nil, c.createFailed(stored, err)
 	}
@@ -1029,6 +1035,14 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 	}
 	return &Operation{c: c, key: stored.Key, scope: stored.Scope, id: stored.ID,
 		method: stored.Method, url: stored.URL, link: stored.Link}, nil
+}
+
+// journaledAsGiven reports whether a Create refused with
+// ErrFingerprintMismatch found the operation journaled with its URL's
+// origin spelled as the Op spelled it, not as BaseURL does: as a build
+// that journaled Op.URL as given journaled it, the same request.
+func (p prepared) journaledAsGiven(existing Record, err error) bool {
+	return p.givenFingerprint != "" && existing.Fingerprint == p.givenFingerprint && errors.Is(err, ErrFingerprintMismatch)
 }
 
 // createFailed reports a refused Create: a fingerprint mismatch comes as an

@@ -190,6 +190,11 @@ type prepared struct {
 	header                 http.Header
 	body                   []byte
 	fingerprint            string
+	// givenFingerprint is the fingerprint of the request with its URL's
+	// origin spelled as Op.URL spelled it, when that is not as BaseURL
+	// spells it: what a build that journaled the URL as given computed, so
+	// that an operation it journaled is still found as the same request.
+	givenFingerprint string
 	// ownHeader (ownBody): header (body) is the client's own copy,
 	// which no one changes (Do's header, the standard client's header and
 	// body; not an Op's body, which is the caller's). The standard
@@ -205,7 +210,11 @@ func (c *Client) prepare(op Op) (prepared, error) {
 	if err != nil {
 		return prepared{}, err
 	}
-	return c.prepareAt(op, u, copyHeader)
+	p, err := c.prepareAt(op, u.url, copyHeader)
+	if err == nil && u.given != "" {
+		p.givenFingerprint = Fingerprint(p.method, u.given, p.header, op.SignificantHeaders, p.body)
+	}
+	return p, err
 }
 
 // headerUse is how prepareAt takes op.Header.
@@ -303,35 +312,53 @@ func checkName(field, v string, limit int, hint string) error {
 // last URL resolved is remembered: an application sends most of its
 // operations to a few URLs, and parsing, resolving and printing one was
 // about 1.5 us of a Do.
-func (c *Client) resolve(ref string) (string, error) {
+func (c *Client) resolve(ref string) (*resolvedURL, error) {
 	if last := c.lastURL.Load(); last != nil && last.ref == ref {
-		return last.url, nil
+		return last, nil
 	}
 	out, err := c.resolveURL(ref)
 	if err == nil {
-		c.lastURL.Store(&resolvedURL{ref: ref, url: out})
+		c.lastURL.Store(out)
 	}
 	return out, err
 }
 
-// resolvedURL is an Op.URL and what resolve made of it.
-type resolvedURL struct{ ref, url string }
+// resolvedURL is an Op.URL and what resolve made of it: url as it is
+// journaled and sent, and given, when not empty, the same URL with its
+// origin spelled as ref spelled it.
+type resolvedURL struct{ ref, url, given string }
 
-func (c *Client) resolveURL(ref string) (string, error) {
+func (c *Client) resolveURL(ref string) (*resolvedURL, error) {
 	if ref == "" && c.base == nil {
-		return "", invalidOp("Op.URL is empty and Config.BaseURL is not set")
+		return nil, invalidOp("Op.URL is empty and Config.BaseURL is not set")
 	}
 	u, err := url.Parse(ref)
 	if err != nil {
-		return "", invalidOp("Op.URL %q does not parse: %v", ref, err)
+		return nil, invalidOp("Op.URL %q does not parse: %v", ref, err)
 	}
 	if !u.IsAbs() {
 		if c.base == nil {
-			return "", invalidOp("Op.URL %q is relative and Config.BaseURL is not set; give an absolute URL or set BaseURL", ref)
+			return nil, invalidOp("Op.URL %q is relative and Config.BaseURL is not set; give an absolute URL or set BaseURL", ref)
 		}
 		u = c.base.ResolveReference(u)
 	}
-	return checkURL(ref, u)
+	out := &resolvedURL{ref: ref}
+	if b := c.base; b != nil && sameOrigin(u, b) && (u.Scheme != b.Scheme || u.Host != b.Host) {
+		// BaseURL's origin spelled another way (the host's case, its
+		// default port written out: RFC 6454's same origin) is journaled
+		// as BaseURL spells it, as the standard client journals it, so
+		// that Resume, which takes up the operations whose URL starts
+		// with BaseURL's origin, knows it as its own.
+		given := *u
+		if out.given, err = checkURL(ref, &given); err != nil {
+			return nil, err
+		}
+		u.Scheme, u.Host = b.Scheme, b.Host
+	}
+	if out.url, err = checkURL(ref, u); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // checkURL checks an absolute URL that an operation is to be sent to, and

@@ -33,7 +33,9 @@ type Config struct {
 	//   - NewMemoryJournal: for tests; a restart forgets every operation.
 	Journal Journal
 
-	// BaseURL resolves relative Op.URLs.
+	// BaseURL resolves relative Op.URLs. When it is set, every operation
+	// goes to its origin (an absolute Op.URL of another is refused), and
+	// Resume takes up the operations of that origin.
 	BaseURL string
 	// Scope is the scope of operations whose Op.Scope is empty: the tenant
 	// this client acts for. Defaults to "default". It is journaled and

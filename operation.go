@@ -27,7 +27,9 @@ type Op struct {
 	ID string
 	// Method defaults to POST.
 	Method string
-	// URL is absolute, or relative to Config.BaseURL.
+	// URL is absolute, or relative to Config.BaseURL. With BaseURL set,
+	// an absolute URL must have BaseURL's origin (ErrInvalidOp otherwise):
+	// a client's operations, credentials and Resume belong to its BaseURL.
 	URL string
 	// Header is sent with every attempt and journaled. Credentials are
 	// refused here (Authorization, Proxy-Authorization, Cookie and
@@ -342,21 +344,27 @@ func (c *Client) resolveURL(ref string) (*resolvedURL, error) {
 		}
 		u = c.base.ResolveReference(u)
 	}
-	out := &resolvedURL{ref: ref}
-	if b := c.base; b != nil && sameOrigin(u, b) && (u.Scheme != b.Scheme || u.Host != b.Host) {
-		// BaseURL's origin spelled another way (the host's case, its
-		// default port written out: RFC 6454's same origin) is journaled
-		// as BaseURL spells it, as the standard client journals it, so
-		// that Resume, which takes up the operations whose URL starts
-		// with BaseURL's origin, knows it as its own.
-		given := *u
-		if out.given, err = checkURL(ref, &given); err != nil {
-			return nil, err
-		}
-		u.Scheme, u.Host = b.Scheme, b.Host
-	}
-	if out.url, err = checkURL(ref, u); err != nil {
+	given, err := checkURL(ref, u)
+	if err != nil {
 		return nil, err
+	}
+	out := &resolvedURL{ref: ref, url: given}
+	if b := c.base; b != nil {
+		if !sameOrigin(u, b) {
+			// Resume takes up only BaseURL's operations, whose credentials
+			// Authorize holds: one sent elsewhere would be left behind.
+			return nil, invalidOp("Op.URL %s goes to another origin than Config.BaseURL (%s://%s); a client's operations, credentials and Resume belong to its BaseURL: use a client whose BaseURL is that origin",
+				redactURL(u), b.Scheme, b.Host)
+		}
+		if u.Scheme != b.Scheme || u.Host != b.Host {
+			// BaseURL's origin spelled another way (the host's case, its
+			// default port written out: RFC 6454's same origin) is
+			// journaled as BaseURL spells it, as the standard client
+			// journals it, so that Resume, which takes up the operations
+			// whose URL starts with BaseURL's origin, knows it as its own.
+			u.Scheme, u.Host = b.Scheme, b.Host
+			out.url, out.given = u.String(), given
+		}
 	}
 	return out, nil
 }

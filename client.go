@@ -979,7 +979,7 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rec.ExpiresAt = now.Add(c.cfg.Retention)
 	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
 	stored, created, err := c.createRecord(ctx, rec, p.ownHeader, p.ownBody)
-	if p.journaledAsGiven(stored, err) {
+	if err != nil && p.journaledAsGiven(stored.Fingerprint, err) {
 		return c.continueExisting(ctx, stored)
 	}
 	if err != nil {
@@ -1026,7 +1026,7 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 	rec.State = StatePending
 	rec.Link = c.link(ctx)
 	stored, created, err := c.journal.Create(ctx, rec)
-	if p.journaledAsGiven(stored, err) {
+	if err != nil && p.journaledAsGiven(stored.Fingerprint, err) {
 		err = nil
 	}
 	if err != nil {
@@ -1039,12 +1039,12 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 		method: stored.Method, url: stored.URL, link: stored.Link}, nil
 }
 
-// journaledAsGiven reports whether a Create refused with
-// ErrFingerprintMismatch found the operation journaled with its URL's
-// origin spelled as the Op spelled it, not as BaseURL does: as a build
-// that journaled Op.URL as given journaled it, the same request.
-func (p prepared) journaledAsGiven(existing Record, err error) bool {
-	return p.givenFingerprint != "" && existing.Fingerprint == p.givenFingerprint && errors.Is(err, ErrFingerprintMismatch)
+// journaledAsGiven reports whether a Create refused with err found the
+// operation journaled, with fingerprint, as the same request with its
+// URL's origin spelled as the Op spelled it, not as BaseURL does: as a
+// build that journaled Op.URL as given journaled it.
+func (p *prepared) journaledAsGiven(fingerprint string, err error) bool {
+	return p.givenFingerprint != "" && fingerprint == p.givenFingerprint && errors.Is(err, ErrFingerprintMismatch)
 }
 
 // createFailed reports a refused Create: a fingerprint mismatch comes as an

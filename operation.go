@@ -212,8 +212,11 @@ func (c *Client) prepare(op Op) (prepared, error) {
 	if err != nil {
 		return prepared{}, err
 	}
+	if u.given == "" {
+		return c.prepareAt(op, u.url, copyHeader)
+	}
 	p, err := c.prepareAt(op, u.url, copyHeader)
-	if err == nil && u.given != "" {
+	if err == nil {
 		p.givenFingerprint = Fingerprint(p.method, u.given, p.header, op.SignificantHeaders, p.body)
 	}
 	return p, err

@@ -33,7 +33,9 @@ type Config struct {
 	//   - NewMemoryJournal: for tests; a restart forgets every operation.
 	Journal Journal
 
-	// BaseURL resolves relative Op.URLs.
+	// BaseURL resolves relative Op.URLs. When it is set, every operation
+	// goes to its origin (an absolute Op.URL of another is refused), and
+	// Resume takes up the operations of that origin.
 	BaseURL string
 	// Scope is the scope of operations whose Op.Scope is empty: the tenant
 	// this client acts for. Defaults to "default". It is journaled and
@@ -223,17 +225,23 @@ type Transition struct {
 // use; create one per journal and tenant, reuse it, and Close (or Shutdown)
 // it before the process exits, so that nothing it buffered is lost.
 type Client struct {
-	cfg        Config
-	journal    Journal
-	base       *url.URL
-	lastURL    atomic.Pointer[resolvedURL] // see resolve
-	keyHeader  string
-	secrets    []string
-	owner      string                // the lease owner: Config.Owner and a unique suffix
-	http       *http.Client          // the client's transport, closed by Close
-	attempts   *http.Client          // the same, for attempts and status checks
-	sender     *retryablehttp.Client // sends rounds of attempts (newSender)
-	status     StatusChecker         // Config.Status
+	cfg       Config
+	journal   Journal
+	base      *url.URL
+	lastURL   atomic.Pointer[resolvedURL] // see resolve
+	keyHeader string
+	secrets   []string
+	owner     string                // the lease owner: Config.Owner and a unique suffix
+	http      *http.Client          // the client's transport, closed by Close
+	attempts  *http.Client          // the same, for attempts and status checks
+	sender    *retryablehttp.Client // sends rounds of attempts (newSender)
+	// traces: the transport is net/http's own, which traces every request
+	// it is given (the attempts' are theirs, with their trace): an attempt
+	// it failed without writing its headers was not written. Another
+	// transport's attempt is known unwritten only when the trace saw it
+	// (attempt.traced).
+	traces     bool
+	status     StatusChecker // Config.Status
 	statusName string
 	classify   Classifier
 	retry      RetryPolicy
@@ -403,6 +411,7 @@ func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 		t.MaxIdleConnsPerHost = 256
 		base = t
 	}
+	_, c.traces = base.(*http.Transport)
 	own := &http.Client{
 		Transport: authorizing{base: base, authorize: c.cfg.Authorize, propagate: c.cfg.Hooks.Propagate,
 			timeout: c.cfg.AttemptTimeout},
@@ -1008,6 +1017,9 @@ func (c *Client) create(ctx context.Context, p prepared) (*Result, error) {
 	rec.ExpiresAt = now.Add(c.cfg.Retention)
 	rec.Lease = Lease{Owner: c.owner, ExpiresAt: now.Add(c.cfg.LeaseDuration)}
 	stored, created, err := c.createRecord(ctx, rec, p.ownHeader, p.ownBody)
+	if err != nil && p.journaledAsGiven(stored.Fingerprint, err) {
+		return c.continueExisting(ctx, stored)
+	}
 	if err != nil {
 		if !errors.Is(err, ErrFingerprintMismatch) {
 			// The create's answer may have been lost after it committed.
@@ -1052,6 +1064,9 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 	rec.State = StatePending
 	rec.Link = c.link(ctx)
 	stored, created, err := c.journal.Create(ctx, rec)
+	if err != nil && p.journaledAsGiven(stored.Fingerprint, err) {
+		err = nil
+	}
 	if err != nil {
 		return nil, c.createFailed(stored, err)
 	}
@@ -1060,6 +1075,14 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 	}
 	return &Operation{c: c, key: stored.Key, scope: stored.Scope, id: stored.ID,
 		method: stored.Method, url: stored.URL, link: stored.Link}, nil
+}
+
+// journaledAsGiven reports whether a Create refused with err found the
+// operation journaled, with fingerprint, as the same request with its
+// URL's origin spelled as the Op spelled it, not as BaseURL does: as a
+// build that journaled Op.URL as given journaled it.
+func (p *prepared) journaledAsGiven(fingerprint string, err error) bool {
+	return p.givenFingerprint != "" && fingerprint == p.givenFingerprint && errors.Is(err, ErrFingerprintMismatch)
 }
 
 // createFailed reports a refused Create: a fingerprint mismatch comes as an

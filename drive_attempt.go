@@ -82,6 +82,14 @@ type attempt struct {
 	// error on the body then hides its answer.
 	written atomic.Bool
 	writes  atomic.Int32
+	// traced is set by the trace's GetConn, which net/http calls before it
+	// takes or dials a connection: the transport saw the attempt's trace,
+	// so a written that stayed false means nothing was written. Without
+	// it, a transport that sends a request of its own built from the
+	// attempt's (as signing and proxying RoundTrippers do) leaves the
+	// trace silent whatever it wrote. Only set for a transport that is
+	// not known to trace (Client.traces).
+	traced atomic.Bool
 
 	sent     bytes.Reader   // the reader of the request's body
 	start    time.Time      // when it started, for the Attempt hook
@@ -127,6 +135,10 @@ func (rd *round) run(req *retryablehttp.Request) (*attempt, error) {
 func (rd *round) request() (*retryablehttp.Request, error) {
 	d := rd.d
 	rd.trace.WroteHeaders = rd.wroteHeaders
+	if !d.c.traces {
+		// A closure more, for a transport that may not trace.
+		rd.trace.GetConn = rd.getConn
+	}
 	ctx := d.withOperation(&rd.op, httptrace.WithClientTrace(rd.ctx, &rd.trace), false)
 	rd.op.rd = rd
 	req, err := http.NewRequestWithContext(ctx, d.rec.Method, d.rec.URL, nil)
@@ -151,6 +163,14 @@ func (rd *round) request() (*retryablehttp.Request, error) {
 func (rd *round) wroteHeaders() {
 	if a := rd.cur.Load(); a != nil {
 		a.wrote()
+	}
+}
+
+// getConn is the trace's GetConn: the current attempt reached a
+// transport that traces it.
+func (rd *round) getConn(string) {
+	if a := rd.cur.Load(); a != nil {
+		a.traced.Store(true)
 	}
 }
 
@@ -252,7 +272,10 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	}
 	// An answer, even a broken one, means the server received the request,
 	// whatever the trace saw (it may report the write after the answer).
-	written := a.written.Load() || a.resp != nil
+	// Nothing written is known only of an attempt the trace followed: a
+	// failed attempt it did not may have been written (never "not sent"
+	// on the word of a silent trace).
+	written := a.written.Load() || a.resp != nil || !d.c.traces && !a.traced.Load()
 	a.decision = d.c.classify(Attempt{Response: a.resp, Body: a.body, Err: a.err, Written: written})
 	v := a.decision.Verdict
 	if written && v != Retry {

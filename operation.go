@@ -27,7 +27,9 @@ type Op struct {
 	ID string
 	// Method defaults to POST.
 	Method string
-	// URL is absolute, or relative to Config.BaseURL.
+	// URL is absolute, or relative to Config.BaseURL. With BaseURL set,
+	// an absolute URL must have BaseURL's origin (ErrInvalidOp otherwise):
+	// a client's operations, credentials and Resume belong to its BaseURL.
 	URL string
 	// Header is sent with every attempt and journaled, its names made
 	// canonical: the spellings of one name ("x-a", "X-A") are one header,
@@ -217,6 +219,11 @@ type prepared struct {
 	header                 http.Header
 	body                   []byte
 	fingerprint            string
+	// givenFingerprint is the fingerprint of the request with its URL's
+	// origin spelled as Op.URL spelled it, when that is not as BaseURL
+	// spells it: what a build that journaled the URL as given computed, so
+	// that an operation it journaled is still found as the same request.
+	givenFingerprint string
 	// ownHeader (ownBody): header (body) is the client's own copy,
 	// which no one changes (Do's header, the standard client's header and
 	// body; not an Op's body, which is the caller's). The standard
@@ -232,7 +239,14 @@ func (c *Client) prepare(op Op) (prepared, error) {
 	if err != nil {
 		return prepared{}, err
 	}
-	return c.prepareAt(op, u, copyHeader)
+	if u.given == "" {
+		return c.prepareAt(op, u.url, copyHeader)
+	}
+	p, err := c.prepareAt(op, u.url, copyHeader)
+	if err == nil {
+		p.givenFingerprint = Fingerprint(p.method, u.given, p.header, op.SignificantHeaders, p.body)
+	}
+	return p, err
 }
 
 // headerUse is how prepareAt takes op.Header.
@@ -336,35 +350,59 @@ func checkName(field, v string, limit int, hint string) error {
 // last URL resolved is remembered: an application sends most of its
 // operations to a few URLs, and parsing, resolving and printing one was
 // about 1.5 us of a Do.
-func (c *Client) resolve(ref string) (string, error) {
+func (c *Client) resolve(ref string) (*resolvedURL, error) {
 	if last := c.lastURL.Load(); last != nil && last.ref == ref {
-		return last.url, nil
+		return last, nil
 	}
 	out, err := c.resolveURL(ref)
 	if err == nil {
-		c.lastURL.Store(&resolvedURL{ref: ref, url: out})
+		c.lastURL.Store(out)
 	}
 	return out, err
 }
 
-// resolvedURL is an Op.URL and what resolve made of it.
-type resolvedURL struct{ ref, url string }
+// resolvedURL is an Op.URL and what resolve made of it: url as it is
+// journaled and sent, and given, when not empty, the same URL with its
+// origin spelled as ref spelled it.
+type resolvedURL struct{ ref, url, given string }
 
-func (c *Client) resolveURL(ref string) (string, error) {
+func (c *Client) resolveURL(ref string) (*resolvedURL, error) {
 	if ref == "" && c.base == nil {
-		return "", invalidOp("Op.URL is empty and Config.BaseURL is not set")
+		return nil, invalidOp("Op.URL is empty and Config.BaseURL is not set")
 	}
 	u, err := url.Parse(ref)
 	if err != nil {
-		return "", invalidOp("Op.URL %q does not parse: %v", ref, err)
+		return nil, invalidOp("Op.URL %q does not parse: %v", ref, err)
 	}
 	if !u.IsAbs() {
 		if c.base == nil {
-			return "", invalidOp("Op.URL %q is relative and Config.BaseURL is not set; give an absolute URL or set BaseURL", ref)
+			return nil, invalidOp("Op.URL %q is relative and Config.BaseURL is not set; give an absolute URL or set BaseURL", ref)
 		}
 		u = c.base.ResolveReference(u)
 	}
-	return checkURL(ref, u)
+	given, err := checkURL(ref, u)
+	if err != nil {
+		return nil, err
+	}
+	out := &resolvedURL{ref: ref, url: given}
+	if b := c.base; b != nil {
+		if !sameOrigin(u, b) {
+			// Resume takes up only BaseURL's operations, whose credentials
+			// Authorize holds: one sent elsewhere would be left behind.
+			return nil, invalidOp("Op.URL %s goes to another origin than Config.BaseURL (%s://%s); a client's operations, credentials and Resume belong to its BaseURL: use a client whose BaseURL is that origin",
+				redactURL(u), b.Scheme, b.Host)
+		}
+		if u.Scheme != b.Scheme || u.Host != b.Host {
+			// BaseURL's origin spelled another way (the host's case, its
+			// default port written out: RFC 6454's same origin) is
+			// journaled as BaseURL spells it, as the standard client
+			// journals it, so that Resume, which takes up the operations
+			// whose URL starts with BaseURL's origin, knows it as its own.
+			u.Scheme, u.Host = b.Scheme, b.Host
+			out.url, out.given = u.String(), given
+		}
+	}
+	return out, nil
 }
 
 // checkURL checks an absolute URL that an operation is to be sent to, and

@@ -81,6 +81,7 @@ func TestBadOpsAreRefusedBeforeAnythingIsJournaledOrSent(t *testing.T) {
 		{"key header set by the caller", withBase, idem.Op{ID: "a", URL: "/orders", Header: http.Header{"Idempotency-Key": {"mine"}}}, idem.ErrInvalidOp, "sets the idempotency key itself"},
 		{"relative URL without BaseURL", noBase, idem.Op{ID: "a", URL: "/orders"}, idem.ErrInvalidOp, "BaseURL is not set"},
 		{"credentials in the URL", withBase, idem.Op{ID: "a", URL: "http://user:pw@127.0.0.1/orders"}, idem.ErrInvalidOp, "user credentials"},
+		{"another origin than BaseURL", withBase, idem.Op{ID: "a", URL: "http://127.0.0.2:9/orders?token=s3cret"}, idem.ErrInvalidOp, "use a client whose BaseURL is that origin"},
 		{"not http", withBase, idem.Op{ID: "a", URL: "ftp://127.0.0.1/x"}, idem.ErrInvalidOp, "not http or https"},
 		{"bad method", withBase, idem.Op{ID: "a", Method: "PO ST", URL: "/orders"}, idem.ErrInvalidOp, "not an HTTP method"},
 		{"body above the journal's limit", withBase, idem.Op{ID: "a", URL: "/orders", Body: make([]byte, idem.DefaultMaxBodySize+1)}, idem.ErrBodyTooLarge, "limit is"},

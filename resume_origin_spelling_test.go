@@ -58,3 +58,35 @@ func TestResumeTakesUpAnOperationOfItsOriginSpelledAnotherWay(t *testing.T) {
 		})
 	}
 }
+
+// A build that journaled Op.URL as given fingerprinted that spelling: the
+// same Op, sent again after the upgrade, is the operation it journaled,
+// not another request under its ID (ErrFingerprintMismatch). Do finishes
+// it with its key; Begin returns it.
+func TestAnOperationJournaledWithTheOriginAsGivenIsTheSameOperation(t *testing.T) {
+	t.Parallel()
+	srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
+	dial := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, srv.Listener.Addr().String())
+	}}}
+	c, j := newClient(t, idem.Config{BaseURL: "http://api.example.test", HTTPClient: dial, Retry: fastRetry()})
+	ctx := context.Background()
+	ops := map[string]idem.Op{}
+	for _, id := range []string{"op-do", "op-begin"} {
+		op := orderOp(id, 1)
+		op.URL = "http://API.example.test:80/orders"
+		ops[id] = op
+		_, _, err := j.Create(ctx, idem.Record{Key: "key-" + id, Scope: "default", ID: id, Method: "POST", URL: op.URL,
+			Header: op.Header, Body: op.Body, Fingerprint: idem.Fingerprint("POST", op.URL, op.Header, nil, op.Body),
+			KeyHeader: "Idempotency-Key", State: idem.StatePending})
+		require.NoError(t, err)
+	}
+	res, err := c.Do(ctx, ops["op-do"])
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, res.State)
+	assert.Equal(t, []string{"key-op-do"}, srv.received(), "the journaled operation, sent with its key")
+	o, err := c.Begin(ctx, ops["op-begin"])
+	require.NoError(t, err)
+	assert.Equal(t, "key-op-begin", o.Key())
+}

@@ -161,7 +161,8 @@ type Attempt struct {
 	Err error
 	// Written reports whether the request was written to the connection,
 	// as httptrace saw it: when it is false, the server cannot have
-	// received it.
+	// received it. A failed attempt the trace did not follow (a transport
+	// that sends a request of its own) counts as written.
 	Written bool
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 
@@ -60,4 +61,31 @@ func TestAnUntracedTransportsLostAnswerIsNotNotSent(t *testing.T) {
 	rec, err := c.Lookup(ctx, "default", "op-1")
 	require.NoError(t, err)
 	assert.NotEqual(t, idem.StatePending, rec.State, "journaled as never sent after %d write(s) reached the server", writes.Load())
+}
+
+// passingTransport hands each request on as it is, as a logging or
+// metering RoundTripper does: net/http traces it.
+type passingTransport struct{ base http.RoundTripper }
+
+func (t passingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.base.RoundTrip(req)
+}
+
+// The other side of the rule above: a transport that is not net/http's
+// own but hands the attempt's request on keeps "not sent" for what the
+// trace saw was never written, a dial nothing answered.
+func TestATracedTransportsRefusedDialIsNotSent(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close() // nothing listens there now: every dial is refused
+	c, _ := newClient(t, idem.Config{BaseURL: url, Retry: fastRetry(),
+		HTTPClient: &http.Client{Transport: passingTransport{base: http.DefaultTransport}}})
+	ctx := context.Background()
+	_, err := c.Do(ctx, orderOp("op-1", 1))
+	require.ErrorIs(t, err, idem.ErrNotSent)
+	rec, err := c.Lookup(ctx, "default", "op-1")
+	require.NoError(t, err)
+	assert.Equal(t, idem.StatePending, rec.State)
+	assert.Contains(t, rec.LastError, "refused")
 }

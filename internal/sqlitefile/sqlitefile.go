@@ -229,8 +229,9 @@ func (db *DB) openError(err error) error {
 }
 
 // prepareFile checks the path and creates the file with mode 0600 when it
-// does not exist, so that SQLite never creates it with the process umask.
-// SQLite gives the -wal and -shm files the same mode as the database.
+// does not exist (see create), so that SQLite never creates it with the
+// process umask. SQLite gives the -wal and -shm files the same mode as the
+// database. It never opens the path itself: see canReadWrite.
 func (db *DB) prepareFile() error {
 	bad := func(err error, hint string) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err, Hint: hint}
@@ -249,11 +250,10 @@ func (db *DB) prepareFile() error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: errors.New("the file is empty"),
 			Hint: "check the path; an empty file is not a " + db.what}
 	case err == nil:
-		f, err := os.OpenFile(db.path, os.O_RDWR, 0)
-		if err != nil {
+		if err := canReadWrite(db.path); err != nil {
 			return bad(err, "the file must be readable and writable by this process")
 		}
-		return f.Close()
+		return nil
 	case errors.Is(err, fs.ErrNotExist) && db.opts.MustExist:
 		return bad(fs.ErrNotExist, "check the path; it is not created when it is missing")
 	case errors.Is(err, fs.ErrNotExist):
@@ -264,20 +264,7 @@ func (db *DB) prepareFile() error {
 			}
 			return bad(err, "create the directory first, or choose another path")
 		}
-		f, err := os.OpenFile(db.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			return nil // another process created it first
-		}
-		if err != nil {
-			return bad(err, "the directory must be writable by this process")
-		}
-		if err := f.Close(); err != nil {
-			return bad(err, "the directory must be writable by this process")
-		}
-		// The file's name must survive a power cut: SQLite fsyncs the
-		// directory when it first syncs the WAL, but the journal does not
-		// rest its first intent on that detail.
-		return syncDir(dir)
+		return db.create(dir)
 	default:
 		return bad(err, "check the path and its permissions")
 	}

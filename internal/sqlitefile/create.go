@@ -1,23 +1,27 @@
 package sqlitefile
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 )
 
-// create makes the missing file at db.path without ever holding a
-// descriptor of that path, which it would have to close, dropping the
-// POSIX locks that SQLite connections of this process hold on the file
-// once another handle has opened it (see canReadWrite): it creates a
-// private temporary file in the same directory (0600 and O_EXCL; SQLite
-// gives the -wal and -shm the same mode), fsyncs it, then links it to
-// db.path. The link fails if the path exists: another process created it
-// first, and its file is used. A process killed here leaves its temporary
-// file (a name beginning with "." and the file's name), never a file at
-// db.path that is not 0600.
-func (db *DB) create(dir string) error {
+// create makes the missing file at db.path, whole: it builds the database
+// under a private temporary name in the same directory (created 0600 and
+// O_EXCL; SQLite gives the -journal, -wal and -shm the same mode), runs
+// the migrations there and switches it to WAL, fsyncs it, then links it to
+// db.path. So the path never names an empty or half-made file, which an
+// opener that must not create one (a read-only tool) would refuse as not
+// ours while it was being created; and no descriptor of the final path is
+// ever opened and closed here, which would drop the POSIX locks that
+// SQLite connections of this process hold on it (see canReadWrite). The
+// link fails if the path exists: another process created it first, and
+// its file is used. A process killed here leaves its temporary file (a
+// name beginning with "." and the file's name), never a damaged db.path.
+func (db *DB) create(ctx context.Context, dir string) error {
 	bad := func(err error) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
 			Hint: "the directory must be writable by this process"}
@@ -28,9 +32,21 @@ func (db *DB) create(dir string) error {
 	}
 	tmp := f.Name()
 	defer func() {
-		_ = os.Remove(tmp)
+		for _, p := range []string{tmp, tmp + "-journal", tmp + "-wal", tmp + "-shm"} {
+			_ = os.Remove(p)
+		}
 	}()
-	// Nothing else has this file open: closing it drops no lock.
+	if err := f.Close(); err != nil {
+		return bad(err)
+	}
+	if err := db.initialize(ctx, tmp); err != nil {
+		return err
+	}
+	// SQLite fsynced its commits; the header's switch to WAL is synced
+	// here. Nothing else has this file open: closing it drops no lock.
+	if f, err = os.OpenFile(tmp, os.O_RDWR, 0); err != nil {
+		return bad(err)
+	}
 	err = f.Sync()
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -46,6 +62,37 @@ func (db *DB) create(dir string) error {
 	// its first intent on that detail.
 	if err := syncDir(dir); err != nil {
 		return bad(err)
+	}
+	return nil
+}
+
+// initialize migrates the new, empty database at tmp to the current schema
+// and switches it to WAL, on a connection of its own that it closes: the
+// migrations run in rollback mode (the file is no one else's yet), and the
+// switch leaves the mark in the header, so that every opener of the final
+// path finds it in WAL mode from the start. Its failures name db.path, the
+// file being created.
+func (db *DB) initialize(ctx context.Context, tmp string) (err error) {
+	t := &DB{what: db.what, path: tmp, opts: db.opts}
+	defer func() {
+		if fe := (*Error)(nil); errors.As(err, &fe) {
+			fe.Path = db.path
+		}
+	}()
+	if t.writerDB, err = sql.Open("sqlite3", t.dsn()); err != nil {
+		return t.openError(t.classify(err))
+	}
+	defer t.writerDB.Close()
+	t.writerDB.SetMaxOpenConns(1)
+	if t.writer, err = t.writerDB.Conn(ctx); err != nil {
+		return t.openError(t.classify(err))
+	}
+	defer t.writer.Close()
+	if err := t.migrate(ctx); err != nil {
+		return t.openError(err)
+	}
+	if err := t.setWAL(ctx, t.writer); err != nil {
+		return t.openError(err)
 	}
 	return nil
 }

@@ -34,9 +34,9 @@ var ErrSchemaTooOld = errors.New("schema is older than this build's")
 // deletes it under this process's connections. What that costs: a file
 // in rollback mode with no journal beside it is read read-write, and if a
 // writer is killed mid-transaction while it is open, this reader plays
-// the hot journal back as that writer's next opener would. A file is in
-// rollback mode only while its first opener migrates it, before the
-// switch to WAL, or when an older build left it so.
+// the hot journal back as that writer's next opener would. Files this
+// build creates are in WAL mode from the start (see create); only an
+// older build's file, empty or mid-migration, is ever in rollback mode.
 func noRollbackJournal(path string) bool {
 	_, err := os.Lstat(path + "-journal")
 	return errors.Is(err, fs.ErrNotExist)

@@ -199,7 +199,7 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	if opts.ReadOnly {
 		return db, db.openReadOnly(ctx)
 	}
-	if err := db.prepareFile(); err != nil {
+	if err := db.prepareFile(ctx); err != nil {
 		return nil, err
 	}
 	if err := db.open(ctx); err != nil {
@@ -232,7 +232,7 @@ func (db *DB) openError(err error) error {
 // does not exist (see create), so that SQLite never creates it with the
 // process umask. SQLite gives the -wal and -shm files the same mode as the
 // database. It never opens the path itself: see canReadWrite.
-func (db *DB) prepareFile() error {
+func (db *DB) prepareFile(ctx context.Context) error {
 	bad := func(err error, hint string) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err, Hint: hint}
 	}
@@ -244,9 +244,10 @@ func (db *DB) prepareFile() error {
 		return bad(errors.New("is not a regular file"), "give the path of a regular file")
 	case err == nil && db.opts.MustExist && fi.Size() == 0 && !nonEmpty(db.path+"-wal"):
 		// SQLite would take an empty file for a new database; a tool that
-		// must not create one must not adopt one either. (A file that was
-		// just created holds nothing until its WAL is checkpointed, so a
-		// non-empty WAL beside it counts.)
+		// must not create one must not adopt one either. (A file an older
+		// build had just created held nothing until its WAL was
+		// checkpointed, so a non-empty WAL beside it counts; this build
+		// creates the file whole: see create.)
 		return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: errors.New("the file is empty"),
 			Hint: "check the path; an empty file is not a " + db.what}
 	case err == nil:
@@ -264,7 +265,7 @@ func (db *DB) prepareFile() error {
 			}
 			return bad(err, "create the directory first, or choose another path")
 		}
-		return db.create(dir)
+		return db.create(ctx, dir)
 	default:
 		return bad(err, "check the path and its permissions")
 	}

@@ -537,7 +537,8 @@ func (db *DB) flush() error {
 // is no WAL yet there is nothing to sync. Closing it drops no lock that
 // SQLite holds (see canReadWrite): SQLite takes its POSIX locks on the
 // database file and the -shm only, and opens the -wal without locking
-// (os_unix.c: noLock for every file but the main database).
+// (os_unix.c: noLock for every file but the main database). Its path is
+// the database's with links resolved (see resolve), the WAL SQLite writes.
 func (db *DB) syncWAL() error {
 	db.walMu.Lock()
 	defer db.walMu.Unlock()

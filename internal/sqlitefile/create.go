@@ -9,6 +9,44 @@ import (
 	"path/filepath"
 )
 
+// resolve returns the absolute path abs with its symbolic links resolved:
+// the path of the file SQLite reads and writes, beside which it keeps the
+// -wal and -shm. Every name the package derives from the path (the WAL it
+// fsyncs, the files beside it) must be derived from that one, whatever
+// link a process was given. A link whose target does not exist yet is
+// followed to that target, which Open then creates (0600, as any new
+// file); a path that does not exist keeps its name, in its directory
+// resolved, and prepareFile says what is missing.
+func resolve(abs string) (string, error) {
+	for range 40 { // Linux's own limit on links followed in one lookup
+		r, err := filepath.EvalSymlinks(abs)
+		if err == nil {
+			return r, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+		if err != nil {
+			return abs, nil // a missing directory: prepareFile reports it
+		}
+		abs = filepath.Join(dir, filepath.Base(abs))
+		fi, err := os.Lstat(abs)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			return abs, nil // missing: the file to create
+		}
+		target, err := os.Readlink(abs)
+		if err != nil {
+			return "", err
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(dir, target)
+		}
+		abs = filepath.Clean(target)
+	}
+	return "", errors.New("too many levels of symbolic links")
+}
+
 // create makes the missing file at db.path, whole: it builds the database
 // under a private temporary name in the same directory (created 0600 and
 // O_EXCL; SQLite gives the -journal, -wal and -shm the same mode), runs

@@ -179,7 +179,11 @@ type DB struct {
 	readOnly bool
 }
 
-// Path returns the file's path as given to Open, made absolute.
+// Path returns the file's path as given to Open, made absolute and with its
+// symbolic links resolved (when it named a link to a file not yet created,
+// the path of the file created): the file SQLite writes, beside which its
+// -wal and -shm are, whatever link each process sharing it was given. Files
+// kept beside it are named from this path.
 func (db *DB) Path() string { return db.path }
 
 // Open opens or creates the file at path. It refuses, changing nothing, a
@@ -194,6 +198,10 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err}
+	}
+	if abs, err = resolve(abs); err != nil {
+		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err,
+			Hint: "check the symbolic links along the path"}
 	}
 	db := &DB{what: opts.What, path: abs, opts: opts}
 	if opts.ReadOnly {

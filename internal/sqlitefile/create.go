@@ -93,7 +93,8 @@ func (db *DB) create(ctx context.Context, dir string) error {
 		return db.classify(err)
 	}
 	if err := os.Link(tmp, db.path); err != nil && !errors.Is(err, fs.ErrExist) {
-		return bad(err)
+		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
+			Hint: "the directory must be writable by this process, on a file system with hard links (the file is made under a temporary name, then linked to its path)"}
 	}
 	// The file's name must survive a power cut: SQLite fsyncs the
 	// directory when it first syncs the WAL, but the journal does not rest

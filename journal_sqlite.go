@@ -201,6 +201,8 @@ func SQLiteOnCommit(fn func(CommitInfo)) SQLiteOption {
 // without changing the file: a directory, a missing or unwritable directory,
 // a file that is not an idem journal (ErrNotJournal), a journal written by a
 // newer idem (ErrSchemaTooNew), and a damaged file (ErrJournalCorrupt).
+// A path that is a symbolic link is resolved once, here (see Path); one
+// whose target does not exist yet creates that target, mode 0600.
 func OpenSQLite(path string, opts ...SQLiteOption) (*SQLiteJournal, error) {
 	cfg := sqliteConfig{maxBody: DefaultMaxBodySize}
 	for _, o := range opts {
@@ -227,7 +229,9 @@ func OpenSQLite(path string, opts ...SQLiteOption) (*SQLiteJournal, error) {
 	return j, nil
 }
 
-// Path returns the journal file's absolute path.
+// Path returns the journal file's absolute path, with symbolic links
+// resolved: the file SQLite writes, beside which its -wal, -shm and -owners
+// are, whichever link each process sharing it was given.
 func (j *SQLiteJournal) Path() string { return j.db.Path() }
 
 // SQLiteStats counts what the journal's committer did since it was opened.

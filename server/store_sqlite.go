@@ -131,7 +131,8 @@ func OpenSQLiteStore(path string, opts ...SQLiteOption) (*SQLiteStore, error) {
 	return &SQLiteStore{db: db, deferCompletes: cfg.deferCompletes}, nil
 }
 
-// Path returns the store file's absolute path.
+// Path returns the store file's absolute path, with symbolic links
+// resolved: the file SQLite writes, beside which its -wal and -shm are.
 func (s *SQLiteStore) Path() string { return s.db.Path() }
 
 // Close makes every deferred write durable and closes the file. Calls after

@@ -533,7 +533,11 @@ func (db *DB) flush() error {
 // first call until Close: SQLite deletes the WAL only when the file's last
 // connection closes, and the writer's stays open until Close, so the file
 // this descriptor names is the WAL for as long as it is used. When there
-// is no WAL yet there is nothing to sync.
+// is no WAL yet there is nothing to sync. Closing it drops no lock that
+// SQLite holds (see canReadWrite): SQLite takes its POSIX locks on the
+// database file and the -shm only, and opens the -wal without locking
+// (os_unix.c: noLock for every file but the main database). Its path is
+// the database's with links resolved (see resolve), the WAL SQLite writes.
 func (db *DB) syncWAL() error {
 	db.walMu.Lock()
 	defer db.walMu.Unlock()

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 )
@@ -17,27 +16,30 @@ var ErrReadOnly = errors.New("opened read-only")
 // than this build's, which only opening it for writing migrates.
 var ErrSchemaTooOld = errors.New("schema is older than this build's")
 
-// walOnly reports whether the file at path is in WAL mode (its header's
-// read and write versions are 2) with no rollback journal beside it. Only
-// then is it opened read-write by openReadOnly: a connection that may
-// write, finding a hot rollback journal (left by a process killed while it
-// wrote the file in rollback mode, as when it created a journal), plays it
-// back, rewriting or truncating the file and deleting the journal. One
-// opened with mode=ro refuses instead (SQLITE_READONLY_ROLLBACK, ErrHot),
-// at the first read and at every later one, and a file in rollback mode
-// has no -shm for it to leave behind.
-func walOnly(path string) bool {
-	if _, err := os.Lstat(path + "-journal"); !errors.Is(err, fs.ErrNotExist) {
-		return false
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	var h [20]byte
-	_, err = io.ReadFull(f, h[:])
-	return err == nil && h[18] == 2 && h[19] == 2
+// noRollbackJournal reports whether there is no rollback journal beside
+// the file at path. Only then is it opened read-write by openReadOnly: a
+// connection that may write, finding a hot rollback journal (left by a
+// process killed while it wrote the file in rollback mode, as an older
+// build did when it created a journal), plays it back, rewriting or
+// truncating the file and deleting the journal. One opened with mode=ro
+// refuses instead (SQLITE_READONLY_ROLLBACK, ErrHot), at the first read
+// and at every later one.
+//
+// The file's header is not read to tell WAL mode from rollback mode, as it
+// once was: reading it means opening and closing a descriptor of the
+// file, and closing any descriptor of a file drops every POSIX lock this
+// process holds on it (see canReadWrite), such as the shared lock each
+// WAL connection keeps on the database file, without which another
+// process closing its last connection takes the WAL for unused and
+// deletes it under this process's connections. What that costs: a file
+// in rollback mode with no journal beside it is read read-write, and if a
+// writer is killed mid-transaction while it is open, this reader plays
+// the hot journal back as that writer's next opener would. Files this
+// build creates are in WAL mode from the start (see create); only an
+// older build's file, empty or mid-migration, is ever in rollback mode.
+func noRollbackJournal(path string) bool {
+	_, err := os.Lstat(path + "-journal")
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // openReadOnly opens the file for reading only, for tools that inspect it
@@ -49,7 +51,8 @@ func walOnly(path string) bool {
 // which SQLite creates when no one has the file open, and only a
 // connection that may write removes it (and the empty -wal) when the last
 // one closes, leaving the directory as it was. A file this process may
-// not write is opened with mode=ro.
+// not write, or with a rollback journal beside it (see noRollbackJournal),
+// is opened with mode=ro.
 func (db *DB) openReadOnly(ctx context.Context) error {
 	bad := func(err error, hint string) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err, Hint: hint}
@@ -70,13 +73,8 @@ func (db *DB) openReadOnly(ctx context.Context) error {
 	}
 	db.readOnly = true
 	extra := []string{"_query_only", "1"}
-	if f, err := os.OpenFile(db.path, os.O_RDWR, 0); err != nil {
+	if canReadWrite(db.path) != nil || !noRollbackJournal(db.path) {
 		extra = append(extra, "mode", "ro")
-	} else {
-		f.Close()
-		if !walOnly(db.path) {
-			extra = append(extra, "mode", "ro")
-		}
 	}
 	if db.Reader, err = sql.Open("sqlite3", db.dsn(extra...)); err != nil {
 		return db.openError(db.classify(err))

@@ -182,7 +182,11 @@ type DB struct {
 	readOnly bool
 }
 
-// Path returns the file's path as given to Open, made absolute.
+// Path returns the file's path as given to Open, made absolute and with its
+// symbolic links resolved (when it named a link to a file not yet created,
+// the path of the file created): the file SQLite writes, beside which its
+// -wal and -shm are, whatever link each process sharing it was given. Files
+// kept beside it are named from this path.
 func (db *DB) Path() string { return db.path }
 
 // Open opens or creates the file at path. It refuses, changing nothing, a
@@ -198,11 +202,15 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err}
 	}
+	if abs, err = resolve(abs); err != nil {
+		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err,
+			Hint: "check the symbolic links along the path"}
+	}
 	db := &DB{what: opts.What, path: abs, opts: opts}
 	if opts.ReadOnly {
 		return db, db.openReadOnly(ctx)
 	}
-	if err := db.prepareFile(); err != nil {
+	if err := db.prepareFile(ctx); err != nil {
 		return nil, err
 	}
 	if err := db.open(ctx); err != nil {
@@ -236,9 +244,10 @@ func (db *DB) openError(err error) error {
 }
 
 // prepareFile checks the path and creates the file with mode 0600 when it
-// does not exist, so that SQLite never creates it with the process umask.
-// SQLite gives the -wal and -shm files the same mode as the database.
-func (db *DB) prepareFile() error {
+// does not exist (see create), so that SQLite never creates it with the
+// process umask. SQLite gives the -wal and -shm files the same mode as the
+// database. It never opens the path itself: see canReadWrite.
+func (db *DB) prepareFile(ctx context.Context) error {
 	bad := func(err error, hint string) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err, Hint: hint}
 	}
@@ -250,17 +259,17 @@ func (db *DB) prepareFile() error {
 		return bad(errors.New("is not a regular file"), "give the path of a regular file")
 	case err == nil && db.opts.MustExist && fi.Size() == 0 && !nonEmpty(db.path+"-wal"):
 		// SQLite would take an empty file for a new database; a tool that
-		// must not create one must not adopt one either. (A file that was
-		// just created holds nothing until its WAL is checkpointed, so a
-		// non-empty WAL beside it counts.)
+		// must not create one must not adopt one either. (A file an older
+		// build had just created held nothing until its WAL was
+		// checkpointed, so a non-empty WAL beside it counts; this build
+		// creates the file whole: see create.)
 		return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: errors.New("the file is empty"),
 			Hint: "check the path; an empty file is not a " + db.what}
 	case err == nil:
-		f, err := os.OpenFile(db.path, os.O_RDWR, 0)
-		if err != nil {
+		if err := canReadWrite(db.path); err != nil {
 			return bad(err, "the file must be readable and writable by this process")
 		}
-		return f.Close()
+		return nil
 	case errors.Is(err, fs.ErrNotExist) && db.opts.MustExist:
 		return bad(fs.ErrNotExist, "check the path; it is not created when it is missing")
 	case errors.Is(err, fs.ErrNotExist):
@@ -271,20 +280,7 @@ func (db *DB) prepareFile() error {
 			}
 			return bad(err, "create the directory first, or choose another path")
 		}
-		f, err := os.OpenFile(db.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			return nil // another process created it first
-		}
-		if err != nil {
-			return bad(err, "the directory must be writable by this process")
-		}
-		if err := f.Close(); err != nil {
-			return bad(err, "the directory must be writable by this process")
-		}
-		// The file's name must survive a power cut: SQLite fsyncs the
-		// directory when it first syncs the WAL, but the journal does not
-		// rest its first intent on that detail.
-		return syncDir(dir)
+		return db.create(ctx, dir)
 	default:
 		return bad(err, "check the path and its permissions")
 	}

@@ -1,0 +1,137 @@
+package sqlitefile
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// resolve returns the absolute path abs with its symbolic links resolved:
+// the path of the file SQLite reads and writes, beside which it keeps the
+// -wal and -shm. Every name the package derives from the path (the WAL it
+// fsyncs, the files beside it) must be derived from that one, whatever
+// link a process was given. A link whose target does not exist yet is
+// followed to that target, which Open then creates (0600, as any new
+// file); a path that does not exist keeps its name, in its directory
+// resolved, and prepareFile says what is missing.
+func resolve(abs string) (string, error) {
+	for range 40 { // Linux's own limit on links followed in one lookup
+		r, err := filepath.EvalSymlinks(abs)
+		if err == nil {
+			return r, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+		if err != nil {
+			return abs, nil // a missing directory: prepareFile reports it
+		}
+		abs = filepath.Join(dir, filepath.Base(abs))
+		fi, err := os.Lstat(abs)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			return abs, nil // missing: the file to create
+		}
+		target, err := os.Readlink(abs)
+		if err != nil {
+			return "", err
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(dir, target)
+		}
+		abs = filepath.Clean(target)
+	}
+	return "", errors.New("too many levels of symbolic links")
+}
+
+// create makes the missing file at db.path, whole: it builds the database
+// under a private temporary name in the same directory (created 0600 and
+// O_EXCL; SQLite gives the -journal, -wal and -shm the same mode), runs
+// the migrations there and switches it to WAL, fsyncs it, then links it to
+// db.path. So the path never names an empty or half-made file, which an
+// opener that must not create one (a read-only tool) would refuse as not
+// ours while it was being created; and no descriptor of the final path is
+// ever opened and closed here, which would drop the POSIX locks that
+// SQLite connections of this process hold on it (see canReadWrite). The
+// link fails if the path exists: another process created it first, and
+// its file is used. A process killed here leaves its temporary file (a
+// name beginning with "." and the file's name), never a damaged db.path.
+func (db *DB) create(ctx context.Context, dir string) error {
+	bad := func(err error) error {
+		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
+			Hint: "the directory must be writable by this process"}
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(db.path)+".new-*")
+	if err != nil {
+		return bad(err)
+	}
+	tmp := f.Name()
+	defer func() {
+		for _, p := range []string{tmp, tmp + "-journal", tmp + "-wal", tmp + "-shm"} {
+			_ = os.Remove(p)
+		}
+	}()
+	if err := f.Close(); err != nil {
+		return bad(err)
+	}
+	if err := db.initialize(ctx, tmp); err != nil {
+		return err
+	}
+	// SQLite fsynced its commits; the header's switch to WAL is synced
+	// here. Nothing else has this file open: closing it drops no lock.
+	if f, err = os.OpenFile(tmp, os.O_RDWR, 0); err != nil {
+		return bad(err)
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return db.classify(err)
+	}
+	if err := os.Link(tmp, db.path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
+			Hint: "the directory must be writable by this process, on a file system with hard links (the file is made under a temporary name, then linked to its path)"}
+	}
+	// The file's name must survive a power cut: SQLite fsyncs the
+	// directory when it first syncs the WAL, but the journal does not rest
+	// its first intent on that detail.
+	if err := syncDir(dir); err != nil {
+		return bad(err)
+	}
+	return nil
+}
+
+// initialize migrates the new, empty database at tmp to the current schema
+// and switches it to WAL, on a connection of its own that it closes: the
+// migrations run in rollback mode (the file is no one else's yet), and the
+// switch leaves the mark in the header, so that every opener of the final
+// path finds it in WAL mode from the start. Its failures name db.path, the
+// file being created.
+func (db *DB) initialize(ctx context.Context, tmp string) (err error) {
+	t := &DB{what: db.what, path: tmp, opts: db.opts}
+	defer func() {
+		if fe := (*Error)(nil); errors.As(err, &fe) {
+			fe.Path = db.path
+		}
+	}()
+	if t.writerDB, err = sql.Open("sqlite3", t.dsn()); err != nil {
+		return t.openError(t.classify(err))
+	}
+	defer t.writerDB.Close()
+	t.writerDB.SetMaxOpenConns(1)
+	if t.writer, err = t.writerDB.Conn(ctx); err != nil {
+		return t.openError(t.classify(err))
+	}
+	defer t.writer.Close()
+	if err := t.migrate(ctx); err != nil {
+		return t.openError(err)
+	}
+	if err := t.setWAL(ctx, t.writer); err != nil {
+		return t.openError(err)
+	}
+	return nil
+}

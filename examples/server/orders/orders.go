@@ -27,6 +27,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -106,12 +107,18 @@ func New(path string) (*App, error) {
 	// SQLite would create the file with the process's umask (often 0644,
 	// readable by every local user); its -wal and -shm files take the
 	// database file's mode, so creating it 0600 here covers all three.
-	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
+	// Only a missing file is opened here (O_EXCL): closing a descriptor of
+	// a file that SQLite connections of this process hold would drop their
+	// locks.
+	f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	switch {
+	case errors.Is(err, fs.ErrExist):
+	case err != nil:
 		return nil, fmt.Errorf("orders database %s: %w", abs, err)
-	}
-	if err := f.Close(); err != nil {
-		return nil, fmt.Errorf("orders database %s: %w", abs, err)
+	default:
+		if err := f.Close(); err != nil {
+			return nil, fmt.Errorf("orders database %s: %w", abs, err)
+		}
 	}
 	q := url.Values{}
 	q.Set("_synchronous", "FULL") // a commit is on disk when it returns

@@ -62,3 +62,28 @@ func TestRedirectLocationTokenAfterASpaceOrQuoteIsNotInTheReason(t *testing.T) {
 		})
 	}
 }
+
+// The same pattern ends userinfo at a space or a quote: a Location that
+// net/http cannot parse, its password holding a space, keeps the part of
+// the password before the space in the reason.
+func TestRedirectLocationPasswordWithASpaceIsNotInTheReason(t *testing.T) {
+	t.Parallel()
+	const secret = "pw_7c6b5a49"
+	srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "http://deploy:"+secret+" tail@other.example.test/%zz")
+		w.WriteHeader(http.StatusTemporaryRedirect)
+	})
+	var logs bytes.Buffer
+	c, _ := newClient(t, idem.Config{
+		BaseURL: srv.URL,
+		Retry:   fastRetry(),
+		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	_, err := c.Do(context.Background(), idem.Op{ID: "a", URL: "/orders", Body: []byte(`{"n":1}`)})
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), secret, "the error Do returns")
+	assert.NotContains(t, logs.String(), secret, "the logs")
+	rec, lerr := c.Lookup(context.Background(), "", "a")
+	require.NoError(t, lerr)
+	assert.NotContains(t, rec.LastError, secret, "the journal's LastError")
+}

@@ -23,8 +23,8 @@ import (
 // machine that lost its journal sends the same key for the same operation
 // ID, here with another payload. The server holds the key for the first
 // run's request and answers the second's with 422 key-reused. When the
-// second run's first attempt was shed with a 503 (refused before
-// processing, so nothing of it was applied) the 422 answers a retry, and
+// second run's first attempt was shed with a 429 (refused before
+// processing, as Classify reads it: nothing of it was applied) the 422 answers a retry, and
 // is now read as "the key is an earlier attempt's": the outcome unknown,
 // settled by the status check with the other request's stored answer
 // (reported as this operation's success), or replayed for ever.
@@ -62,8 +62,10 @@ func TestAGenuineKeyConflictAfterAShedAttemptIsAKeyConflict(t *testing.T) {
 				switch {
 				case ok && held != string(body) && !shed[string(body)]:
 					shed[string(body)] = true
+					// Load shedding, before the key is looked at: a 429, which
+					// Classify itself reads as refused before processing.
 					w.Header().Set("Retry-After", "0")
-					w.WriteHeader(http.StatusServiceUnavailable) // load shedding, before the key is looked at
+					w.WriteHeader(http.StatusTooManyRequests)
 				case !ok:
 					stored[key] = string(body)
 					w.WriteHeader(http.StatusCreated)

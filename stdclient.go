@@ -764,18 +764,71 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-// redactString is redact for a URL in a string. One that does not parse
-// is cut at its query.
+// redactString is redact for a URL in a string. Of one that does not
+// parse, whose query and userinfo cannot be told from the rest, only what
+// is safe is kept: its scheme and host, when it has no userinfo and they
+// parse by themselves, else its scheme, and "…" for what was left out.
 func redactString(s string) string {
 	if !strings.ContainsAny(s, "?@") {
-		return s // nothing to take out: no parsing, no copy
+		return s // no query nor userinfo however it is read: no parsing, no copy
 	}
 	u, err := url.Parse(s)
-	if err != nil {
-		s, _, _ = strings.Cut(s, "?")
-		return s
+	if err == nil {
+		return redactURL(u)
 	}
-	return redactURL(u)
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok || !validScheme(scheme) {
+		return "…"
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 && !strings.Contains(s, "@") {
+		// A password may hold '/', '?' or '#' unescaped, and then what
+		// precedes it reads as a host: one is taken only where there is
+		// no '@' at all.
+		if o, err := url.Parse(scheme + "://" + rest[:i]); err == nil && o.Host != "" && o.User == nil {
+			return scheme + "://" + o.Host + "/…"
+		}
+	}
+	return scheme + "://…"
+}
+
+// validScheme is RFC 3986's scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ).
+func validScheme(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return s != ""
+}
+
+// parseReason is why url.Parse refused a URL (err, its *url.Error or what
+// that wraps), for an error that quotes the URL redacted: net/url quotes
+// a part of the URL in some reasons, and only those that quote a few bytes
+// of it (an escape, a host's character) are kept whole; "invalid port"
+// quotes what follows a ':' of the authority, which a password holding a
+// '/' becomes.
+func parseReason(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		err = ue.Err
+	}
+	var (
+		escape url.EscapeError
+		host   url.InvalidHostError
+	)
+	switch msg := err.Error(); {
+	case errors.As(err, &escape), errors.As(err, &host):
+		return msg
+	case strings.HasPrefix(msg, "invalid port "):
+		return "invalid port after host"
+	case strings.ContainsAny(msg, "\"'`"):
+		return "not a valid URL"
+	default:
+		return msg
+	}
 }
 
 // rawTransport is Config.HTTPClient's transport (or the default one), with

@@ -145,7 +145,8 @@ type Config struct {
 	// from responses (Set-Cookie never is). A
 	// stored response's header names are canonical: a secret header is
 	// dropped whatever case the answer (an attempt's or a status
-	// checker's) spells its name in.
+	// checker's) spells its name in. New refuses an entry that is not a
+	// header name (ErrInvalidConfig), such as one with a space around it.
 	SecretHeaders []string
 
 	// LeaseDuration is how long a worker's claim on an operation lasts
@@ -332,7 +333,14 @@ func New(cfg Config) (*Client, error) {
 		}
 	}
 	c.secrets = slices.Clone(defaultSecretHeaders)
-	for _, h := range cfg.SecretHeaders {
+	for i, h := range cfg.SecretHeaders {
+		// An entry that is no header name matches no header, and the one
+		// it was meant for (" X-Session-Token" from a configuration file)
+		// would be journaled in clear: refused rather than trimmed, as
+		// Op.Header's names are.
+		if !wire.IsToken(h) {
+			return nil, fmt.Errorf("%w: Config.SecretHeaders[%d] %q is not a valid header name (an HTTP token: no spaces, newlines or separators around or in it)", ErrInvalidConfig, i, h)
+		}
 		c.secrets = append(c.secrets, http.CanonicalHeaderKey(h))
 	}
 	if err := errors.Join(c.cfg.checkDurations(), c.cfg.checkNumbers()); err != nil {

@@ -372,11 +372,11 @@ func (c *Client) resolveURL(ref string) (*resolvedURL, error) {
 	}
 	u, err := url.Parse(ref)
 	if err != nil {
-		return nil, invalidOp("Op.URL %q does not parse: %v", ref, err)
+		return nil, invalidOp("Op.URL %q does not parse: %s", redactString(ref), parseReason(err))
 	}
 	if !u.IsAbs() {
 		if c.base == nil {
-			return nil, invalidOp("Op.URL %q is relative and Config.BaseURL is not set; give an absolute URL or set BaseURL", ref)
+			return nil, invalidOp("Op.URL %q is relative and Config.BaseURL is not set; give an absolute URL or set BaseURL", redactString(ref))
 		}
 		u = c.base.ResolveReference(u)
 	}
@@ -409,10 +409,10 @@ func (c *Client) resolveURL(ref string) (*resolvedURL, error) {
 // returns it as it is journaled: without its fragment. u is changed.
 func checkURL(ref string, u *url.URL) (string, error) {
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return "", invalidOp("Op.URL %q: scheme %q is not http or https", ref, u.Scheme)
+		return "", invalidOp("Op.URL %q: scheme %q is not http or https", redactString(ref), u.Scheme)
 	}
 	if u.Host == "" {
-		return "", invalidOp("Op.URL %q has no host", ref)
+		return "", invalidOp("Op.URL %q has no host", redactString(ref))
 	}
 	if u.User != nil {
 		return "", invalidOp("Op.URL carries user credentials; credentials are never journaled: add them in Config.Authorize")

@@ -738,10 +738,29 @@ func redactError(err error) error {
 	}
 	redacted := *ue
 	redacted.URL = redactString(ue.URL)
-	if ue.Err != nil {
-		// net/http quotes a URL it could not follow inside the error it
-		// wraps ("failed to parse Location header \"/x?sig=…\"").
-		if msg := ue.Err.Error(); urlSecretsInText.MatchString(msg) {
+	switch {
+	case ue.Err == nil:
+	case ue.Op == "parse": // url.Parse's own error
+		if msg := parseReason(ue.Err); msg != ue.Err.Error() {
+			redacted.Err = &redactedError{msg: msg, err: ue.Err}
+		}
+	default:
+		msg := ue.Err.Error()
+		if loc, ok := unparsableLocation(msg); ok {
+			// net/http quotes a Location it could not parse, whole: a
+			// header value, which may hold spaces and quotes, so no
+			// pattern finds where its query or userinfo ends in the text.
+			// The value is redacted as a whole; one that does not parse
+			// keeps nothing of what follows its host, '?' or '@' in it
+			// or not.
+			shown, reason := redactString(loc), "not a valid URL"
+			if _, perr := url.Parse(loc); perr != nil {
+				shown, reason = redactUnparsable(loc), parseReason(perr)
+			}
+			redacted.Err = &redactedError{msg: fmt.Sprintf("%s%q: %s", locationPrefix, shown, reason), err: ue.Err}
+		} else if urlSecretsInText.MatchString(msg) {
+			// Another URL quoted in a transport's text, which net/http's
+			// own errors do not do: taken out as far as a pattern can.
 			redacted.Err = &redactedError{msg: urlSecretsInText.ReplaceAllString(msg, ""), err: ue.Err}
 		}
 	}
@@ -749,6 +768,25 @@ func redactError(err error) error {
 		return err
 	}
 	return &redacted
+}
+
+// locationPrefix begins net/http's error for a Location it could not
+// parse: "failed to parse Location header %q: %v".
+const locationPrefix = "failed to parse Location header "
+
+// unparsableLocation is the Location that net/http's error msg quotes, if
+// msg is that error: %q is undone exactly, not found by a pattern.
+func unparsableLocation(msg string) (string, bool) {
+	rest, ok := strings.CutPrefix(msg, locationPrefix)
+	if !ok {
+		return "", false
+	}
+	q, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return "", false
+	}
+	loc, err := strconv.Unquote(q)
+	return loc, err == nil
 }
 
 // urlSecretsInText matches what redact takes out of a URL, where a URL is
@@ -764,18 +802,77 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-// redactString is redact for a URL in a string. One that does not parse
-// is cut at its query.
+// redactString is redact for a URL in a string; one that does not parse
+// is redactUnparsable's.
 func redactString(s string) string {
 	if !strings.ContainsAny(s, "?@") {
-		return s // nothing to take out: no parsing, no copy
+		return s // no query nor userinfo however it is read: no parsing, no copy
 	}
 	u, err := url.Parse(s)
 	if err != nil {
-		s, _, _ = strings.Cut(s, "?")
-		return s
+		return redactUnparsable(s)
 	}
 	return redactURL(u)
+}
+
+// redactUnparsable is what may be quoted of s, a URL that does not parse,
+// whose query and userinfo cannot be told from the rest: its scheme and
+// host, when it has no userinfo and they parse by themselves, else its
+// scheme, and "…" for what was left out.
+func redactUnparsable(s string) string {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok || !validScheme(scheme) {
+		return "…"
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 && !strings.Contains(s, "@") {
+		// A password may hold '/', '?' or '#' unescaped, and then what
+		// precedes it reads as a host: one is taken only where there is
+		// no '@' at all.
+		if o, err := url.Parse(scheme + "://" + rest[:i]); err == nil && o.Host != "" && o.User == nil {
+			return scheme + "://" + o.Host + "/…"
+		}
+	}
+	return scheme + "://…"
+}
+
+// validScheme is RFC 3986's scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ).
+func validScheme(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z':
+		case i > 0 && ('0' <= c && c <= '9' || c == '+' || c == '-' || c == '.'):
+		default:
+			return false
+		}
+	}
+	return s != ""
+}
+
+// parseReason is why url.Parse refused a URL (err, its *url.Error or what
+// that wraps), for an error that quotes the URL redacted: net/url quotes
+// a part of the URL in some reasons, and only those that quote a few bytes
+// of it (an escape, a host's character) are kept whole; "invalid port"
+// quotes what follows a ':' of the authority, which a password holding a
+// '/' becomes.
+func parseReason(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		err = ue.Err
+	}
+	var (
+		escape url.EscapeError
+		host   url.InvalidHostError
+	)
+	switch msg := err.Error(); {
+	case errors.As(err, &escape), errors.As(err, &host):
+		return msg
+	case strings.HasPrefix(msg, "invalid port "):
+		return "invalid port after host"
+	case strings.ContainsAny(msg, "\"'`"):
+		return "not a valid URL"
+	default:
+		return msg
+	}
 }
 
 // rawTransport is Config.HTTPClient's transport (or the default one), with

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/internal/wire"
@@ -584,6 +585,9 @@ func (d *driver) park(ctx context.Context, cause error, dur Durability) error {
 	next := d.rec
 	next.State = StateExpired
 	next.LastError = cause.Error()
+	if errors.Is(cause, ErrKeyNotHonoured) && !strings.HasPrefix(next.LastError, notHonouredNote) {
+		next.LastError = notHonouredNote + next.LastError
+	}
 	next.NextAttemptAt = time.Time{}
 	if err := d.write(outcomeCtx(ctx), next, dur, EventExpire, ""); err != nil {
 		return d.journalFailed(err)

@@ -160,7 +160,10 @@
 // operation is parked for an operator with ErrKeyNotHonoured. So it is
 // when the client holds the beginning of a success and the status check
 // then says the server never saw the key: the server lost it, and a
-// re-send would be executed again.
+// re-send would be executed again. The journal keeps that success's status
+// with the operation (in its LastError), so a later Do, Send or Resume, in
+// this process or another, parks it on not_found too; and a parked
+// operation matches ErrKeyNotHonoured on every later call.
 //
 // # Tenants, concurrency and crashes
 //

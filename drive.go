@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/internal/wire"
@@ -60,6 +61,10 @@ type driver struct {
 	// partial is an answer whose body broke off: the server's first word
 	// on the key, which a later answer for the same key must agree with.
 	partial *Response
+	// proof is the status code of a success the server answered the key
+	// with, its body cut (answered), this call's or journaled by an
+	// earlier one (proofNote), or zero.
+	proof int
 	// resends is the transport's re-sends as last journaled: the next
 	// write's event tells of those counted since.
 	resends int
@@ -111,6 +116,15 @@ func (c *Client) newDriver(rec Record) *driver {
 		maybeApplied: rec.State == StateInFlight || rec.State == StateUnknown,
 		next:         stepSend,
 		why:          "first send",
+	}
+	if d.maybeApplied {
+		if code, _ := proofIn(rec.LastError); code != 0 {
+			// An earlier call's proof: the beginning of the answer is
+			// not journaled, only its status, which a later answer
+			// for the key must still agree with.
+			d.proof = code
+			d.partial = &Response{StatusCode: code}
+		}
 	}
 	switch {
 	case rec.State != StatePending:
@@ -173,6 +187,16 @@ func (d *driver) write(ctx context.Context, next Record, dur Durability, kind Ev
 	next.Lease = d.lease
 	if n := next.TransportResends - d.resends; n > 0 {
 		detail = joinNotes(detail, fmt.Sprintf("the transport sent it again %d time(s) by itself, on a new connection", n))
+	}
+	if (next.State == StateInFlight || next.State == StateUnknown) && d.answered() {
+		if code, _ := proofIn(next.LastError); code == 0 {
+			next.LastError = withProof(d.proof, next.LastError)
+		}
+		if code, _ := proofIn(d.rec.LastError); code == 0 {
+			// The first write of the proof: losing it would let a later
+			// call send the request again on a not_found.
+			dur = Durable
+		}
 	}
 	why := Event{Kind: kind, Detail: detail}
 	stored, err := d.c.updateRecord(ctx, next, dur, why)
@@ -561,6 +585,9 @@ func (d *driver) park(ctx context.Context, cause error, dur Durability) error {
 	next := d.rec
 	next.State = StateExpired
 	next.LastError = cause.Error()
+	if errors.Is(cause, ErrKeyNotHonoured) && !strings.HasPrefix(next.LastError, notHonouredNote) {
+		next.LastError = notHonouredNote + next.LastError
+	}
 	next.NextAttemptAt = time.Time{}
 	if err := d.write(outcomeCtx(ctx), next, dur, EventExpire, ""); err != nil {
 		return d.journalFailed(err)

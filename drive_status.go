@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptrace"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idem/journal"
@@ -118,11 +120,46 @@ func (d *driver) checkStatus(ctx context.Context) error {
 // the request unseen; a cut refusal does not count, as a server need not
 // keep a request it refused.
 func (d *driver) answered() bool {
-	if d.partial == nil {
-		return false
+	if d.proof == 0 && d.partial != nil {
+		resp := &http.Response{StatusCode: d.partial.StatusCode, Header: http.Header{}}
+		if d.c.classify(Attempt{Response: resp, Body: d.partial.Body, Written: true}).Verdict == Succeeded {
+			d.proof = d.partial.StatusCode
+		}
 	}
-	resp := &http.Response{StatusCode: d.partial.StatusCode, Header: http.Header{}}
-	return d.c.classify(Attempt{Response: resp, Body: d.partial.Body, Written: true}).Verdict == Succeeded
+	return d.proof != 0
+}
+
+// The proof that the server applied the key (a success status line whose
+// body broke off) is journaled with the operation, at the start of the
+// LastError of every active record written after it: "the server answered
+// the key HTTP 201 (body cut): <why it is not settled>". A later call (Do,
+// Send, Resume, in this process or another, after the call that saw the
+// answer ended unsettled) reads it back, so that its status check's
+// not_found parks the operation instead of sending the request again.
+const (
+	proofNote = "the server answered the key HTTP "
+	proofEnd  = " (body cut): "
+)
+
+// withProof returns lastError noted with the proof of a success answered
+// with status code.
+func withProof(code int, lastError string) string {
+	return proofNote + strconv.Itoa(code) + proofEnd + lastError
+}
+
+// proofIn returns the status code of the proof lastError notes, or zero,
+// and the rest of lastError.
+func proofIn(lastError string) (int, string) {
+	rest, ok := strings.CutPrefix(lastError, proofNote)
+	if !ok {
+		return 0, lastError
+	}
+	digits, rest, ok := strings.Cut(rest, proofEnd)
+	code, err := strconv.Atoi(digits)
+	if !ok || err != nil || code < 100 || code > 999 {
+		return 0, lastError
+	}
+	return code, rest
 }
 
 // keyForgotten handles a status endpoint that says it never saw a key
@@ -130,11 +167,10 @@ func (d *driver) answered() bool {
 // key (or the endpoint is not the one that keeps it), so a re-send would
 // be executed as a new request. Nothing more is sent: the operation is
 // parked as expired, for an operator to check the business records and
-// Reconcile. (The proof lives in this call only; a later call that found
-// the record unknown could not tell, so it is not left unknown.)
+// Reconcile.
 func (d *driver) keyForgotten(ctx context.Context) error {
 	cause := fmt.Errorf("%w: key %s was answered HTTP %d, then status check %d by %s said the server never saw it; a re-send would be executed again, so it is not re-sent: check the business records, then Reconcile",
-		ErrKeyNotHonoured, d.rec.Key, d.partial.StatusCode, d.checks, d.c.statusName)
+		ErrKeyNotHonoured, d.rec.Key, d.proof, d.checks, d.c.statusName)
 	// Durable: losing this would let a resume send the request again.
 	return d.park(ctx, cause, Durable)
 }
@@ -145,7 +181,7 @@ func (d *driver) keyForgotten(ctx context.Context) error {
 // status endpoint that fails is something an operator must see.
 func (d *driver) recordCheck(ctx context.Context, detail string) error {
 	cause := d.cause.Error()
-	if d.rec.LastError != cause && d.cause != errProcessing {
+	if _, last := proofIn(d.rec.LastError); last != cause && d.cause != errProcessing {
 		d.c.log.Warn("idem: status check did not settle the operation", "key", d.rec.Key, "scope", d.rec.Scope,
 			"id", d.rec.ID, "check", d.checks, "error", cause)
 	}

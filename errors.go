@@ -103,7 +103,8 @@ func (e unsentError) Unwrap() error { return e.err }
 // It matches, with errors.Is, the sentinel of its state (ErrNotSent for
 // pending; ErrOutcomeUnknown for in_flight and unknown; ErrRejected, and
 // ErrKeyConflict when that was the server's reason, for rejected;
-// ErrNeedsReconciliation for expired; ErrCanceled for canceled), or
+// ErrNeedsReconciliation for expired, and ErrKeyNotHonoured when that was
+// why, on a later call too; ErrCanceled for canceled), or
 // ErrFingerprintMismatch when the operation ID was journaled with another
 // request (State is then the existing record's), and its cause, such as
 // context.DeadlineExceeded, ErrBadStatus or ErrKeyNotHonoured.
@@ -126,6 +127,8 @@ type OperationError struct {
 	// sentinel overrides the state's sentinel (ErrFingerprintMismatch).
 	sentinel error
 	conflict bool // rejected for a key conflict
+	// notHonoured: expired because the server does not honour keys.
+	notHonoured bool
 }
 
 // sentinels returns the sentinels e matches, most specific first.
@@ -142,6 +145,9 @@ func (e *OperationError) sentinels() []error {
 	case StateRejected:
 		return []error{ErrRejected}
 	case StateExpired:
+		if e.notHonoured {
+			return []error{ErrNeedsReconciliation, ErrKeyNotHonoured}
+		}
 		return []error{ErrNeedsReconciliation}
 	case StateCanceled:
 		return []error{ErrCanceled}
@@ -209,8 +215,16 @@ func opError(rec Record, cause error) *OperationError {
 	if rec.State == StateRejected && rec.LastError != "" && isConflictNote(rec.LastError) {
 		e.conflict = true
 	}
+	if rec.State == StateExpired && strings.HasPrefix(rec.LastError, notHonouredNote) {
+		e.notHonoured = true
+	}
 	return e
 }
+
+// notHonouredNote starts the LastError of an operation parked because the
+// server does not honour keys (park journals it), so that a later call
+// reading the record reports ErrKeyNotHonoured too, not only its text.
+var notHonouredNote = ErrKeyNotHonoured.Error() + ": "
 
 // conflictNote starts the LastError of an operation rejected for a key
 // conflict, so that the journal keeps why, and a later call reading the

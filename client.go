@@ -225,9 +225,14 @@ type Transition struct {
 // use; create one per journal and tenant, reuse it, and Close (or Shutdown)
 // it before the process exits, so that nothing it buffered is lost.
 type Client struct {
-	cfg       Config
-	journal   Journal
-	base      *url.URL
+	cfg     Config
+	journal Journal
+	// base is Config.BaseURL with its origin in its canonical spelling
+	// (canonicalOrigin), which Do journals and sends and Resume looks
+	// for; configured is Config.BaseURL as it spells it, which builds
+	// before that journaled.
+	base, configured *url.URL
+
 	lastURL   atomic.Pointer[resolvedURL] // see resolve
 	keyHeader string
 	secrets   []string
@@ -302,7 +307,7 @@ func New(cfg Config) (*Client, error) {
 		if u.User != nil {
 			return nil, fmt.Errorf("%w: Config.BaseURL carries user credentials; add them in Config.Authorize", ErrInvalidConfig)
 		}
-		c.base = u
+		c.base, c.configured = canonicalOrigin(u), u
 	}
 	if c.cfg.Scope == "" {
 		c.cfg.Scope = "default"
@@ -1079,8 +1084,8 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 
 // journaledAsGiven reports whether a Create refused with err found the
 // operation journaled, with fingerprint, as the same request with its
-// URL's origin spelled as the Op spelled it, not as BaseURL does: as a
-// build that journaled Op.URL as given journaled it.
+// URL's origin spelled as a build before the canonical spelling journaled
+// it (see prepared.givenFingerprint).
 func (p *prepared) journaledAsGiven(fingerprint string, err error) bool {
 	return p.givenFingerprint != "" && fingerprint == p.givenFingerprint && errors.Is(err, ErrFingerprintMismatch)
 }

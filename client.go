@@ -430,7 +430,8 @@ func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 
 // sameOriginRedirect follows a 307 or 308, which keep the method and the
 // body, when it stays on the first request's origin (scheme, host and
-// port), at most 5 times; net/http then sends the same headers, the key
+// port, in any spelling RFC 6454 calls the same, as for Op.URL), at most
+// 5 times; net/http then sends the same headers, the key
 // among them, and the transport runs Authorize again. Anything else is
 // returned as the answer.
 func sameOriginRedirect(req *http.Request, via []*http.Request) error {
@@ -439,7 +440,7 @@ func sameOriginRedirect(req *http.Request, via []*http.Request) error {
 	case req.Response == nil,
 		req.Response.StatusCode != http.StatusTemporaryRedirect && req.Response.StatusCode != http.StatusPermanentRedirect,
 		len(via) > 5,
-		req.URL.Scheme != first.Scheme || req.URL.Host != first.Host:
+		!sameOrigin(req.URL, first):
 		return http.ErrUseLastResponse
 	}
 	return nil

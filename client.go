@@ -486,6 +486,9 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Response, error) {
 	creds := credentialsOf(ctx)
 	if a.authorize == nil && a.propagate == nil && creds == nil {
+		if ctx.Err() != nil {
+			return nil, notCalled(ctx, req)
+		}
 		if ctx == req.Context() {
 			return a.base.RoundTrip(req)
 		}
@@ -518,8 +521,31 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 	if cr := creds.forURL(r.URL); len(cr) > 0 {
 		withCredentials(r.Header, cr)
 	}
+	if ctx.Err() != nil {
+		// Authorize or Propagate may have taken the time that ended it.
+		return nil, notCalled(ctx, req)
+	}
 	return a.base.RoundTrip(r)
 }
+
+// notCalled is the error of an attempt whose context had ended before the
+// transport was called, so that it was not: nothing was sent, whatever the
+// transport, though a transport not known to trace (Client.traces) never
+// said so. net/http's own returns the same error without taking a
+// connection, and so without calling the trace's GetConn, which a
+// pass-through wrapper of it hands on: checked here, that attempt too is
+// known not sent.
+func notCalled(ctx context.Context, req *http.Request) error {
+	if req.Body != nil {
+		req.Body.Close() // a RoundTripper closes the body, even on an error
+	}
+	return transportNotCalled{context.Cause(ctx)}
+}
+
+type transportNotCalled struct{ err error }
+
+func (e transportNotCalled) Error() string { return e.err.Error() }
+func (e transportNotCalled) Unwrap() error { return e.err }
 
 // propagate runs Hooks.Propagate for a request whose headers are h: it
 // adds headers, and may not change those the request carries (the key's

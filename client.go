@@ -226,9 +226,14 @@ type Transition struct {
 // use; create one per journal and tenant, reuse it, and Close (or Shutdown)
 // it before the process exits, so that nothing it buffered is lost.
 type Client struct {
-	cfg       Config
-	journal   Journal
-	base      *url.URL
+	cfg     Config
+	journal Journal
+	// base is Config.BaseURL with its origin in its canonical spelling
+	// (canonicalOrigin), which Do journals and sends and Resume looks
+	// for; configured is Config.BaseURL as it spells it, which builds
+	// before that journaled.
+	base, configured *url.URL
+
 	lastURL   atomic.Pointer[resolvedURL] // see resolve
 	keyHeader string
 	secrets   []string
@@ -303,7 +308,7 @@ func New(cfg Config) (*Client, error) {
 		if u.User != nil {
 			return nil, fmt.Errorf("%w: Config.BaseURL carries user credentials; add them in Config.Authorize", ErrInvalidConfig)
 		}
-		c.base = u
+		c.base, c.configured = canonicalOrigin(u), u
 	}
 	if c.cfg.Scope == "" {
 		c.cfg.Scope = "default"
@@ -433,7 +438,8 @@ func (c *Client) newHTTPClients() (*http.Client, *http.Client) {
 
 // sameOriginRedirect follows a 307 or 308, which keep the method and the
 // body, when it stays on the first request's origin (scheme, host and
-// port), at most 5 times; net/http then sends the same headers, the key
+// port, in any spelling RFC 6454 calls the same, as for Op.URL), at most
+// 5 times; net/http then sends the same headers, the key
 // among them, and the transport runs Authorize again. Anything else is
 // returned as the answer.
 func sameOriginRedirect(req *http.Request, via []*http.Request) error {
@@ -442,7 +448,7 @@ func sameOriginRedirect(req *http.Request, via []*http.Request) error {
 	case req.Response == nil,
 		req.Response.StatusCode != http.StatusTemporaryRedirect && req.Response.StatusCode != http.StatusPermanentRedirect,
 		len(via) > 5,
-		req.URL.Scheme != first.Scheme || req.URL.Host != first.Host:
+		!sameOrigin(req.URL, first):
 		return http.ErrUseLastResponse
 	}
 	return nil
@@ -488,6 +494,9 @@ func (a authorizing) RoundTrip(req *http.Request) (*http.Response, error) {
 func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Response, error) {
 	creds := credentialsOf(ctx)
 	if a.authorize == nil && a.propagate == nil && creds == nil {
+		if ctx.Err() != nil {
+			return nil, notCalled(ctx, req)
+		}
 		if ctx == req.Context() {
 			return a.base.RoundTrip(req)
 		}
@@ -520,8 +529,31 @@ func (a authorizing) send(ctx context.Context, req *http.Request) (*http.Respons
 	if cr := creds.forURL(r.URL); len(cr) > 0 {
 		withCredentials(r.Header, cr)
 	}
+	if ctx.Err() != nil {
+		// Authorize or Propagate may have taken the time that ended it.
+		return nil, notCalled(ctx, req)
+	}
 	return a.base.RoundTrip(r)
 }
+
+// notCalled is the error of an attempt whose context had ended before the
+// transport was called, so that it was not: nothing was sent, whatever the
+// transport, though a transport not known to trace (Client.traces) never
+// said so. net/http's own returns the same error without taking a
+// connection, and so without calling the trace's GetConn, which a
+// pass-through wrapper of it hands on: checked here, that attempt too is
+// known not sent.
+func notCalled(ctx context.Context, req *http.Request) error {
+	if req.Body != nil {
+		req.Body.Close() // a RoundTripper closes the body, even on an error
+	}
+	return transportNotCalled{context.Cause(ctx)}
+}
+
+type transportNotCalled struct{ err error }
+
+func (e transportNotCalled) Error() string { return e.err.Error() }
+func (e transportNotCalled) Unwrap() error { return e.err }
 
 // propagate runs Hooks.Propagate for a request whose headers are h: it
 // adds headers, and may not change those the request carries (the key's
@@ -1087,8 +1119,8 @@ func (c *Client) Begin(ctx context.Context, op Op) (*Operation, error) {
 
 // journaledAsGiven reports whether a Create refused with err found the
 // operation journaled, with fingerprint, as the same request with its
-// URL's origin spelled as the Op spelled it, not as BaseURL does: as a
-// build that journaled Op.URL as given journaled it.
+// URL's origin spelled as a build before the canonical spelling journaled
+// it (see prepared.givenFingerprint).
 func (p *prepared) journaledAsGiven(fingerprint string, err error) bool {
 	return p.givenFingerprint != "" && fingerprint == p.givenFingerprint && errors.Is(err, ErrFingerprintMismatch)
 }

@@ -90,6 +90,9 @@ type attempt struct {
 	// trace silent whatever it wrote. Only set for a transport that is
 	// not known to trace (Client.traces).
 	traced atomic.Bool
+	// notCalled: the attempt's context had ended before the transport was
+	// called (see notCalled), which was therefore not.
+	notCalled bool
 
 	sent     bytes.Reader   // the reader of the request's body
 	start    time.Time      // when it started, for the Attempt hook
@@ -252,6 +255,7 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	d := rd.d
 	a := rd.cur.Load()
 	rd.last = a
+	a.notCalled = errors.As(err, new(transportNotCalled))
 	err = redactError(err) // it becomes the reason: no query's token
 	if ae := unwritten(resp, a, err); ae != nil {
 		// Authorize runs before the transport: nothing was written, so
@@ -275,7 +279,7 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	// Nothing written is known only of an attempt the trace followed: a
 	// failed attempt it did not may have been written (never "not sent"
 	// on the word of a silent trace).
-	written := a.written.Load() || a.resp != nil || !d.c.traces && !a.traced.Load()
+	written := a.written.Load() || a.resp != nil || !d.c.traces && !a.traced.Load() && !a.notCalled
 	a.decision = d.c.classify(Attempt{Response: a.resp, Body: a.body, Err: a.err, Written: written})
 	v := a.decision.Verdict
 	if written && v != Retry {

@@ -220,9 +220,10 @@ type prepared struct {
 	body                   []byte
 	fingerprint            string
 	// givenFingerprint is the fingerprint of the request with its URL's
-	// origin spelled as Op.URL spelled it, when that is not as BaseURL
-	// spells it: what a build that journaled the URL as given computed, so
-	// that an operation it journaled is still found as the same request.
+	// origin spelled as builds before the canonical spelling journaled it
+	// (as Op.URL spelled it, or, for a relative one, as BaseURL does), when
+	// that is not the canonical spelling, so that an operation they
+	// journaled is still found as the same request.
 	givenFingerprint string
 	// ownHeader (ownBody): header (body) is the client's own copy,
 	// which no one changes (Do's header, the standard client's header and
@@ -395,11 +396,17 @@ func (c *Client) resolveURL(ref string) (*resolvedURL, error) {
 		if u.Scheme != b.Scheme || u.Host != b.Host {
 			// BaseURL's origin spelled another way (the host's case, its
 			// default port written out: RFC 6454's same origin) is
-			// journaled as BaseURL spells it, as the standard client
-			// journals it, so that Resume, which takes up the operations
-			// whose URL starts with BaseURL's origin, knows it as its own.
+			// journaled in the origin's canonical spelling (b's, see
+			// canonicalOrigin), as the standard client journals it, so
+			// that Resume, which takes up the operations whose URL starts
+			// with it, knows it as its own whichever worker sent it.
 			u.Scheme, u.Host = b.Scheme, b.Host
 			out.url, out.given = u.String(), given
+		} else if cf := c.configured; cf != b {
+			// Builds before the canonical spelling journaled a relative
+			// Op.URL as Config.BaseURL spells its origin.
+			u.Scheme, u.Host = cf.Scheme, cf.Host
+			out.given = u.String()
 		}
 	}
 	return out, nil

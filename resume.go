@@ -5,6 +5,8 @@ import (
 	"errors"
 	"hash/maphash"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -109,7 +111,11 @@ func ResumeAllScopes() ResumeOption {
 
 // ResumeAnyOrigin makes Resume take up operations whatever their URL's
 // origin, not only Config.BaseURL's: for an operator's tool, or a client
-// whose Authorize chooses credentials per operation.
+// whose Authorize chooses credentials per operation. It also takes up an
+// operation that a build before the origin's canonical spelling journaled
+// with an absolute Op.URL spelling BaseURL's origin another way
+// ("https://API.example.com:443/orders"), which Resume without it does not
+// find (the next Do of that operation continues it too).
 func ResumeAnyOrigin() ResumeOption {
 	return func(o *resumeOptions) { o.anyOrigin = true }
 }
@@ -159,7 +165,7 @@ func (c *Client) Resume(ctx context.Context, opts ...ResumeOption) (ResumeReport
 	for _, opt := range opts {
 		opt(&o)
 	}
-	r := &resumer{c: c, opts: o, prefix: c.resumePrefix(o), unsettled: map[uint64]outcome{}}
+	r := &resumer{c: c, opts: o, prefixes: c.resumePrefixes(o), unsettled: map[uint64]outcome{}}
 	err = r.run(ctx)
 	rep := r.report()
 	// One line per pass, at Info only when it did something: a background
@@ -172,20 +178,30 @@ func (c *Client) Resume(ctx context.Context, opts ...ResumeOption) (ResumeReport
 	return rep, err
 }
 
-// resumePrefix is the origin of Config.BaseURL ("https://api.example.com/"),
-// or "" (every operation) when it is not set or the options say any.
-func (c *Client) resumePrefix(o resumeOptions) string {
+// resumePrefixes are how the URLs of Config.BaseURL's origin begin in the
+// journal ("https://api.example.com/"), or "" alone (every operation) when
+// it is not set or the options say any: the origin's canonical spelling,
+// which Do journals whatever spelling a worker's BaseURL has, and, when
+// this client's BaseURL spells it otherwise, that spelling, which builds
+// before journaled. An operation an earlier build journaled with an
+// absolute Op.URL spelling the origin yet another way ("API.example.com:443")
+// begins with neither: ResumeAnyOrigin takes it up, or the next Do of it.
+func (c *Client) resumePrefixes(o resumeOptions) []string {
 	if c.base == nil || o.anyOrigin {
-		return ""
+		return []string{""}
 	}
-	return c.base.Scheme + "://" + c.base.Host + "/"
+	canonical, configured := originPrefix(c.base), originPrefix(c.configured)
+	if configured == canonical {
+		return []string{canonical}
+	}
+	return []string{canonical, configured}
 }
 
 // resumer is one call of Resume.
 type resumer struct {
-	c      *Client
-	opts   resumeOptions
-	prefix string
+	c        *Client
+	opts     resumeOptions
+	prefixes []string
 
 	mu sync.Mutex
 	// unsettled is where each operation taken up and left unsettled
@@ -296,7 +312,7 @@ func (r *resumer) reportLocked() ResumeReport {
 
 // inScope reports whether Resume may take rec up.
 func (r *resumer) inScope(rec Record) bool {
-	if r.prefix != "" && (len(rec.URL) < len(r.prefix) || rec.URL[:len(r.prefix)] != r.prefix) {
+	if !slices.ContainsFunc(r.prefixes, func(p string) bool { return strings.HasPrefix(rec.URL, p) }) {
 		return false
 	}
 	for _, s := range r.opts.scopes {
@@ -451,14 +467,16 @@ func (r *resumer) claim(ctx context.Context, n int, dueBy time.Time) ([]Record, 
 		return out, err
 	}
 	for _, scope := range r.opts.scopes {
-		if len(out) == n {
-			break
-		}
-		recs, err := c.journal.Claim(ctx, ClaimRequest{Owner: c.owner, Limit: n - len(out), Lease: c.cfg.LeaseDuration,
-			DueBy: dueBy, Scope: scope, URLPrefix: r.prefix})
-		out = append(out, recs...)
-		if err != nil {
-			return out, err
+		for _, prefix := range r.prefixes {
+			if len(out) == n {
+				return out, nil
+			}
+			recs, err := c.journal.Claim(ctx, ClaimRequest{Owner: c.owner, Limit: n - len(out), Lease: c.cfg.LeaseDuration,
+				DueBy: dueBy, Scope: scope, URLPrefix: prefix})
+			out = append(out, recs...)
+			if err != nil {
+				return out, err
+			}
 		}
 	}
 	return out, nil

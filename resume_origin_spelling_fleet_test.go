@@ -25,6 +25,14 @@ import (
 //     ("http://API.example.test:80/orders"), which Do and Begin accept as
 //     the same operation, is never taken up by Resume: left behind (pending
 //     here, never sent; an unknown one alike).
+//
+// Do now journals the origin in one canonical spelling, which Resume looks
+// for whatever its BaseURL's spelling, and also for its BaseURL's own
+// spelling, which earlier builds journaled a relative Op.URL in. A record
+// an earlier build journaled with an absolute Op.URL in a third spelling
+// begins with neither, and a journal's claim is by prefix: as Resume's
+// documentation says, ResumeAnyOrigin takes it up (or the next Do of it),
+// which the last case holds to.
 func TestResumeTakesUpItsOriginsOperationsWhateverSpellingJournaledThem(t *testing.T) {
 	t.Parallel()
 	srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
@@ -39,11 +47,16 @@ func TestResumeTakesUpItsOriginsOperationsWhateverSpellingJournaledThem(t *testi
 			KeyHeader: "Idempotency-Key", State: idem.StatePending})
 		require.NoError(t, err)
 	}
-	cases := []struct{ name, journaled, resumer string }{
-		{"the same spelling (the control)", "http://api.example.test/orders", "http://api.example.test"},
-		{"another worker's BaseURL with the default port", "http://api.example.test/orders", "http://api.example.test:80"},
-		{"another worker's BaseURL in capitals", "http://api.example.test/orders", "http://API.example.test"},
-		{"journaled as given by an earlier build", "http://API.example.test:80/orders", "http://api.example.test"},
+	cases := []struct {
+		name, journaled, resumer string
+		opts                     []idem.ResumeOption
+	}{
+		{"the same spelling (the control)", "http://api.example.test/orders", "http://api.example.test", nil},
+		{"another worker's BaseURL with the default port", "http://api.example.test/orders", "http://api.example.test:80", nil},
+		{"another worker's BaseURL in capitals", "http://api.example.test/orders", "http://API.example.test", nil},
+		{"journaled in its BaseURL's spelling by an earlier build", "http://API.example.test:80/orders", "http://API.example.test:80", nil},
+		{"journaled as given by an earlier build, taken up by ResumeAnyOrigin", "http://API.example.test:80/orders", "http://api.example.test",
+			[]idem.ResumeOption{idem.ResumeAnyOrigin()}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -53,7 +66,7 @@ func TestResumeTakesUpItsOriginsOperationsWhateverSpellingJournaledThem(t *testi
 			c, _ := newClient(t, idem.Config{Journal: j, BaseURL: tc.resumer, HTTPClient: dial, Retry: fastRetry(),
 				Status: idem.ReplayStatus()})
 			ctx := context.Background()
-			rep, err := c.Resume(ctx)
+			rep, err := c.Resume(ctx, tc.opts...)
 			require.NoError(t, err)
 			assert.Equal(t, 1, rep.Claimed, "Resume with BaseURL %s, the operation journaled as %s: %+v", tc.resumer, tc.journaled, rep)
 			rec, err := j.Lookup(ctx, "default", "op-1")

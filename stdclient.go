@@ -957,3 +957,42 @@ func withCredentials(h http.Header, creds []credential) {
 		h[c.name] = c.values
 	}
 }
+
+// canonicalOrigin is u with its origin in the one spelling every client
+// of that origin journals it in, whatever spelling its BaseURL has, so
+// that Resume finds a worker's operations by a prefix whichever worker
+// journaled them: the scheme and the host in lower case (a zone of an
+// IPv6 address kept as is, an interface name being case-sensitive), the
+// scheme's default port dropped. The host is kept decoded, as url.URL
+// holds it: String encodes it as Do journals it. u is not changed.
+func canonicalOrigin(u *url.URL) *url.URL {
+	host, port := u.Hostname(), u.Port()
+	if i := strings.IndexByte(host, '%'); i >= 0 {
+		host = strings.ToLower(host[:i]) + host[i:]
+	} else {
+		host = strings.ToLower(host)
+	}
+	scheme := strings.ToLower(u.Scheme)
+	if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") {
+		port = ""
+	}
+	if strings.IndexByte(host, ':') >= 0 {
+		host = "[" + host + "]"
+	}
+	if port != "" {
+		host += ":" + port
+	}
+	if scheme == u.Scheme && host == u.Host {
+		return u
+	}
+	c := *u
+	c.Scheme, c.Host = scheme, host
+	return &c
+}
+
+// originPrefix is how every URL of u's origin begins as Do journals it
+// ("https://api.example.com/"): its host encoded as url.URL.String
+// encodes it.
+func originPrefix(u *url.URL) string {
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host}).String() + "/"
+}

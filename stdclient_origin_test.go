@@ -17,9 +17,10 @@ import (
 
 // An SDK that spells BaseURL's origin with its default port (":443" for
 // https, ":80" for http), or BaseURL that does, names the same origin
-// (RFC 6454): its request is the operation, journaled as BaseURL spells
-// it so that Resume knows it as its origin's, not refused as going
-// elsewhere.
+// (RFC 6454): its request is the operation, journaled in the origin's
+// canonical spelling (no default port), as every worker's Do journals it
+// whatever its BaseURL's spelling, so that Resume knows it as its
+// origin's, not refused as going elsewhere.
 func TestStandardClientDefaultPortIsTheSameOrigin(t *testing.T) {
 	t.Parallel()
 	srv := newScripted(t, func(_ int, w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusCreated) })
@@ -29,7 +30,7 @@ func TestStandardClientDefaultPortIsTheSameOrigin(t *testing.T) {
 	}}}
 	for i, tc := range []struct{ base, url, journaled string }{
 		{"http://api.example.test", "http://API.example.test:80/orders", "http://api.example.test/orders"},
-		{"http://api.example.test:80/v1/", "http://api.example.test/orders", "http://api.example.test:80/orders"},
+		{"http://api.example.test:80/v1/", "http://api.example.test/orders", "http://api.example.test/orders"},
 	} {
 		c, j := newClient(t, idem.Config{BaseURL: tc.base, HTTPClient: dial, Retry: fastRetry()})
 		id := "order-" + string(rune('a'+i))

@@ -303,7 +303,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.BaseURL != "" {
 		u, err := url.Parse(cfg.BaseURL)
 		if err != nil || !u.IsAbs() || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			return nil, fmt.Errorf("%w: Config.BaseURL %q must be an absolute http or https URL", ErrInvalidConfig, cfg.BaseURL)
+			return nil, fmt.Errorf("%w: Config.BaseURL %q must be an absolute http or https URL", ErrInvalidConfig, redactString(cfg.BaseURL))
 		}
 		if u.User != nil {
 			return nil, fmt.Errorf("%w: Config.BaseURL carries user credentials; add them in Config.Authorize", ErrInvalidConfig)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
 )
@@ -80,4 +81,15 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// New's refusal of a BaseURL it cannot use quotes it redacted: a token in
+// its query or userinfo is not in the error, which reaches logs.
+func TestNewRefusesABadBaseURLWithoutQuotingItsSecrets(t *testing.T) {
+	t.Parallel()
+	for _, base := range []string{"ftp://api.example.test/?api_key=qk_live_SECRET", "/v1?api_key=qk_live_SECRET", "http://user:pw_SECRET@/x"} {
+		_, err := idem.New(idem.Config{BaseURL: base, Journal: idem.NewMemoryJournal()})
+		require.ErrorIs(t, err, idem.ErrInvalidConfig, base)
+		assert.NotContains(t, err.Error(), "SECRET", base)
+	}
 }

@@ -98,6 +98,12 @@ type attempt struct {
 	cut      bool  // the body was longer than MaxResponseBytes
 	err      error // the transport's error, or the body's when it broke off
 	decision Decision
+	// earlierMaybeApplied: before this attempt's answer, a write of the
+	// operation may have been processed (an earlier call's, round's or
+	// attempt's, or a write of this one the transport re-sent), as
+	// driver.maybeApplied then said. A key conflict answering this
+	// attempt names that write only then.
+	earlierMaybeApplied bool
 }
 
 func (d *driver) newRound(ctx context.Context) *round {
@@ -267,6 +273,7 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 	}
 	a.finish(resp, err, d.c.cfg.MaxResponseBytes)
 	d.countResends(a)
+	a.earlierMaybeApplied = d.maybeApplied
 	if a.resp != nil && a.err != nil && d.answersTheKey(a) {
 		d.partial = &Response{StatusCode: a.resp.StatusCode, Body: a.body}
 	}

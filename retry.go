@@ -118,7 +118,9 @@ const (
 	// Terminal (rejected), reported as ErrKeyConflict, when it answers
 	// the first attempt of the operation that may have reached the
 	// server. Answering a re-send (a retry, a ReplayStatus replay, a send
-	// after not_found) once an earlier attempt may have reached it, it
+	// after not_found) once an earlier attempt may have been processed
+	// (written and not answered, or answered with a verdict other than
+	// Retry; not one refused before processing), it
 	// means the key is that attempt's, which may have been applied (the
 	// client sends nothing else under the key): the outcome is unknown,
 	// for the status check, never a rejection.

@@ -49,6 +49,10 @@ type driver struct {
 	// resend: the next send follows a status check's not_found, a re-send
 	// that spends the shared retry budget as a retry does.
 	resend bool
+	// wrote: this call has written the operation, or is about to: its
+	// first write is its first attempt for the shared retry budget
+	// (firstWrite).
+	wrote bool
 
 	// cause is the latest reason the operation is not settled.
 	cause error
@@ -212,7 +216,7 @@ func (d *driver) send(ctx context.Context) error {
 		return d.unauthorized(ctx)
 	}
 	if d.resend {
-		if !d.c.budget.withdraw() {
+		if !d.spend() {
 			// Unknown, not pending: an earlier attempt may still arrive.
 			return d.stop(ctx, fmt.Errorf("%w: %s: not sent", ErrRetryBudgetExhausted, d.why), d.failedDue())
 		}

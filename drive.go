@@ -50,6 +50,10 @@ type driver struct {
 	// resend: the next send follows a status check's not_found, a re-send
 	// that spends the shared retry budget as a retry does.
 	resend bool
+	// wrote: this call has written the operation, or is about to: its
+	// first write is its first attempt for the shared retry budget
+	// (firstWrite).
+	wrote bool
 
 	// cause is the latest reason the operation is not settled.
 	cause error
@@ -236,7 +240,7 @@ func (d *driver) send(ctx context.Context) error {
 		return d.unauthorized(ctx)
 	}
 	if d.resend {
-		if !d.c.budget.withdraw() {
+		if !d.spend() {
 			// Unknown, not pending: an earlier attempt may still arrive.
 			return d.stop(ctx, fmt.Errorf("%w: %s: not sent", ErrRetryBudgetExhausted, d.why), d.failedDue())
 		}
@@ -266,11 +270,6 @@ func (d *driver) send(ctx context.Context) error {
 	d.journaled = false
 	d.next, d.why = stepCheck, ""
 
-	// Whether an attempt before the round's last may have reached the
-	// server: an earlier call's or round's, or one of this round (any
-	// retried one counts: wrongly unknown costs a status check, wrongly
-	// rejected loses an applied write).
-	reachedBefore, sendsBefore := d.maybeApplied, d.sends
 	last, err := rd.run(req)
 	err = redactError(err)
 	if rd.journalErr != nil {
@@ -285,13 +284,18 @@ func (d *driver) send(ctx context.Context) error {
 		return d.stop(ctx, err, d.failedDue())
 	}
 	v := last.decision
-	if v.Verdict == KeyConflict && (reachedBefore || d.sends-sendsBefore > 1 || last.writes.Load() > 1) {
+	if v.Verdict == KeyConflict && last.earlierMaybeApplied {
 		// The client sends nothing but the journaled request under the
-		// key: the request the server holds it for is an earlier attempt
-		// of this operation, in a form the server tells apart (an
-		// Authorize that puts a fresh token in the URL, a signed
-		// header), which may have been applied. No rejection: the
-		// outcome is unknown, for the status check.
+		// key: when an earlier write of it may have been processed
+		// (written and not answered, or answered as maybe applied), the
+		// request the server holds the key for may be that write, in a
+		// form the server tells apart (an Authorize that puts a fresh
+		// token in the URL, a signed header). No rejection: the outcome
+		// is unknown, for the status check. Earlier attempts refused
+		// before processing (a 429, a connection refused) do not count:
+		// nothing of them was applied, so the key is held for another
+		// request, a genuine conflict, and a status check would answer
+		// with that other request's result.
 		d.cause = fmt.Errorf("%s, answering a re-send: the key is an earlier attempt's, which may have been applied", v.Reason)
 		return d.markUnknown(ctx, v.Reason)
 	}

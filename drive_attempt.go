@@ -101,6 +101,12 @@ type attempt struct {
 	cut      bool  // the body was longer than MaxResponseBytes
 	err      error // the transport's error, or the body's when it broke off
 	decision Decision
+	// earlierMaybeApplied: before this attempt's answer, a write of the
+	// operation may have been processed (an earlier call's, round's or
+	// attempt's, or a write of this one the transport re-sent), as
+	// driver.maybeApplied then said. A key conflict answering this
+	// attempt names that write only then.
+	earlierMaybeApplied bool
 }
 
 func (d *driver) newRound(ctx context.Context) *round {
@@ -266,11 +272,10 @@ func (rd *round) checkRetry(ctx context.Context, resp *http.Response, err error)
 		return false, nil
 	}
 	d.sends++
-	if d.sends == 1 {
-		d.c.budget.deposit()
-	}
+	d.firstWrite()
 	a.finish(resp, err, d.c.cfg.MaxResponseBytes)
 	d.countResends(a)
+	a.earlierMaybeApplied = d.maybeApplied
 	if a.resp != nil && a.err != nil && d.answersTheKey(a) {
 		d.partial = &Response{StatusCode: a.resp.StatusCode, Body: a.body}
 	}
@@ -339,6 +344,27 @@ func unwritten(resp *http.Response, a *attempt, err error) *authorizeError {
 		return ae
 	}
 	return nil
+}
+
+// firstWrite reports whether this call has yet to write the operation,
+// and if so marks it written and deposits in the shared retry budget as a
+// first attempt does: a call's first write is no re-send, whether it is an
+// attempt, a replay or a send after a not_found (Resume's, after a crash,
+// makes no other), and it spends nothing.
+func (d *driver) firstWrite() bool {
+	if d.wrote {
+		return false
+	}
+	d.wrote = true
+	d.c.budget.deposit()
+	return true
+}
+
+// spend takes a token from the shared retry budget for a write of the
+// operation unless it is this call's first, and reports whether the write
+// may be made.
+func (d *driver) spend() bool {
+	return d.firstWrite() || d.c.budget.withdraw()
 }
 
 func (v Verdict) retryable() bool { return v == Retry || v == RetrySameKey }

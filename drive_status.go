@@ -284,8 +284,9 @@ func (d *driver) statusDo(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		// A replay is a re-send of the request, as heavy for the server
-		// as a retry: it spends the shared retry budget as one does.
-		if !d.c.budget.withdraw() {
+		// as a retry: it spends the shared retry budget as one does,
+		// unless it is this call's first write (Resume's, after a crash).
+		if !d.spend() {
 			return nil, fmt.Errorf("%w: the replay, a re-send of the request, was not made", ErrRetryBudgetExhausted)
 		}
 		d.replayed = true

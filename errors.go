@@ -30,8 +30,9 @@ var (
 	// ErrKeyConflict: the server says the key was already used with a
 	// different request. The operation is rejected: errors matching it
 	// also match ErrRejected. Only when no earlier attempt of the
-	// operation may have reached the server: a key conflict answering a
-	// re-send is about that earlier attempt (in a form the server tells
+	// operation may have been processed (one refused before processing,
+	// as with 429, was not): a key conflict answering a re-send after one
+	// that may have been is about that earlier attempt (in a form the server tells
 	// apart, such as a fresh token Authorize put in the URL), which may
 	// have been applied, so the outcome is unknown (see KeyConflict).
 	ErrKeyConflict = errors.New("idem: server reports the key was used with a different request")

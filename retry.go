@@ -63,7 +63,11 @@ type RetryPolicy struct {
 	// retry storm: every first attempt deposits RetryRatio tokens, the
 	// budget refills by MinRetriesPerSecond tokens a second, and every
 	// re-send spends one: a retry, a ReplayStatus replay, a send after a
-	// status check said not_found. A re-send the budget refuses ends the
+	// status check said not_found. A call's first write of an operation
+	// is its first attempt, whatever sends it: Resume's first replay of
+	// an operation, or its first send after a not_found, deposits and
+	// spends nothing, so that a process that only resumes is not held to
+	// the budget's floor. A re-send the budget refuses ends the
 	// call with ErrRetryBudgetExhausted as its cause. Default to 0.2 and
 	// 10.
 	RetryRatio          float64
@@ -118,7 +122,9 @@ const (
 	// Terminal (rejected), reported as ErrKeyConflict, when it answers
 	// the first attempt of the operation that may have reached the
 	// server. Answering a re-send (a retry, a ReplayStatus replay, a send
-	// after not_found) once an earlier attempt may have reached it, it
+	// after not_found) once an earlier attempt may have been processed
+	// (written and not answered, or answered with a verdict other than
+	// Retry; not one refused before processing), it
 	// means the key is that attempt's, which may have been applied (the
 	// client sends nothing else under the key): the outcome is unknown,
 	// for the status check, never a rejection.

@@ -353,15 +353,29 @@ func (replayStatus) CheckStatus(ctx context.Context, q StatusQuery) (Status, err
 //
 // size is the body's length when the response says it (Content-Length),
 // or -1: a body of known size within limit is read into a buffer of its
-// size, not into io.ReadAll's 512 bytes and up.
+// size, not into io.ReadAll's 512 bytes and up, when that size is at most
+// preallocBytes; a larger one into a buffer that starts there and doubles
+// as bytes arrive. Content-Length is the server's word, not bytes
+// received: an answer stalled after its headers must hold no more memory
+// than it sent (a status answer's limit is several MaxResponseBytes).
 func readBody(r io.Reader, limit, size int64) ([]byte, bool, error) {
 	if size >= 0 && size <= limit {
-		b := make([]byte, size)
+		b := make([]byte, min(size, preallocBytes))
 		n, err := io.ReadFull(r, b)
-		if err == io.EOF {
+		for err == nil && int64(n) < size {
+			b = append(b[:n], make([]byte, min(size-int64(n), int64(n)))...)
+			var m int
+			m, err = io.ReadFull(r, b[n:])
+			n += m
+		}
+		switch {
+		case err == io.EOF && n == 0:
 			// No body at all (a HEAD's answer): a body cut short of its
 			// Content-Length is the transport's io.ErrUnexpectedEOF.
 			err = nil
+		case err == io.EOF:
+			// Cut short between two reads of a growing buffer.
+			err = io.ErrUnexpectedEOF
 		}
 		return b[:n], false, err
 	}
@@ -371,6 +385,10 @@ func readBody(r io.Reader, limit, size int64) ([]byte, bool, error) {
 	}
 	return b, false, err
 }
+
+// preallocBytes is how much of an announced Content-Length readBody
+// allocates before any of it arrives.
+const preallocBytes = 64 << 10
 
 // checkStatusConfig reports what New cannot accept in s, a checker of this
 // package, by value or by pointer (a *StatusAdapter is a StatusChecker as

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -139,10 +140,13 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 		MaxKeyLength: wire.MaxKeyLength + len(continuedSuffix),
 		LockTimeout:  cfg.LockTimeout,
 		Retention:    cfg.Retention,
-		// The arguments' own limit is checked before: this one only has
-		// to leave room for the tool's name, each byte of it escaped in
-		// JSON (\u003c) at worst.
-		MaxBodyBytes: cfg.MaxArgumentBytes + 64 + 6*int64(len(longestName(cfg.Tools))),
+		// The arguments' own limit is checked before, on the canonical
+		// text: this one only has to leave room for the body serve
+		// writes with json.Marshal, which escapes <, > and & (\u003c, 6
+		// bytes for 1) in the arguments and the tool's name. The body
+		// stays json.Marshal's: the fingerprints of keys already stored
+		// are digests of it.
+		MaxBodyBytes: bodyLimit(cfg.MaxArgumentBytes, len(longestName(cfg.Tools))),
 		Logger:       cfg.Logger,
 	}
 	mw, err := server.New(scfg)
@@ -438,6 +442,17 @@ func rpcError(code int64, key string, retry time.Duration, format string, args .
 	}
 	b, _ := json.Marshal(data)
 	return &jsonrpc.Error{Code: code, Message: fmt.Sprintf(format, args...), Data: b}
+}
+
+// bodyLimit is the largest body serve writes for arguments of at most
+// maxArgs canonical bytes and a tool name of at most name bytes, every
+// byte escaped at worst; math.MaxInt64 where that does not fit.
+func bodyLimit(maxArgs int64, name int) int64 {
+	const slack = 64 // {"tool":,"arguments":}
+	if maxArgs > (math.MaxInt64-slack)/6-int64(name) {
+		return math.MaxInt64
+	}
+	return 6*(maxArgs+int64(name)) + slack
 }
 
 func longestName(names []string) string {

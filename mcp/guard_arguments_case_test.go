@@ -41,11 +41,25 @@ func TestGuardArgumentsThatDifferOnlyInTheCaseOfAMemberNameAreNotTheSame(t *test
 
 	a := json.RawMessage(`{"to":"ann@example.com","To":"bob@example.com"}`)
 	b := json.RawMessage(`{"To":"bob@example.com","to":"ann@example.com"}`)
-	ca, err := idemmcp.Canonical(a)
-	require.NoError(t, err)
-	cb, err := idemmcp.Canonical(b)
-	require.NoError(t, err)
-	t.Logf("canonical: %s and %s", ca, cb)
+	ca, errA := idemmcp.Canonical(a)
+	cb, errB := idemmcp.Canonical(b)
+	t.Logf("canonical: %s (%v) and %s (%v)", ca, errA, cb, errB)
+	if errA != nil || errB != nil {
+		// Refused as ambiguous, as a member named twice is: then the
+		// Guard refuses both calls, and the tool never runs.
+		require.ErrorContains(t, errA, "ambiguous")
+		require.ErrorContains(t, errB, "ambiguous")
+		for _, args := range []json.RawMessage{a, b} {
+			_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "send_email", Arguments: args, Meta: mcp.Meta{idemmcp.MetaKey: "k"}})
+			var we *jsonrpc.Error
+			require.ErrorAs(t, err, &we, "%s", args)
+			assert.EqualValues(t, jsonrpc.CodeInvalidParams, we.Code, "%s", args)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Empty(t, sentTo, "the tool ran on arguments refused as ambiguous")
+		return
+	}
 
 	first, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "send_email", Arguments: a, Meta: mcp.Meta{idemmcp.MetaKey: "k"}})
 	require.NoError(t, err)

@@ -210,7 +210,8 @@ func (g *Guard) scope(ctx context.Context, call *mcp.CallToolRequest) string {
 }
 
 // keyOf is the call's key, from _meta or, on streamable HTTP, the
-// Idempotency-Key header; "" when it has none.
+// Idempotency-Key header (alone, only on protocol 2025-06-18 and later,
+// which has no batches); "" when it has none.
 func keyOf(call *mcp.CallToolRequest) (string, error) {
 	var key string
 	if v, ok := call.Params.Meta[MetaKey]; ok {
@@ -234,6 +235,18 @@ func keyOf(call *mcp.CallToolRequest) (string, error) {
 			}
 			if key != "" && hk != key {
 				return "", fmt.Errorf("_meta[%q] and the %s header carry different keys", MetaKey, wire.KeyHeader)
+			}
+			// The header keys one HTTP request, which before protocol
+			// 2025-06-18 may be a JSON-RPC batch of several calls
+			// (go-sdk takes one then, its version told by the header
+			// below, absent meaning 2025-03-26): each call would take it
+			// as its own key, and the second be answered with the
+			// first's result.
+			if v := e.Header.Get("Mcp-Protocol-Version"); key == "" && v < "2025-06-18" {
+				if v == "" {
+					v = "none"
+				}
+				return "", fmt.Errorf("the %s header keys one HTTP request, and a request of MCP protocol version before 2025-06-18 (Mcp-Protocol-Version: %s) may be a JSON-RPC batch of several calls: send each call's key in _meta[%q]", wire.KeyHeader, v, MetaKey)
 			}
 			key = hk
 		}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -17,8 +19,11 @@ import (
 //
 // Arguments that encoding/json reads as one value but a tool reading its
 // raw arguments may read as another are refused: an object with a member
-// named twice, bytes that are not UTF-8, a \u escape of half a surrogate
-// pair. Each of them would compare equal to arguments that differ.
+// named twice, two members whose names differ only in case (encoding/json
+// matches a struct field's name without regard to case, the last member
+// winning, so the order of the two is the value), bytes that are not
+// UTF-8, a \u escape of half a surrogate pair. Each of them would compare
+// equal to arguments that differ.
 func Canonical(args json.RawMessage) ([]byte, error) {
 	if len(bytes.TrimSpace(args)) == 0 {
 		return []byte("null"), nil
@@ -43,6 +48,9 @@ func Canonical(args json.RawMessage) ([]byte, error) {
 	if count(v) != members {
 		return nil, ambiguous(errors.New("an object names a member twice"))
 	}
+	if a, b, ok := foldedTwice(v); ok {
+		return nil, ambiguous(fmt.Errorf("an object has members %q and %q, names that differ only in case", a, b))
+	}
 	// encoding/json writes a map's members sorted by name, and a
 	// json.Number as its text.
 	var b bytes.Buffer
@@ -55,7 +63,53 @@ func Canonical(args json.RawMessage) ([]byte, error) {
 }
 
 func ambiguous(err error) error {
-	return fmt.Errorf("the arguments are ambiguous: %w; send each member once, as UTF-8", err)
+	return fmt.Errorf("the arguments are ambiguous: %w; send each member once, under one spelling, as UTF-8", err)
+}
+
+// foldedTwice finds, in an object of v at any depth, two member names
+// equal under Unicode case folding (strings.EqualFold).
+func foldedTwice(v any) (a, b string, ok bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		if len(v) > 1 {
+			seen := make(map[string]string, len(v))
+			for name := range v {
+				f := fold(name)
+				if other, dup := seen[f]; dup {
+					a, b = min(name, other), max(name, other)
+					return a, b, true
+				}
+				seen[f] = name
+			}
+		}
+		for _, e := range v {
+			if a, b, ok := foldedTwice(e); ok {
+				return a, b, true
+			}
+		}
+	case []any:
+		for _, e := range v {
+			if a, b, ok := foldedTwice(e); ok {
+				return a, b, true
+			}
+		}
+	}
+	return "", "", false
+}
+
+// fold maps each rune of s to the least rune of its case-folding orbit
+// (unicode.SimpleFold), so that fold(s) == fold(t) exactly when
+// strings.EqualFold(s, t): "K" (Kelvin), "K" and "k" are one.
+func fold(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		m := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			m = min(m, f)
+		}
+		b.WriteRune(m)
+	}
+	return b.String()
 }
 
 // count is the number of object members in v, at every depth.

@@ -10,8 +10,9 @@
 //
 //   - The client sends the call's idempotency key in _meta[MetaKey]
 //     ("io.github.idemkit/idempotency-key"), one key per logical tool
-//     call, the same on every retry. On streamable HTTP it may come in the
-//     Idempotency-Key header instead.
+//     call, the same on every retry. On streamable HTTP, protocol
+//     2025-06-18 and later (which has no JSON-RPC batches), it may come in
+//     the Idempotency-Key header instead.
 //   - The server runs the tool once per key and caller, stores its result
 //     (an isError result and a JSON-RPC error too), and answers a
 //     repeated key with the stored result, marked _meta[MetaReplayed]

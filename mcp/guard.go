@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -99,12 +101,8 @@ type GuardConfig struct {
 // request: the same stores, locks, heartbeats, fencing and take-over of a
 // dead process's key as for HTTP.
 type Guard struct {
-	mw *server.Middleware
-	h  http.Handler
-	// cont and hc serve the later rounds of a call that asked for input
-	// (see continued).
-	cont  *server.Middleware
-	hc    http.Handler
+	mw    *server.Middleware
+	h     http.Handler
 	tools map[string]bool
 	cfg   GuardConfig
 }
@@ -139,33 +137,33 @@ func NewGuard(cfg GuardConfig) (*Guard, error) {
 		MaxKeyLength: wire.MaxKeyLength + len(continuedSuffix),
 		LockTimeout:  cfg.LockTimeout,
 		Retention:    cfg.Retention,
-		// The arguments' own limit is checked before: this one only has
-		// to leave room for the tool's name, each byte of it escaped in
-		// JSON (\u003c) at worst.
-		MaxBodyBytes: cfg.MaxArgumentBytes + 64 + 6*int64(len(longestName(cfg.Tools))),
+		// The arguments' own limit is checked before, on the canonical
+		// text: this one only has to leave room for the body serve
+		// writes with json.Marshal, which escapes <, > and & (\u003c, 6
+		// bytes for 1) in the arguments and the tool's name. The body
+		// stays json.Marshal's: the fingerprints of keys already stored
+		// are digests of it.
+		MaxBodyBytes: bodyLimit(cfg.MaxArgumentBytes, len(longestName(cfg.Tools))),
 		Logger:       cfg.Logger,
+		// runTool answers 5xx exactly when the key must be released, not
+		// stored: the tool never ran (go-sdk's "unknown tool", a later
+		// round's look at its first round), a later round asked for input
+		// again, or the tool failed after its lock was lost. A first
+		// round's panic it stores itself (runTool).
+		StorePolicy: server.SkipServerErrors,
 	}
 	mw, err := server.New(scfg)
 	if err != nil {
 		return nil, fmt.Errorf("idem/mcp: %w", err)
 	}
-	// A later round that asks for input again answers 503 (runTool):
-	// released, not stored, so that the round after it runs.
-	scfg.StorePolicy = server.SkipServerErrors
-	cont, err := server.New(scfg)
-	if err != nil {
-		_ = mw.Close()
-		return nil, fmt.Errorf("idem/mcp: %w", err)
-	}
-	g.mw, g.cont = mw, cont
+	g.mw = mw
 	g.h = mw.Handler(http.HandlerFunc(runTool))
-	g.hc = cont.Handler(http.HandlerFunc(runTool))
 	return g, nil
 }
 
 // Close stops the Guard's background work (the store's sweeps). It does
 // not close the store.
-func (g *Guard) Close() error { return errors.Join(g.mw.Close(), g.cont.Close()) }
+func (g *Guard) Close() error { return g.mw.Close() }
 
 // Middleware is the Guard as go-sdk receiving middleware:
 //
@@ -212,7 +210,8 @@ func (g *Guard) scope(ctx context.Context, call *mcp.CallToolRequest) string {
 }
 
 // keyOf is the call's key, from _meta or, on streamable HTTP, the
-// Idempotency-Key header; "" when it has none.
+// Idempotency-Key header (alone, only on protocol 2025-06-18 and later,
+// which has no batches); "" when it has none.
 func keyOf(call *mcp.CallToolRequest) (string, error) {
 	var key string
 	if v, ok := call.Params.Meta[MetaKey]; ok {
@@ -237,6 +236,18 @@ func keyOf(call *mcp.CallToolRequest) (string, error) {
 			if key != "" && hk != key {
 				return "", fmt.Errorf("_meta[%q] and the %s header carry different keys", MetaKey, wire.KeyHeader)
 			}
+			// The header keys one HTTP request, which before protocol
+			// 2025-06-18 may be a JSON-RPC batch of several calls
+			// (go-sdk takes one then, its version told by the header
+			// below, absent meaning 2025-03-26): each call would take it
+			// as its own key, and the second be answered with the
+			// first's result.
+			if v := e.Header.Get("Mcp-Protocol-Version"); key == "" && v < "2025-06-18" {
+				if v == "" {
+					v = "none"
+				}
+				return "", fmt.Errorf("the %s header keys one HTTP request, and a request of MCP protocol version before 2025-06-18 (Mcp-Protocol-Version: %s) may be a JSON-RPC batch of several calls: send each call's key in _meta[%q]", wire.KeyHeader, v, MetaKey)
+			}
 			key = hk
 		}
 	}
@@ -251,8 +262,12 @@ func keyOf(call *mcp.CallToolRequest) (string, error) {
 	return key, nil
 }
 
-// continuedSuffix is appended to the key of a call's later rounds.
-const continuedSuffix = "#continued"
+// continuedSuffix is appended to the key of a call's later rounds. It is
+// longer than any key a client may send (wire.MaxKeyLength), so no
+// client's key is the name of another key's later rounds (K+"#continued"
+// was: the key "call_x#continued" shared an entry with call_x's later
+// rounds), and being of one fixed length, two keys never share one.
+var continuedSuffix = "#continued" + strings.Repeat("~", wire.MaxKeyLength+1-len("#continued"))
 
 // continued reports whether p is a later round of a multi-round-trip call
 // (SEP-2322): a tool answered "input required", and the client calls
@@ -264,11 +279,24 @@ const continuedSuffix = "#continued"
 // under the key, and every later round under the key and continuedSuffix:
 // the first of them that ends the call (any answer but "input required",
 // which is released for the next round) is kept and replayed to the
-// others. One difference follows: a tool that panics in a later round has
-// its key released, not a failure stored, and a retry runs that round
-// again.
+// others. A later round first looks at what the key holds: with other
+// arguments than the first round's it is CodeKeyReused; when the first
+// round ended the call (an answer but "input required"), that answer is
+// replayed and the tool does not run again. Only when the first round
+// asked for input, or the key holds nothing (its Retention passed, or
+// the first round came without the key), does the round run, under the
+// key and continuedSuffix. One difference follows: a tool that panics in
+// a later round has its key released, not a failure stored, and a retry
+// runs that round again.
 func continued(p *mcp.CallToolParamsRaw) bool {
 	return len(p.InputResponses) > 0 || p.RequestState != ""
+}
+
+// asksForInput reports whether res is an "input required" answer: not
+// the end of the call.
+func asksForInput(res mcp.Result) bool {
+	tr, _ := res.(*mcp.CallToolResult)
+	return tr != nil && (tr.NeedsInput() || tr.InputRequests != nil)
 }
 
 type scopeKey struct{}
@@ -281,11 +309,33 @@ type pending struct {
 	method    string
 	req       *mcp.CallToolRequest
 	continued bool
+	// look: the request only looks at what the key holds (see
+	// continued); when it holds nothing, the tool does not run.
+	look bool
+	// panicked holds what a first round's tool panicked with, stored as
+	// the key's failure, for serve to panic with again.
+	panicked *any
 }
 
 // inputHeader marks the unstored answer of a later round that asks for
-// input again.
-const inputHeader = "Idem-Mcp-Input-Required"
+// input again; emptyHeader, a key that holds nothing; notRunHeader, the
+// unstored error of a call whose tool never ran.
+const (
+	inputHeader  = "Idem-Mcp-Input-Required"
+	emptyHeader  = "Idem-Mcp-Nothing-Stored"
+	notRunHeader = "Idem-Mcp-Not-Run"
+	lostHeader   = "Idem-Mcp-Lock-Lost"
+)
+
+// notRun reports whether err is go-sdk's answer to a call of a tool it
+// does not have: nothing ran, and the tool may be added later (or be
+// there on another replica sharing the store), so the key is released,
+// not given that answer as its outcome. go-sdk's errors carry no other
+// mark than their text.
+func notRun(err error, tool string) bool {
+	var we *jsonrpc.Error
+	return errors.As(err, &we) && we.Code == jsonrpc.CodeInvalidParams && we.Message == fmt.Sprintf("unknown tool %q", tool)
+}
 
 // envelope is what is stored for a guarded call: the tool's result, or
 // the JSON-RPC error its handler returned.
@@ -298,6 +348,25 @@ type envelope struct {
 // and writes what it answered.
 func runTool(w http.ResponseWriter, r *http.Request) {
 	p := r.Context().Value(pendingKey{}).(*pending)
+	w.Header().Set("Content-Type", "application/json")
+	if p.look {
+		w.Header().Set(emptyHeader, "true")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	if !p.continued {
+		defer func() {
+			// Stored as the key's outcome: the tool may have acted
+			// before it panicked. (SkipServerErrors would release it.)
+			if v := recover(); v != nil {
+				p.panicked = &v
+				b, _ := json.Marshal(envelope{Error: &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
+					Message: fmt.Sprintf("tool %q failed part-way (it panicked), so it is not run again for this key: this failure is the key's outcome; it may have acted before it failed", p.req.Params.Name)}})
+				w.WriteHeader(http.StatusOK)
+				_, _ = w.Write(b)
+			}
+		}()
+	}
 	var env envelope
 	res, err := p.next(r.Context(), p.method, p.req)
 	switch {
@@ -316,7 +385,7 @@ func runTool(w http.ResponseWriter, r *http.Request) {
 	}
 	status := http.StatusOK
 	tr, _ := res.(*mcp.CallToolResult)
-	if tr != nil && p.continued && (tr.NeedsInput() || tr.InputRequests != nil) {
+	if tr != nil && p.continued && asksForInput(tr) {
 		// Not the end of the call: released for the next round.
 		status = http.StatusServiceUnavailable
 		w.Header().Set(inputHeader, "true")
@@ -325,12 +394,16 @@ func runTool(w http.ResponseWriter, r *http.Request) {
 	if failed && errors.Is(context.Cause(r.Context()), server.ErrLockNotRenewed) {
 		// The tool failed after the middleware told it to stop, its lock
 		// not kept: the failure is the interruption's. As for an HTTP
-		// handler's 5xx then, it is not stored, and the key, once stale,
-		// runs the call again.
+		// handler's 5xx then, it is not stored: the key is released,
+		// and the call waits and runs again, as for a key still held.
 		status = http.StatusInternalServerError
+		w.Header().Set(lostHeader, "true")
+	}
+	if notRun(err, p.req.Params.Name) {
+		status = http.StatusServiceUnavailable
+		w.Header().Set(notRunHeader, "true")
 	}
 	b, _ := json.Marshal(env)
-	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
 }
@@ -344,27 +417,50 @@ func (g *Guard) serve(ctx context.Context, p *pending, scope, key string, args [
 		Arguments json.RawMessage `json:"arguments"`
 	}{name, args})
 	deadline := time.Now().Add(g.cfg.Wait)
+	if !p.continued {
+		return g.round(ctx, g.h, p, scope, key, key, body, deadline)
+	}
+	// A later round: first a look at the key's first round (see
+	// continued), which runs nothing.
+	look := *p
+	look.look = true
+	res, err := g.round(ctx, g.h, &look, scope, key, key, body, deadline)
+	if err != errNothingStored && (err != nil || !asksForInput(res)) {
+		return res, err
+	}
+	return g.round(ctx, g.h, p, scope, key+continuedSuffix, key, body, deadline)
+}
+
+// errNothingStored: a later round's key holds no first round.
+var errNothingStored = errors.New("idem/mcp: nothing stored under the key")
+
+// round serves one round of a call to h under the stored key, waiting
+// until deadline while a concurrent call with the key runs.
+func (g *Guard) round(ctx context.Context, h http.Handler, p *pending, scope, stored, key string, body []byte, deadline time.Time) (mcp.Result, error) {
+	name := p.req.Params.Name
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 		rctx := context.WithValue(context.WithValue(ctx, scopeKey{}, scope), pendingKey{}, p)
 		r, err := http.NewRequestWithContext(rctx, http.MethodPost, "/tools/"+url.PathEscape(name), bytes.NewReader(body))
 		if err != nil {
 			return nil, err
 		}
-		h, stored := g.h, key
-		if p.continued {
-			h, stored = g.hc, key+continuedSuffix
-		}
 		r.Header.Set(wire.KeyHeader, wire.FormatKey(stored, true))
 		r.Header.Set("Content-Type", "application/json")
 		rec := newRecorder()
 		h.ServeHTTP(rec, r)
-		if rec.status == http.StatusOK || rec.header.Get(inputHeader) != "" {
+		if p.panicked != nil {
+			panic(*p.panicked)
+		}
+		if rec.header.Get(emptyHeader) != "" {
+			return nil, errNothingStored
+		}
+		if rec.status == http.StatusOK || rec.header.Get(inputHeader) != "" || rec.header.Get(notRunHeader) != "" {
 			return decode(rec, name, key)
 		}
 		prob, _ := wire.ParseProblem(rec.header.Get("Content-Type"), rec.body.Bytes())
 		retry := retryAfter(rec.header)
 		switch {
-		case prob.Type == wire.ProblemInProgress:
+		case prob.Type == wire.ProblemInProgress, rec.header.Get(lostHeader) != "":
 			if g.cfg.Wait < 0 || time.Now().Add(wait).After(deadline) {
 				return nil, rpcError(CodeInProgress, key, retry, "tool %q: a call with this key is still running; retry with the same key after %v", name, retry)
 			}
@@ -438,6 +534,17 @@ func rpcError(code int64, key string, retry time.Duration, format string, args .
 	}
 	b, _ := json.Marshal(data)
 	return &jsonrpc.Error{Code: code, Message: fmt.Sprintf(format, args...), Data: b}
+}
+
+// bodyLimit is the largest body serve writes for arguments of at most
+// maxArgs canonical bytes and a tool name of at most name bytes, every
+// byte escaped at worst; math.MaxInt64 where that does not fit.
+func bodyLimit(maxArgs int64, name int) int64 {
+	const slack = 64 // {"tool":,"arguments":}
+	if maxArgs > (math.MaxInt64-slack)/6-int64(name) {
+		return math.MaxInt64
+	}
+	return 6*(maxArgs+int64(name)) + slack
 }
 
 func longestName(names []string) string {

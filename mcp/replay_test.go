@@ -255,12 +255,13 @@ func TestCanonicalRefusesWhatReadsLossily(t *testing.T) {
 		`[{"a":1},{"a":2}]`:               `[{"a":1},{"a":2}]`,
 		`{"a":{"a":1},"b":[{"a":1}]}`:     `{"a":{"a":1},"b":[{"a":1}]}`,
 		`{"a":"x","b":["a","a"],"c":"a"}`: `{"a":"x","b":["a","a"],"c":"a"}`,
+		`{"a":{"A":1},"b":[{"a":1}]}`:     `{"a":{"A":1},"b":[{"a":1}]}`,
 	} {
 		got, err := idemmcp.Canonical(json.RawMessage(in))
 		require.NoError(t, err, in)
 		assert.Equal(t, want, string(got), in)
 	}
-	for _, bad := range []string{`{"a":1,"a":1}`, `[{"x":{"a":1,"b":2,"a":3}}]`, `"\udc00"`, `"\ud800x"`, `"\ud800\u0041"`, "\"\xc3\"", `{"\ud800":1}`} {
+	for _, bad := range []string{`{"a":1,"a":1}`, `[{"x":{"a":1,"b":2,"a":3}}]`, `"\udc00"`, `"\ud800x"`, `"\ud800\u0041"`, "\"\xc3\"", `{"\ud800":1}`, `{"to":1,"To":2}`, `[{"x":{"id":1,"ID":1}}]`, `{"\u212a":1,"k":2}`, `{"ſ":1,"S":2}`} {
 		_, err := idemmcp.Canonical(json.RawMessage(bad))
 		assert.ErrorContains(t, err, "ambiguous", bad)
 	}

@@ -44,5 +44,5 @@
 //
 // The Caller's promise rests on the server: one that does not honour keys
 // runs a re-sent call again. Verify tells, with two calls under one key to
-// a tool the operator marks as safe to test.
+// a tool the operator marks as safe to test, the second on a new session.
 package mcp

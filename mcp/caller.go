@@ -71,8 +71,11 @@ func NewCaller(cfg CallerConfig) (*Caller, error) {
 	case !serverName.MatchString(cfg.Server):
 		return nil, fmt.Errorf("idem/mcp: CallerConfig.Server %q is not a name of letters, digits and hyphens (at most 63)", cfg.Server)
 	}
-	tr := &sessionTransport{open: cfg.Open}
 	ic := cfg.Client
+	tr := &sessionTransport{open: cfg.Open, maxResult: ic.MaxResponseBytes}
+	if tr.maxResult <= 0 {
+		tr.maxResult = 4 << 20 // idem.Config's default
+	}
 	ic.Journal = cfg.Journal
 	ic.BaseURL = "http://" + strings.ToLower(cfg.Server) + ".mcp.invalid"
 	ic.HTTPClient = &http.Client{Transport: tr}
@@ -148,10 +151,22 @@ func (c *Caller) Result(ctx context.Context, callID string) (*mcp.CallToolResult
 	return decodeResult(&idem.Result{StatusCode: rec.Response.StatusCode, Body: rec.Response.Body}, nil)
 }
 
+// ErrResultTooLarge: the tool's result is larger than the Caller keeps
+// (CallerConfig.Client.MaxResponseBytes, 4 MiB by default). The call is
+// left unsettled (its outcome unknown): with a higher limit, Call or
+// Resume settles it with the result the server keeps under its key.
+var ErrResultTooLarge = errors.New("idem/mcp: tool result larger than MaxResponseBytes")
+
 // decodeResult turns Do's answer back into the tool's.
 func decodeResult(res *idem.Result, err error) (*mcp.CallToolResult, error) {
 	if res == nil {
 		return nil, err
+	}
+	if res.BodyCut {
+		// Journaled by a Caller that handed a cut result on: the call is
+		// settled, and the rest of its result is not in the journal.
+		return nil, errors.Join(err, fmt.Errorf("%w: tool call %q was settled with its result cut at the client's MaxResponseBytes; the journal holds no more of it",
+			ErrResultTooLarge, res.ID))
 	}
 	var env envelope
 	if jerr := json.Unmarshal(res.Body, &env); jerr != nil {
@@ -182,9 +197,17 @@ func decodeResult(res *idem.Result, err error) (*mcp.CallToolResult, error) {
 // by the request's URL.
 type sessionTransport struct {
 	open func(context.Context) (*mcp.ClientSession, error)
+	// maxResult is the client's MaxResponseBytes: a larger result is not
+	// handed to it, which would settle the call with a cut, unreadable
+	// result.
+	maxResult int64
 
 	mu sync.Mutex
-	cs *mcp.ClientSession
+	// tooLarge holds the size of the result of each key whose result was
+	// over maxResult: sending it again under the same limit gets the same
+	// result, so it is not sent again by this Caller.
+	tooLarge map[string]int
+	cs       *mcp.ClientSession
 	// closing counts the dropped sessions being closed: go-sdk's Close
 	// waits for the calls still pending on the session, which may run
 	// as long as their tools, so it runs beside the next calls, and
@@ -273,12 +296,19 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if trace != nil {
 		// From here the call may reach the server: an error is an
 		// unknown outcome, settled by sending it again with its key.
+		// (A result known too large is an unknown outcome too.)
 		if trace.WroteHeaders != nil {
 			trace.WroteHeaders()
 		}
 		if trace.WroteRequest != nil {
 			trace.WroteRequest(httptrace.WroteRequestInfo{})
 		}
+	}
+	t.mu.Lock()
+	size, big := t.tooLarge[key]
+	t.mu.Unlock()
+	if big {
+		return nil, t.resultTooLarge(tool, size)
 	}
 	res, err := callTool(ctx, cs, &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
 	if we := serverError(err); we != nil {
@@ -299,11 +329,28 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return nil, fmt.Errorf("idem/mcp: the tool's result does not marshal: %w", err)
 	}
 	b, _ := json.Marshal(envelope{Result: rb})
+	if int64(len(b)) > t.maxResult {
+		// Cut at the limit, the result would be settled unreadable, and
+		// lost for good. Unsettled, it stays the server's under the key:
+		// with a higher limit, the call sent again is answered with it.
+		t.mu.Lock()
+		if t.tooLarge == nil {
+			t.tooLarge = map[string]int{}
+		}
+		t.tooLarge[key] = len(b)
+		t.mu.Unlock()
+		return nil, t.resultTooLarge(tool, len(b))
+	}
 	h := http.Header{"Content-Type": {"application/json"}}
 	if replayed, _ := res.Meta[MetaReplayed].(bool); replayed {
 		h.Set(wire.ReplayedHeader, "true")
 	}
 	return response(req, http.StatusOK, h, b), nil
+}
+
+func (t *sessionTransport) resultTooLarge(tool string, size int) error {
+	return fmt.Errorf("%w: tool %q answered a result of %d bytes, more than the Caller keeps (CallerConfig.Client.MaxResponseBytes, %d): the call is left unsettled; raise MaxResponseBytes and Call it again or Resume, and the server's stored result settles it",
+		ErrResultTooLarge, tool, size, t.maxResult)
 }
 
 // callTool calls the tool on cs under a context that ends with ctx while

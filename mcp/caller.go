@@ -21,7 +21,8 @@ import (
 	"github.com/idemkit/idem/internal/wire"
 )
 
-// CallerConfig configures a Caller. Journal, Server and Open are required.
+// CallerConfig configures a Caller. Journal, Server, Open and Scope are
+// required.
 type CallerConfig struct {
 	// Journal keeps the tool calls: idem.OpenSQLite for one process,
 	// postgres.Open for a fleet. The Caller never closes it.
@@ -36,12 +37,20 @@ type CallerConfig struct {
 	// first needs it and again after a session breaks, and Resume uses it
 	// after a restart.
 	Open func(ctx context.Context) (*mcp.ClientSession, error)
-	// Scope is the journal's scope of the calls (the runtime, the agent).
-	// Defaults to "mcp".
+	// Scope is the journal's scope of the calls: it names whose
+	// credentials Open connects with (the user, the agent's account), and
+	// may add what makes the runtime's tool-call IDs unique (a
+	// conversation), such as "user:" + userID + "/" + conversationID.
+	// Callers on one journal whose Open connects as different identities
+	// must have different scopes: a scope's calls are one set, so Resume
+	// sends any of them with its Caller's credentials, and a tool-call ID
+	// is answered with the scope's journaled result, whoever ran it. The
+	// Caller cannot see the credentials in Open, so there is no default.
 	Scope string
 	// Client is the rest of the idem.Client's configuration (Retry,
 	// LeaseDuration, Hooks, Logger...); its Journal, BaseURL, HTTPClient,
-	// Status, Scope and Authorize are the Caller's.
+	// Status, Scope and Authorize are the Caller's, and its ResumeScopes
+	// must be empty: a Caller resumes its own Scope only.
 	Client idem.Config
 }
 
@@ -70,6 +79,10 @@ func NewCaller(cfg CallerConfig) (*Caller, error) {
 		return nil, errors.New("idem/mcp: CallerConfig.Open is nil; give a function that connects an mcp.Client to the server")
 	case !serverName.MatchString(cfg.Server):
 		return nil, fmt.Errorf("idem/mcp: CallerConfig.Server %q is not a name of letters, digits and hyphens (at most 63)", cfg.Server)
+	case cfg.Scope == "":
+		return nil, errors.New(`idem/mcp: CallerConfig.Scope is empty; name whose credentials Open connects with, such as "user:" + userID (and the conversation, if tool-call IDs are unique only within one): Callers that share a journal and one scope share their calls, and one would Resume the other's with its own credentials, or answer its tool-call ID with the other's result`)
+	case len(cfg.Client.ResumeScopes) > 0:
+		return nil, fmt.Errorf("idem/mcp: CallerConfig.Client.ResumeScopes is %q; a Caller resumes its own Scope only: another scope's calls would be sent with this Caller's credentials", cfg.Client.ResumeScopes)
 	}
 	ic := cfg.Client
 	tr := &sessionTransport{open: cfg.Open, maxResult: ic.MaxResponseBytes}
@@ -82,9 +95,6 @@ func NewCaller(cfg CallerConfig) (*Caller, error) {
 	ic.Status = idem.ReplayStatus()
 	ic.Authorize = nil
 	ic.Scope = cfg.Scope
-	if ic.Scope == "" {
-		ic.Scope = "mcp"
-	}
 	c, err := idem.New(ic)
 	if err != nil {
 		return nil, fmt.Errorf("idem/mcp: %w", err)
@@ -124,9 +134,11 @@ func (c *Caller) Call(ctx context.Context, callID, tool string, args any) (*mcp.
 	return decodeResult(res, err)
 }
 
-// Resume finishes the tool calls that were journaled but not settled (a
-// crash, a lost answer), re-sending each with its key through a session
-// from CallerConfig.Open. opts are idem.Client.Resume's: at start-up,
+// Resume finishes the tool calls of the Caller's Scope that were journaled
+// but not settled (a crash, a lost answer), re-sending each with its key
+// through a session from CallerConfig.Open. Never give it
+// idem.ResumeAllScopes: other scopes' calls would go with this Caller's
+// credentials. opts are idem.Client.Resume's: at start-up,
 // idem.ResumeWait with a deadline finishes also the calls a Guard still
 // runs (CodeInProgress) and those under the lease of a process that died.
 func (c *Caller) Resume(ctx context.Context, opts ...idem.ResumeOption) (idem.ResumeReport, error) {

@@ -37,7 +37,10 @@
 // named by the runtime's own tool-call ID: journaled with its tool, its
 // canonical arguments and a key before it is sent; a lost answer is
 // settled by sending the call again with its key; after a crash, Resume
-// finishes what was pending, through a session from CallerConfig.Open. In
+// finishes what was pending, through a session from CallerConfig.Open.
+// Its journal scope (CallerConfig.Scope, required) names whose
+// credentials Open connects with: Callers of other identities on one
+// journal never share a call, nor Resume one another's. In
 // the journal, and so in `idem ls` and `idem ui`, a call appears as
 // POST http://{server}.mcp.invalid/tools/{tool}, an address that never
 // resolves.

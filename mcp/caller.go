@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -110,10 +112,15 @@ func (c *Caller) Close() error {
 // Client is the idem.Client underneath, for Lookup, Cancel and the like.
 func (c *Caller) Client() *idem.Client { return c.c }
 
-// Call calls tool with args as the tool call callID. Calling it again with
-// the same callID (after an error, or after a restart) continues the same
-// call under the same key and returns its result; other arguments under
-// the same callID are idem.ErrFingerprintMismatch. A result with IsError
+// Call calls tool with args as the tool call callID. The arguments are
+// journaled and sent as json.Marshal writes args, in their order. Calling
+// it again with the same callID (after an error, or after a restart)
+// continues the same call under the same key and returns its result; the
+// same arguments written otherwise (their members in another order, by
+// Canonical) are the same call, continued as first written; other
+// arguments under the same callID are idem.ErrFingerprintMismatch, and so
+// are members whose names are alike but for case in another order, which
+// a tool reading a struct reads otherwise. A result with IsError
 // is a result. A JSON-RPC error the server answered is returned as a
 // *jsonrpc.Error; any other error says what is known, as idem.Client.Do's
 // do (idem.ErrOutcomeUnknown: Resume or another Call finishes it).
@@ -129,9 +136,86 @@ func (c *Caller) Call(ctx context.Context, callID, tool string, args any) (*mcp.
 	if tool == "" {
 		return nil, fmt.Errorf("%w: tool call %q names no tool", idem.ErrInvalidOp, callID)
 	}
-	res, err := c.c.Do(ctx, idem.Op{ID: callID, URL: "/tools/" + url.PathEscape(tool), Body: canon,
-		Header: http.Header{"Content-Type": {"application/json"}}})
+	// The arguments are journaled and sent as written: a tool may read
+	// them otherwise in another order (encoding/json matches member names
+	// to fields without regard to case, the last one winning).
+	op := idem.Op{ID: callID, URL: "/tools/" + url.PathEscape(tool), Body: raw,
+		Header: http.Header{"Content-Type": {"application/json"}}}
+	res, err := c.c.Do(ctx, op)
+	if errors.Is(err, idem.ErrFingerprintMismatch) {
+		if body, ok := c.sameArguments(ctx, callID, raw, canon); ok {
+			// The same arguments written otherwise (an order, white
+			// space): the same call, continued as first written.
+			op.Body = body
+			res, err = c.c.Do(ctx, op)
+		}
+	}
 	return decodeResult(res, err)
+}
+
+// sameArguments returns the arguments journaled for callID when they are
+// raw's by their canonical form, and in an order no tool can read
+// otherwise: no object of theirs names two members alike but for case.
+func (c *Caller) sameArguments(ctx context.Context, callID string, raw, canon []byte) ([]byte, bool) {
+	rec, err := c.c.Lookup(ctx, "", callID)
+	if err != nil {
+		return nil, false
+	}
+	journaled, err := Canonical(rec.Body)
+	if err != nil || !bytes.Equal(journaled, canon) || namesFoldAlike(raw) {
+		return nil, false
+	}
+	return rec.Body, true
+}
+
+// namesFoldAlike reports whether an object in args has two member names
+// equal under Unicode case folding, as encoding/json matches them to a
+// struct's fields. Arguments that do not decode report true.
+func namesFoldAlike(args []byte) bool {
+	var v any
+	if err := json.Unmarshal(args, &v); err != nil {
+		return true
+	}
+	var walk func(v any) bool
+	walk = func(v any) bool {
+		switch v := v.(type) {
+		case map[string]any:
+			seen := make(map[string]struct{}, len(v))
+			for name, e := range v {
+				f := foldKey(name)
+				if _, dup := seen[f]; dup {
+					return true
+				}
+				seen[f] = struct{}{}
+				if walk(e) {
+					return true
+				}
+			}
+		case []any:
+			for _, e := range v {
+				if walk(e) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return walk(v)
+}
+
+// foldKey is name with each rune replaced by the least rune of its case
+// folding orbit: two names are equal under strings.EqualFold exactly when
+// their keys are equal.
+func foldKey(name string) string {
+	var b strings.Builder
+	for _, r := range name {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
 }
 
 // Resume finishes the tool calls of the Caller's Scope that were journaled
@@ -203,7 +287,7 @@ func decodeResult(res *idem.Result, err error) (*mcp.CallToolResult, error) {
 }
 
 // sessionTransport sends the requests the idem.Client makes as tool calls
-// on an MCP session: POST /tools/{tool} with the canonical arguments and
+// on an MCP session: POST /tools/{tool} with the arguments and
 // the key becomes tools/call with _meta[MetaKey]; the answer comes back
 // as an HTTP response the client's classifier reads. It never sends HTTP
 // by the request's URL.

@@ -35,7 +35,7 @@
 //
 // On the client side, a Caller makes each tool call an idem operation,
 // named by the runtime's own tool-call ID: journaled with its tool, its
-// canonical arguments and a key before it is sent; a lost answer is
+// arguments as the runtime wrote them and a key before it is sent; a lost answer is
 // settled by sending the call again with its key; after a crash, Resume
 // finishes what was pending, through a session from CallerConfig.Open.
 // Its journal scope (CallerConfig.Scope, required) names whose

@@ -98,7 +98,7 @@ func benchToolCall(b *testing.B, callers int, via string) {
 			defer sj.Close()
 			j, sqlite = sj, sj
 		}
-		c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Open: open})
+		c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "mcp", Open: open})
 		if err != nil {
 			b.Fatal(err)
 		}

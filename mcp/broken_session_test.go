@@ -33,7 +33,7 @@ func TestABrokenSessionDoesNotHoldUpTheNextCalls(t *testing.T) {
 		return nil, struct{}{}, nil
 	})
 	url := newHTTPServer(t, s)
-	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "slow",
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "slow", Scope: "mcp",
 		Open: func(ctx context.Context) (*mcp.ClientSession, error) {
 			return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).
 				Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)

@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -21,7 +23,8 @@ import (
 	"github.com/idemkit/idem/internal/wire"
 )
 
-// CallerConfig configures a Caller. Journal, Server and Open are required.
+// CallerConfig configures a Caller. Journal, Server, Open and Scope are
+// required.
 type CallerConfig struct {
 	// Journal keeps the tool calls: idem.OpenSQLite for one process,
 	// postgres.Open for a fleet. The Caller never closes it.
@@ -36,12 +39,20 @@ type CallerConfig struct {
 	// first needs it and again after a session breaks, and Resume uses it
 	// after a restart.
 	Open func(ctx context.Context) (*mcp.ClientSession, error)
-	// Scope is the journal's scope of the calls (the runtime, the agent).
-	// Defaults to "mcp".
+	// Scope is the journal's scope of the calls: it names whose
+	// credentials Open connects with (the user, the agent's account), and
+	// may add what makes the runtime's tool-call IDs unique (a
+	// conversation), such as "user:" + userID + "/" + conversationID.
+	// Callers on one journal whose Open connects as different identities
+	// must have different scopes: a scope's calls are one set, so Resume
+	// sends any of them with its Caller's credentials, and a tool-call ID
+	// is answered with the scope's journaled result, whoever ran it. The
+	// Caller cannot see the credentials in Open, so there is no default.
 	Scope string
 	// Client is the rest of the idem.Client's configuration (Retry,
 	// LeaseDuration, Hooks, Logger...); its Journal, BaseURL, HTTPClient,
-	// Status, Scope and Authorize are the Caller's.
+	// Status, Scope and Authorize are the Caller's, and its ResumeScopes
+	// must be empty: a Caller resumes its own Scope only.
 	Client idem.Config
 }
 
@@ -70,18 +81,22 @@ func NewCaller(cfg CallerConfig) (*Caller, error) {
 		return nil, errors.New("idem/mcp: CallerConfig.Open is nil; give a function that connects an mcp.Client to the server")
 	case !serverName.MatchString(cfg.Server):
 		return nil, fmt.Errorf("idem/mcp: CallerConfig.Server %q is not a name of letters, digits and hyphens (at most 63)", cfg.Server)
+	case cfg.Scope == "":
+		return nil, errors.New(`idem/mcp: CallerConfig.Scope is empty; name whose credentials Open connects with, such as "user:" + userID (and the conversation, if tool-call IDs are unique only within one): Callers that share a journal and one scope share their calls, and one would Resume the other's with its own credentials, or answer its tool-call ID with the other's result`)
+	case len(cfg.Client.ResumeScopes) > 0:
+		return nil, fmt.Errorf("idem/mcp: CallerConfig.Client.ResumeScopes is %q; a Caller resumes its own Scope only: another scope's calls would be sent with this Caller's credentials", cfg.Client.ResumeScopes)
 	}
-	tr := &sessionTransport{open: cfg.Open}
 	ic := cfg.Client
+	tr := &sessionTransport{open: cfg.Open, maxResult: ic.MaxResponseBytes}
+	if tr.maxResult <= 0 {
+		tr.maxResult = 4 << 20 // idem.Config's default
+	}
 	ic.Journal = cfg.Journal
 	ic.BaseURL = "http://" + strings.ToLower(cfg.Server) + ".mcp.invalid"
 	ic.HTTPClient = &http.Client{Transport: tr}
 	ic.Status = idem.ReplayStatus()
 	ic.Authorize = nil
 	ic.Scope = cfg.Scope
-	if ic.Scope == "" {
-		ic.Scope = "mcp"
-	}
 	c, err := idem.New(ic)
 	if err != nil {
 		return nil, fmt.Errorf("idem/mcp: %w", err)
@@ -97,10 +112,15 @@ func (c *Caller) Close() error {
 // Client is the idem.Client underneath, for Lookup, Cancel and the like.
 func (c *Caller) Client() *idem.Client { return c.c }
 
-// Call calls tool with args as the tool call callID. Calling it again with
-// the same callID (after an error, or after a restart) continues the same
-// call under the same key and returns its result; other arguments under
-// the same callID are idem.ErrFingerprintMismatch. A result with IsError
+// Call calls tool with args as the tool call callID. The arguments are
+// journaled and sent as json.Marshal writes args, in their order. Calling
+// it again with the same callID (after an error, or after a restart)
+// continues the same call under the same key and returns its result; the
+// same arguments written otherwise (their members in another order, by
+// Canonical) are the same call, continued as first written; other
+// arguments under the same callID are idem.ErrFingerprintMismatch, and so
+// are members whose names are alike but for case in another order, which
+// a tool reading a struct reads otherwise. A result with IsError
 // is a result. A JSON-RPC error the server answered is returned as a
 // *jsonrpc.Error; any other error says what is known, as idem.Client.Do's
 // do (idem.ErrOutcomeUnknown: Resume or another Call finishes it).
@@ -116,14 +136,93 @@ func (c *Caller) Call(ctx context.Context, callID, tool string, args any) (*mcp.
 	if tool == "" {
 		return nil, fmt.Errorf("%w: tool call %q names no tool", idem.ErrInvalidOp, callID)
 	}
-	res, err := c.c.Do(ctx, idem.Op{ID: callID, URL: "/tools/" + url.PathEscape(tool), Body: canon,
-		Header: http.Header{"Content-Type": {"application/json"}}})
+	// The arguments are journaled and sent as written: a tool may read
+	// them otherwise in another order (encoding/json matches member names
+	// to fields without regard to case, the last one winning).
+	op := idem.Op{ID: callID, URL: "/tools/" + url.PathEscape(tool), Body: raw,
+		Header: http.Header{"Content-Type": {"application/json"}}}
+	res, err := c.c.Do(ctx, op)
+	if errors.Is(err, idem.ErrFingerprintMismatch) {
+		if body, ok := c.sameArguments(ctx, callID, raw, canon); ok {
+			// The same arguments written otherwise (an order, white
+			// space): the same call, continued as first written.
+			op.Body = body
+			res, err = c.c.Do(ctx, op)
+		}
+	}
 	return decodeResult(res, err)
 }
 
-// Resume finishes the tool calls that were journaled but not settled (a
-// crash, a lost answer), re-sending each with its key through a session
-// from CallerConfig.Open. opts are idem.Client.Resume's: at start-up,
+// sameArguments returns the arguments journaled for callID when they are
+// raw's by their canonical form, and in an order no tool can read
+// otherwise: no object of theirs names two members alike but for case.
+func (c *Caller) sameArguments(ctx context.Context, callID string, raw, canon []byte) ([]byte, bool) {
+	rec, err := c.c.Lookup(ctx, "", callID)
+	if err != nil {
+		return nil, false
+	}
+	journaled, err := Canonical(rec.Body)
+	if err != nil || !bytes.Equal(journaled, canon) || namesFoldAlike(raw) {
+		return nil, false
+	}
+	return rec.Body, true
+}
+
+// namesFoldAlike reports whether an object in args has two member names
+// equal under Unicode case folding, as encoding/json matches them to a
+// struct's fields. Arguments that do not decode report true.
+func namesFoldAlike(args []byte) bool {
+	var v any
+	if err := json.Unmarshal(args, &v); err != nil {
+		return true
+	}
+	var walk func(v any) bool
+	walk = func(v any) bool {
+		switch v := v.(type) {
+		case map[string]any:
+			seen := make(map[string]struct{}, len(v))
+			for name, e := range v {
+				f := foldKey(name)
+				if _, dup := seen[f]; dup {
+					return true
+				}
+				seen[f] = struct{}{}
+				if walk(e) {
+					return true
+				}
+			}
+		case []any:
+			for _, e := range v {
+				if walk(e) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return walk(v)
+}
+
+// foldKey is name with each rune replaced by the least rune of its case
+// folding orbit: two names are equal under strings.EqualFold exactly when
+// their keys are equal.
+func foldKey(name string) string {
+	var b strings.Builder
+	for _, r := range name {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
+}
+
+// Resume finishes the tool calls of the Caller's Scope that were journaled
+// but not settled (a crash, a lost answer), re-sending each with its key
+// through a session from CallerConfig.Open. Never give it
+// idem.ResumeAllScopes: other scopes' calls would go with this Caller's
+// credentials. opts are idem.Client.Resume's: at start-up,
 // idem.ResumeWait with a deadline finishes also the calls a Guard still
 // runs (CodeInProgress) and those under the lease of a process that died.
 func (c *Caller) Resume(ctx context.Context, opts ...idem.ResumeOption) (idem.ResumeReport, error) {
@@ -148,10 +247,22 @@ func (c *Caller) Result(ctx context.Context, callID string) (*mcp.CallToolResult
 	return decodeResult(&idem.Result{StatusCode: rec.Response.StatusCode, Body: rec.Response.Body}, nil)
 }
 
+// ErrResultTooLarge: the tool's result is larger than the Caller keeps
+// (CallerConfig.Client.MaxResponseBytes, 4 MiB by default). The call is
+// left unsettled (its outcome unknown): with a higher limit, Call or
+// Resume settles it with the result the server keeps under its key.
+var ErrResultTooLarge = errors.New("idem/mcp: tool result larger than MaxResponseBytes")
+
 // decodeResult turns Do's answer back into the tool's.
 func decodeResult(res *idem.Result, err error) (*mcp.CallToolResult, error) {
 	if res == nil {
 		return nil, err
+	}
+	if res.BodyCut {
+		// Journaled by a Caller that handed a cut result on: the call is
+		// settled, and the rest of its result is not in the journal.
+		return nil, errors.Join(err, fmt.Errorf("%w: tool call %q was settled with its result cut at the client's MaxResponseBytes; the journal holds no more of it",
+			ErrResultTooLarge, res.ID))
 	}
 	var env envelope
 	if jerr := json.Unmarshal(res.Body, &env); jerr != nil {
@@ -176,15 +287,23 @@ func decodeResult(res *idem.Result, err error) (*mcp.CallToolResult, error) {
 }
 
 // sessionTransport sends the requests the idem.Client makes as tool calls
-// on an MCP session: POST /tools/{tool} with the canonical arguments and
+// on an MCP session: POST /tools/{tool} with the arguments and
 // the key becomes tools/call with _meta[MetaKey]; the answer comes back
 // as an HTTP response the client's classifier reads. It never sends HTTP
 // by the request's URL.
 type sessionTransport struct {
 	open func(context.Context) (*mcp.ClientSession, error)
+	// maxResult is the client's MaxResponseBytes: a larger result is not
+	// handed to it, which would settle the call with a cut, unreadable
+	// result.
+	maxResult int64
 
 	mu sync.Mutex
-	cs *mcp.ClientSession
+	// tooLarge holds the size of the result of each key whose result was
+	// over maxResult: sending it again under the same limit gets the same
+	// result, so it is not sent again by this Caller.
+	tooLarge map[string]int
+	cs       *mcp.ClientSession
 	// closing counts the dropped sessions being closed: go-sdk's Close
 	// waits for the calls still pending on the session, which may run
 	// as long as their tools, so it runs beside the next calls, and
@@ -273,12 +392,19 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if trace != nil {
 		// From here the call may reach the server: an error is an
 		// unknown outcome, settled by sending it again with its key.
+		// (A result known too large is an unknown outcome too.)
 		if trace.WroteHeaders != nil {
 			trace.WroteHeaders()
 		}
 		if trace.WroteRequest != nil {
 			trace.WroteRequest(httptrace.WroteRequestInfo{})
 		}
+	}
+	t.mu.Lock()
+	size, big := t.tooLarge[key]
+	t.mu.Unlock()
+	if big {
+		return nil, t.resultTooLarge(tool, size)
 	}
 	res, err := callTool(ctx, cs, &mcp.CallToolParams{Name: tool, Arguments: args, Meta: mcp.Meta{MetaKey: key}})
 	if we := serverError(err); we != nil {
@@ -299,11 +425,28 @@ func (t *sessionTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return nil, fmt.Errorf("idem/mcp: the tool's result does not marshal: %w", err)
 	}
 	b, _ := json.Marshal(envelope{Result: rb})
+	if int64(len(b)) > t.maxResult {
+		// Cut at the limit, the result would be settled unreadable, and
+		// lost for good. Unsettled, it stays the server's under the key:
+		// with a higher limit, the call sent again is answered with it.
+		t.mu.Lock()
+		if t.tooLarge == nil {
+			t.tooLarge = map[string]int{}
+		}
+		t.tooLarge[key] = len(b)
+		t.mu.Unlock()
+		return nil, t.resultTooLarge(tool, len(b))
+	}
 	h := http.Header{"Content-Type": {"application/json"}}
 	if replayed, _ := res.Meta[MetaReplayed].(bool); replayed {
 		h.Set(wire.ReplayedHeader, "true")
 	}
 	return response(req, http.StatusOK, h, b), nil
+}
+
+func (t *sessionTransport) resultTooLarge(tool string, size int) error {
+	return fmt.Errorf("%w: tool %q answered a result of %d bytes, more than the Caller keeps (CallerConfig.Client.MaxResponseBytes, %d): the call is left unsettled; raise MaxResponseBytes and Call it again or Resume, and the server's stored result settles it",
+		ErrResultTooLarge, tool, size, t.maxResult)
 }
 
 // callTool calls the tool on cs under a context that ends with ctx while

@@ -53,7 +53,7 @@ func TestCallerCanceledCallLeavesOthersAlone(t *testing.T) {
 func TestCallerResultOfAnUnsettledCall(t *testing.T) {
 	j := openSQLite(t)
 	var opens atomic.Int64
-	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "mcp",
 		Open: func(context.Context) (*mcp.ClientSession, error) {
 			opens.Add(1)
 			return nil, assert.AnError
@@ -133,7 +133,7 @@ func TestCallerLeavesASessionAnAttemptTimedOutOn(t *testing.T) {
 	stop := make(chan struct{})
 	url := serveMail(t, m, newGuard(t, idemmcp.GuardConfig{}), hangSession(stop))
 	t.Cleanup(func() { close(stop) })
-	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "mcp",
 		Open: func(ctx context.Context) (*mcp.ClientSession, error) {
 			return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).
 				Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)

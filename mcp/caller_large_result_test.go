@@ -5,11 +5,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	idemmcp "github.com/idemkit/idem/mcp"
 )
 
@@ -41,5 +43,43 @@ func TestCallerAResultLargerThanMaxResponseBytes(t *testing.T) {
 		require.Len(t, res.Content, 1)
 		assert.Equal(t, len(big), len(res.Content[0].(*mcp.TextContent).Text), "call %d", i+1)
 	}
+	assert.EqualValues(t, 1, runs.Load())
+}
+
+// A result over MaxResponseBytes is left unsettled, not lost: a Caller
+// with a higher limit on the same journal settles the call with the
+// whole result, which the server replays under the key.
+func TestCallerAResultTooLargeIsSettledAfterTheLimitIsRaised(t *testing.T) {
+	var runs atomic.Int64
+	big := strings.Repeat("y", 64<<10)
+	s := mcp.NewServer(&mcp.Implementation{Name: "files", Version: "1"}, nil)
+	s.AddTool(&mcp.Tool{Name: "read_file", InputSchema: map[string]any{"type": "object"}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		runs.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: big}}}, nil
+	})
+	s.AddReceivingMiddleware(newGuard(t, idemmcp.GuardConfig{Tools: []string{"read_file"}}).Middleware)
+	url := newHTTPServer(t, s)
+	j := openSQLite(t)
+	callerWith := func(limit int64) *idemmcp.Caller {
+		c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "files", Scope: "agent",
+			Open: func(ctx context.Context) (*mcp.ClientSession, error) {
+				return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
+			},
+			Client: idem.Config{MaxResponseBytes: limit, Retry: idem.RetryPolicy{MinBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond}}})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	small := callerWith(32 << 10)
+	_, err := small.Call(context.Background(), "call_read", "read_file", map[string]any{})
+	require.ErrorIs(t, err, idemmcp.ErrResultTooLarge)
+	_, err = small.Result(context.Background(), "call_read")
+	require.ErrorIs(t, err, idemmcp.ErrNotSettled)
+	require.NoError(t, small.Close())
+
+	res, err := callerWith(1<<20).Call(context.Background(), "call_read", "read_file", map[string]any{})
+	require.NoError(t, err)
+	require.Len(t, res.Content, 1)
+	assert.Equal(t, big, res.Content[0].(*mcp.TextContent).Text)
 	assert.EqualValues(t, 1, runs.Load())
 }

@@ -21,13 +21,13 @@ import (
 
 // A runtime serving several users keeps one journal and a Caller per
 // user, each opening its sessions with that user's bearer token, all to
-// one server (CallerConfig.Server "mail") and in the default scope
-// ("mcp"): nothing in CallerConfig says that the credentials in Open must
-// have a scope of their own. The Guard keeps keys per user. Bob's call
-// loses its answers; then Alice's Caller, at its start-up, Resumes: it
-// takes up Bob's pending call and sends it with Alice's token. The key is
-// not in Alice's scope, so the tool runs again, as Alice: a second
-// effect, on another user's behalf.
+// one server (CallerConfig.Server "mail"). The Guard keeps keys per user.
+// Bob's call loses its answers; then Alice's Caller, at its start-up,
+// Resumes. In one scope (the default "mcp" of earlier builds) it took up
+// Bob's pending call and sent it with Alice's token: the key is not in
+// Alice's scope on the server, so the tool ran again, as Alice, a second
+// effect on another user's behalf. CallerConfig.Scope is now required and
+// names whose credentials Open uses: each user's Caller has its own.
 func TestCallerResumeNeverSendsAnotherUsersCallWithItsCredentials(t *testing.T) {
 	var mu sync.Mutex
 	var sentAs []string
@@ -62,7 +62,7 @@ func TestCallerResumeNeverSendsAnotherUsersCallWithItsCredentials(t *testing.T) 
 	}))
 	j := openSQLite(t)
 	callerFor := func(user string) *idemmcp.Caller {
-		c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+		c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "user:" + user,
 			Open: func(ctx context.Context) (*mcp.ClientSession, error) {
 				return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).Connect(ctx,
 					&mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1, HTTPClient: headerClient(http.Header{"Authorization": {"Bearer secret-of-" + user}})}, nil)

@@ -20,7 +20,7 @@ func TestCallerOverANonHTTPTransportMarksASentCallSent(t *testing.T) {
 	m := &mailServer{started: make(chan struct{}, 1), release: make(chan struct{})}
 	s := m.server(t, newGuard(t, idemmcp.GuardConfig{}))
 	j := openSQLite(t)
-	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "mcp",
 		Open: func(ctx context.Context) (*mcp.ClientSession, error) {
 			st, ct := mcp.NewInMemoryTransports()
 			if _, err := s.Connect(ctx, st, nil); err != nil {

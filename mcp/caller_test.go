@@ -37,7 +37,7 @@ func dropFirstAnswers(h http.Handler, n int64) http.Handler {
 
 func openCaller(t *testing.T, j idem.Journal, url string) *idemmcp.Caller {
 	t.Helper()
-	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "mcp",
 		Open: func(ctx context.Context) (*mcp.ClientSession, error) {
 			c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil)
 			return c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)
@@ -132,7 +132,7 @@ func TestCallerBadInput(t *testing.T) {
 	_, err = idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail"})
 	assert.ErrorContains(t, err, "Open is nil")
 	var opened atomic.Int64
-	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Open: func(context.Context) (*mcp.ClientSession, error) {
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "mcp", Open: func(context.Context) (*mcp.ClientSession, error) {
 		opened.Add(1)
 		return nil, assert.AnError
 	}})

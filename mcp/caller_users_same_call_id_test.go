@@ -13,13 +13,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	idemmcp "github.com/idemkit/idem/mcp"
 	"github.com/idemkit/idem/server"
 )
 
-// Two users' Callers on one journal, one server, the default scope, each
-// with its own bearer token in Open. Their runtimes name tool calls as
-// they like; two conversations that both have a "call_1" (a runtime that
+// Two users' Callers on one journal, one server, each with its own bearer
+// token in Open and (CallerConfig.Scope being required, and naming whose
+// credentials Open uses) a scope of its own; in one scope, the default of
+// earlier builds, the following went wrong. Their runtimes name tool
+// calls as they like; two conversations that both have a "call_1" (a runtime that
 // numbers its calls, a replayed test transcript) with the same arguments
 // are one operation to the journal: Bob's call is answered with Alice's
 // result from the journal, his e-mail never sent, and Alice's result
@@ -50,7 +53,7 @@ func TestCallerUsersWithTheSameToolCallIDNeverShareAResult(t *testing.T) {
 	url := httptestServer(t, auth.RequireBearerToken(verify, nil)(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)))
 	j := openSQLite(t)
 	callerFor := func(user string) *idemmcp.Caller {
-		c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+		c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "user:" + user,
 			Open: func(ctx context.Context) (*mcp.ClientSession, error) {
 				return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).Connect(ctx,
 					&mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1, HTTPClient: headerClient(http.Header{"Authorization": {"Bearer secret-of-" + user}})}, nil)
@@ -74,4 +77,19 @@ func TestCallerUsersWithTheSameToolCallIDNeverShareAResult(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Contains(t, sentAs, "bob", "Bob's call never ran (runs as %q)", sentAs)
+}
+
+// A Caller has no default scope: the credentials are hidden in Open, so
+// it cannot tell two identities apart, and says what to give. Nor does it
+// resume another scope, whose calls it would send with its credentials.
+func TestCallerNeedsAScopeOfItsOwn(t *testing.T) {
+	j := openSQLite(t)
+	open := func(context.Context) (*mcp.ClientSession, error) { return nil, nil }
+	_, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Open: open})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "CallerConfig.Scope is empty")
+	assert.Contains(t, err.Error(), "whose credentials Open connects with")
+	_, err = idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Open: open, Scope: "user:alice",
+		Client: idem.Config{ResumeScopes: []string{"user:alice", "user:bob"}}})
+	assert.ErrorContains(t, err, "resumes its own Scope only")
 }

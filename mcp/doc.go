@@ -36,14 +36,17 @@
 //
 // On the client side, a Caller makes each tool call an idem operation,
 // named by the runtime's own tool-call ID: journaled with its tool, its
-// canonical arguments and a key before it is sent; a lost answer is
+// arguments as the runtime wrote them and a key before it is sent; a lost answer is
 // settled by sending the call again with its key; after a crash, Resume
-// finishes what was pending, through a session from CallerConfig.Open. In
+// finishes what was pending, through a session from CallerConfig.Open.
+// Its journal scope (CallerConfig.Scope, required) names whose
+// credentials Open connects with: Callers of other identities on one
+// journal never share a call, nor Resume one another's. In
 // the journal, and so in `idem ls` and `idem ui`, a call appears as
 // POST http://{server}.mcp.invalid/tools/{tool}, an address that never
 // resolves.
 //
 // The Caller's promise rests on the server: one that does not honour keys
 // runs a re-sent call again. Verify tells, with two calls under one key to
-// a tool the operator marks as safe to test.
+// a tool the operator marks as safe to test, the second on a new session.
 package mcp

@@ -91,7 +91,8 @@ func Example_caller() {
 	journal := idem.NewMemoryJournal() // idem.OpenSQLite(path) in a runtime that restarts
 	caller, err := idemmcp.NewCaller(idemmcp.CallerConfig{
 		Journal: journal,
-		Server:  "mail", // journaled as POST http://mail.mcp.invalid/tools/{tool}
+		Server:  "mail",       // journaled as POST http://mail.mcp.invalid/tools/{tool}
+		Scope:   "user:alice", // whose credentials Open connects with
 		// Open connects a session: at the first call, after one broke,
 		// and for Resume after a restart.
 		Open: func(ctx context.Context) (*mcp.ClientSession, error) {

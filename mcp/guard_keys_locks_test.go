@@ -215,7 +215,7 @@ func TestCallerOpenFails(t *testing.T) {
 	m := &mailServer{}
 	url := serveMail(t, m, newGuard(t, idemmcp.GuardConfig{}), nil)
 	var up atomic.Bool
-	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "mcp",
 		Open: func(ctx context.Context) (*mcp.ClientSession, error) {
 			if !up.Load() {
 				return nil, errors.New("connection refused")
@@ -246,7 +246,7 @@ func TestCallerJournalHoldsNoCredential(t *testing.T) {
 	require.NoError(t, err)
 	m := &mailServer{}
 	url := serveMail(t, m, newGuard(t, idemmcp.GuardConfig{}), nil)
-	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "mcp",
 		Open: func(ctx context.Context) (*mcp.ClientSession, error) {
 			return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).Connect(ctx,
 				&mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1, HTTPClient: headerClient(http.Header{"Authorization": {"Bearer tok-SEKRIT-42"}})}, nil)

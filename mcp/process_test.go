@@ -46,7 +46,7 @@ func runtimeChild() {
 		os.Exit(2)
 	}
 	url := os.Getenv("IDEM_MCP_URL")
-	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail",
+	c, err := idemmcp.NewCaller(idemmcp.CallerConfig{Journal: j, Server: "mail", Scope: "mcp",
 		Open: func(ctx context.Context) (*mcp.ClientSession, error) {
 			return mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil).
 				Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, MaxRetries: -1}, nil)

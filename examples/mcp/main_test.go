@@ -46,7 +46,7 @@ func TestRun(t *testing.T) {
 	assert.Contains(t, text, "app | step 3:")
 	assert.Contains(t, text, "The process ended: signal: killed.")
 	assert.NotContains(t, text, "the transcript is done")
-	assert.Contains(t, text, `the journal: call_b37 is in_flight: POST http://office-tools.mcp.invalid/tools/send_email {"template":"ticket-opened","to":"shipping-team"}, key `)
+	assert.Contains(t, text, `the journal: call_b37 is in_flight: POST http://office-tools.mcp.invalid/tools/send_email {"to":"shipping-team","template":"ticket-opened"}, key `)
 	assert.Contains(t, text, "…, no credential\n")
 	assert.Contains(t, text, "Resume: claimed 1, succeeded 1, unknown 0")
 

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"unicode"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -118,9 +117,9 @@ func (c *Caller) Client() *idem.Client { return c.c }
 // continues the same call under the same key and returns its result; the
 // same arguments written otherwise (their members in another order, by
 // Canonical) are the same call, continued as first written; other
-// arguments under the same callID are idem.ErrFingerprintMismatch, and so
-// are members whose names are alike but for case in another order, which
-// a tool reading a struct reads otherwise. A result with IsError
+// arguments under the same callID are idem.ErrFingerprintMismatch, and
+// members whose names are alike but for case are refused (see Canonical).
+// A result with IsError
 // is a result. A JSON-RPC error the server answered is returned as a
 // *jsonrpc.Error; any other error says what is known, as idem.Client.Do's
 // do (idem.ErrOutcomeUnknown: Resume or another Call finishes it).
@@ -154,68 +153,19 @@ func (c *Caller) Call(ctx context.Context, callID, tool string, args any) (*mcp.
 }
 
 // sameArguments returns the arguments journaled for callID when they are
-// raw's by their canonical form, and in an order no tool can read
-// otherwise: no object of theirs names two members alike but for case.
+// raw's by their canonical form. No tool reads them otherwise in another
+// order: Canonical refuses an object with two member names alike but for
+// case, which encoding/json would match to one field.
 func (c *Caller) sameArguments(ctx context.Context, callID string, raw, canon []byte) ([]byte, bool) {
 	rec, err := c.c.Lookup(ctx, "", callID)
 	if err != nil {
 		return nil, false
 	}
 	journaled, err := Canonical(rec.Body)
-	if err != nil || !bytes.Equal(journaled, canon) || namesFoldAlike(raw) {
+	if err != nil || !bytes.Equal(journaled, canon) {
 		return nil, false
 	}
 	return rec.Body, true
-}
-
-// namesFoldAlike reports whether an object in args has two member names
-// equal under Unicode case folding, as encoding/json matches them to a
-// struct's fields. Arguments that do not decode report true.
-func namesFoldAlike(args []byte) bool {
-	var v any
-	if err := json.Unmarshal(args, &v); err != nil {
-		return true
-	}
-	var walk func(v any) bool
-	walk = func(v any) bool {
-		switch v := v.(type) {
-		case map[string]any:
-			seen := make(map[string]struct{}, len(v))
-			for name, e := range v {
-				f := foldKey(name)
-				if _, dup := seen[f]; dup {
-					return true
-				}
-				seen[f] = struct{}{}
-				if walk(e) {
-					return true
-				}
-			}
-		case []any:
-			for _, e := range v {
-				if walk(e) {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	return walk(v)
-}
-
-// foldKey is name with each rune replaced by the least rune of its case
-// folding orbit: two names are equal under strings.EqualFold exactly when
-// their keys are equal.
-func foldKey(name string) string {
-	var b strings.Builder
-	for _, r := range name {
-		least := r
-		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
-			least = min(least, f)
-		}
-		b.WriteRune(least)
-	}
-	return b.String()
 }
 
 // Resume finishes the tool calls of the Caller's Scope that were journaled

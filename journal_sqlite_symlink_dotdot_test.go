@@ -1,0 +1,64 @@
+package idem_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+)
+
+// A link to a journal not yet created may name its target through a
+// directory that is itself a link, then "..": the kernel resolves the
+// link's directory before the "..", as it does for every path (touch(1)
+// through this link creates releases/v1/ops.db). Open must too, not read
+// the target as a lexical path, which here names the link itself.
+func TestSQLiteJournalCreatedThroughALinkWhoseTargetGoesUpFromALinkedDir(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	real := filepath.Join(dir, "releases", "v1", "data")
+	require.NoError(t, os.MkdirAll(real, 0o700))
+	// current -> releases/v1/data; ops.db -> current/../ops.db names
+	// releases/v1/ops.db, not dir/ops.db.
+	require.NoError(t, os.Symlink(filepath.Join("releases", "v1", "data"), filepath.Join(dir, "current")))
+	link := filepath.Join(dir, "ops.db")
+	require.NoError(t, os.Symlink("current/../ops.db", link))
+
+	j, err := idem.OpenSQLite(link)
+	require.NoError(t, err)
+	_, _, err = j.Create(context.Background(), testRecord("s", "op-1", []byte("body")))
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+
+	want := filepath.Join(dir, "releases", "v1", "ops.db")
+	require.Equal(t, want, j.Path())
+	_, err = os.Stat(want)
+	require.NoError(t, err)
+}
+
+// The same, where the lexical reading of the link's target names another
+// file than the kernel's: the journal must be created where the link
+// points (releases/v1/other.db), so that the link, and any process given
+// the target's real path, find the same file.
+func TestSQLiteJournalCreatedThroughADotDotLinkIsTheFileTheLinkNames(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "releases", "v1", "data"), 0o700))
+	require.NoError(t, os.Symlink(filepath.Join("releases", "v1", "data"), filepath.Join(dir, "current")))
+	link := filepath.Join(dir, "ops.db")
+	require.NoError(t, os.Symlink("current/../other.db", link))
+
+	j, err := idem.OpenSQLite(link)
+	require.NoError(t, err)
+	_, _, err = j.Create(context.Background(), testRecord("s", "op-1", []byte("body")))
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+
+	want := filepath.Join(dir, "releases", "v1", "other.db")
+	require.Equal(t, want, j.Path(), "the journal was created where the link does not point")
+	_, err = os.Stat(want)
+	require.NoError(t, err)
+}

@@ -62,3 +62,28 @@ func TestSQLiteJournalCreatedThroughADotDotLinkIsTheFileTheLinkNames(t *testing.
 	_, err = os.Stat(want)
 	require.NoError(t, err)
 }
+
+// A path given to Open may itself go up out of a linked directory:
+// "current/../ops.db", with current -> releases/v1/data, names
+// releases/v1/ops.db to the kernel and to every other program. Open must
+// open that journal, not clean the path lexically into a sibling of
+// "current" and create a new, empty journal there.
+func TestSQLiteJournalPathGoingUpOutOfALinkedDirOpensTheFileItNames(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "releases", "v1", "data"), 0o700))
+	require.NoError(t, os.Symlink("releases/v1/data", filepath.Join(dir, "current")))
+	real := filepath.Join(dir, "releases", "v1", "ops.db")
+	j, err := idem.OpenSQLite(real)
+	require.NoError(t, err)
+	_, _, err = j.Create(context.Background(), testRecord("s", "op-1", []byte("body")))
+	require.NoError(t, err)
+	require.NoError(t, j.Close())
+
+	j, err = idem.OpenSQLite(dir+"/current/../ops.db", idem.SQLiteMustExist())
+	require.NoError(t, err, "the path names %s, which exists", real)
+	defer j.Close()
+	require.Equal(t, real, j.Path())
+	_, err = j.Lookup(context.Background(), "s", "op-1")
+	require.NoError(t, err)
+}

@@ -87,3 +87,25 @@ func TestSQLiteJournalPathGoingUpOutOfALinkedDirOpensTheFileItNames(t *testing.T
 	_, err = j.Lookup(context.Background(), "s", "op-1")
 	require.NoError(t, err)
 }
+
+// A link whose target ends in "/" names a directory (a data directory not
+// yet mounted or made): the kernel refuses to create a file through it
+// (EISDIR), and so must Open, rather than create the journal as a file
+// where that directory is to be, which then blocks its creation.
+func TestSQLiteJournalThroughALinkToAMissingDirectoryIsRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	link := filepath.Join(dir, "ops.db")
+	require.NoError(t, os.Symlink("data/", link))
+	_, err := os.OpenFile(link, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	require.Error(t, err, "the kernel creates no file through it")
+
+	j, err := idem.OpenSQLite(link)
+	if err == nil {
+		t.Logf("created %s", j.Path())
+		require.NoError(t, j.Close())
+	}
+	require.ErrorIs(t, err, idem.ErrJournalPath)
+	_, err = os.Lstat(filepath.Join(dir, "data"))
+	require.ErrorIs(t, err, os.ErrNotExist, "a file was made where the link's directory is to be")
+}

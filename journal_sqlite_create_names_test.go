@@ -13,9 +13,9 @@ import (
 
 // A journal's name may be as long as the file system allows for the
 // journal and its -wal, -shm and -journal beside it (NAME_MAX less four).
-// The file is now built under ".<name>.new-<random>" first, a name some
-// fifteen bytes longer than the journal's own, so a name that SQLite
-// itself handles must not be refused for the temporary one's sake.
+// A new file is built under a temporary name first, which must not make
+// a name that SQLite itself handles unusable (a name derived from the
+// journal's, fifteen bytes longer, did).
 func TestSQLiteJournalWithALongNameIsCreated(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

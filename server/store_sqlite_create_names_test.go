@@ -11,9 +11,8 @@ import (
 )
 
 // A key store's name may be as long as SQLite allows for it and its -wal
-// and -shm (NAME_MAX less four). The file is built under
-// ".<name>.new-<random>" first, some fifteen bytes longer, which must not
-// make such a name unusable.
+// and -shm (NAME_MAX less four). A new file is built under a temporary
+// name first, which must not make such a name unusable.
 func TestSQLiteStoreWithALongNameIsCreated(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), strings.Repeat("k", 242)+".db")

@@ -7,42 +7,63 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
-// resolve returns the absolute path abs with its symbolic links resolved:
+// resolve returns path, made absolute, with its symbolic links resolved:
 // the path of the file SQLite reads and writes, beside which it keeps the
 // -wal and -shm. Every name the package derives from the path (the WAL it
 // fsyncs, the files beside it) must be derived from that one, whatever
-// link a process was given. A link whose target does not exist yet is
-// followed to that target, which Open then creates (0600, as any new
-// file); a path that does not exist keeps its name, in its directory
-// resolved, and prepareFile says what is missing.
-func resolve(abs string) (string, error) {
+// link a process was given. The path is read as the kernel reads it: a
+// ".." after a link to a directory goes up from where the link points, so
+// nothing is cleaned as text before its links are followed. A link whose
+// target does not exist yet is followed to that target, which Open then
+// creates (0600, as any new file); one whose target ends in "/" names a
+// directory yet to be made, and is refused; a path that does not exist
+// keeps its name, in its directory resolved, and prepareFile says what is
+// missing.
+func resolve(path string) (string, error) {
+	const sep = string(filepath.Separator)
+	if !filepath.IsAbs(path) {
+		wd, err := os.Getwd()
+		if err != nil {
+			return "", err
+		}
+		path = wd + sep + path
+	}
 	for range 40 { // Linux's own limit on links followed in one lookup
-		r, err := filepath.EvalSymlinks(abs)
+		r, err := filepath.EvalSymlinks(path)
 		if err == nil {
 			return r, nil
 		}
 		if !errors.Is(err, fs.ErrNotExist) {
 			return "", err
 		}
-		dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+		i := strings.LastIndex(path, sep)
+		parent, base := path[:i+1], path[i+1:]
+		switch base {
+		case "":
+			return "", errors.New("names a directory (it ends in " + sep + "), not a file")
+		case ".", "..":
+			return filepath.Clean(path), nil // a missing directory: prepareFile reports it
+		}
+		dir, err := filepath.EvalSymlinks(parent)
 		if err != nil {
-			return abs, nil // a missing directory: prepareFile reports it
+			return filepath.Clean(path), nil // a missing directory: prepareFile reports it
 		}
-		abs = filepath.Join(dir, filepath.Base(abs))
-		fi, err := os.Lstat(abs)
+		p := filepath.Join(dir, base)
+		fi, err := os.Lstat(p)
 		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
-			return abs, nil // missing: the file to create
+			return p, nil // missing: the file to create
 		}
-		target, err := os.Readlink(abs)
+		target, err := os.Readlink(p)
 		if err != nil {
 			return "", err
 		}
 		if !filepath.IsAbs(target) {
-			target = filepath.Join(dir, target)
+			target = dir + sep + target // not cleaned: see above
 		}
-		abs = filepath.Clean(target)
+		path = target
 	}
 	return "", errors.New("too many levels of symbolic links")
 }
@@ -58,13 +79,19 @@ func resolve(abs string) (string, error) {
 // SQLite connections of this process hold on it (see canReadWrite). The
 // link fails if the path exists: another process created it first, and
 // its file is used. A process killed here leaves its temporary file (a
-// name beginning with "." and the file's name), never a damaged db.path.
+// name beginning with ".idem-new-"), never a damaged db.path; and one
+// killed between the link and the removal leaves that name as a second
+// link to the file itself, which must not be opened as a journal (SQLite
+// names the -wal after the name it is given).
 func (db *DB) create(ctx context.Context, dir string) error {
 	bad := func(err error) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
 			Hint: "the directory must be writable by this process"}
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(db.path)+".new-*")
+	// A short name, not the file's own with a suffix: a name near the
+	// file system's limit (255 bytes, the -wal's suffix included) must be
+	// usable as it was before files were made this way.
+	f, err := os.CreateTemp(dir, ".idem-new-*")
 	if err != nil {
 		return bad(err)
 	}

@@ -198,11 +198,8 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	if path == "" {
 		return nil, &Error{What: opts.What, Path: `""`, Kind: ErrBadPath, Hint: "give the path of a file, such as ./idem.db"}
 	}
-	abs, err := filepath.Abs(path)
+	abs, err := resolve(path)
 	if err != nil {
-		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err}
-	}
-	if abs, err = resolve(abs); err != nil {
 		return nil, &Error{What: opts.What, Path: path, Kind: ErrBadPath, Err: err,
 			Hint: "check the symbolic links along the path"}
 	}

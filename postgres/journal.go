@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -102,6 +103,8 @@ type Journal struct {
 
 	copiesMu sync.Mutex
 	copies   map[string]rowCopy // the rows this journal wrote last (see fastBatch)
+
+	bound atomic.Pointer[batchBound] // the batches' (see batchContext)
 }
 
 var _ idem.Journal = (*Journal)(nil)
@@ -201,6 +204,7 @@ func (j *Journal) Close() error {
 	j.closed = true
 	j.mu.Unlock()
 	j.draining.Wait()
+	stopBatchBound(&j.bound)
 	j.mu.Lock()
 	mine := j.mine
 	j.mine = map[string]*registration{}

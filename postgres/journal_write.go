@@ -73,10 +73,6 @@ type writeReq struct {
 	done chan struct{}
 }
 
-// batchTimeout bounds one batch's transaction. The batch runs on a context
-// of its own: one caller giving up must not fail the others' writes.
-const batchTimeout = 30 * time.Second
-
 // write runs w through the group commit and returns its error. The first
 // write to find no batch running commits the writes queued by then (its
 // own) itself, on its own goroutine, and hands what was queued meanwhile
@@ -284,8 +280,7 @@ func (j *Journal) commitBatch(reqs []*writeReq, fast bool) error {
 // A batch that meets a session the server ended for idling runs again on
 // another (see endedIdle): nothing of it ran.
 func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
-	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
-	defer cancel()
+	ctx := batchContext(&j.bound)
 	return onLiveSession(ctx, j.pool, func() error { return j.tryBatchOnce(ctx, reqs, fast) })
 }
 

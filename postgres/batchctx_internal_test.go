@@ -1,0 +1,47 @@
+package postgres
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Batches that begin within batchRenew of each other share one bound, which
+// leaves each of them at least batchTimeout; stopping it ends its context.
+func TestBatchContextShared(t *testing.T) {
+	var cur atomic.Pointer[batchBound]
+	before := time.Now()
+	a := batchContext(&cur)
+	b := batchContext(&cur)
+	if a != b {
+		t.Fatal("two batches begun at once got two bounds: a timer per batch")
+	}
+	d, ok := a.Deadline()
+	if !ok {
+		t.Fatal("a batch's context has no deadline")
+	}
+	if left := d.Sub(before); left < batchTimeout || left > batchTimeout+batchRenew+time.Second {
+		t.Fatalf("a batch begun now is bounded %v from now, want %v to %v", left, batchTimeout, batchTimeout+batchRenew)
+	}
+	// Past its renewal, a bound leaves a later batch less than batchTimeout:
+	// that batch gets a new one.
+	cur.Load().until = time.Now().Add(-time.Millisecond)
+	c := batchContext(&cur)
+	if c == a {
+		t.Fatal("a batch begun after the bound's renewal got the old bound")
+	}
+	if d, _ := c.Deadline(); time.Until(d) < batchTimeout {
+		t.Fatalf("the new bound leaves %v, want at least %v", time.Until(d), batchTimeout)
+	}
+	stopBatchBound(&cur)
+	if c.Err() == nil {
+		t.Fatal("the bound's context runs on after it was stopped")
+	}
+	if cur.Load() != nil {
+		t.Fatal("a stopped bound is still shared")
+	}
+	if e := batchContext(&cur); e.Err() != nil {
+		t.Fatal("a batch after a stop got an ended context")
+	}
+	stopBatchBound(&cur)
+}

@@ -125,9 +125,25 @@ func TestPackedRecordReadsBackAsGiven(t *testing.T) {
 		assert.True(t, gotHistory[2].At == history[2].At, "%s: a UTC time stays UTC", c.name)
 	}
 
-	// A time that would not read back as it is (another location) keeps
-	// the record unpacked.
-	stored.NextAttemptAt = time.UnixMilli(5).In(time.FixedZone("X", 3600))
-	_, _, ok := packRecord(stored, memHeader{}, memHeader{}, nil, nil)
-	assert.False(t, ok)
+	// A time that would not read back as it is (another location, a
+	// monotonic reading) keeps the record unpacked; one that would, in
+	// Local or UTC, packs.
+	for _, c := range []struct {
+		name string
+		at   time.Time
+		ok   bool
+	}{
+		{"another location", time.UnixMilli(5).In(time.FixedZone("X", 3600)), false},
+		{"a monotonic reading", time.Now(), false},
+		{"UTC", time.UnixMilli(5).UTC(), true},
+		{"Local", time.UnixMilli(5), true},
+		{"Local, from a monotonic reading", time.Now().Round(0), true},
+	} {
+		stored.NextAttemptAt = c.at
+		p, _, ok := packRecord(stored, memHeader{}, memHeader{}, nil, nil)
+		assert.Equal(t, c.ok, ok, c.name)
+		if got, _, _, _ := unpackRecord(p, nil, nil, false); ok {
+			assert.True(t, got.NextAttemptAt == c.at, "%s: reads back as it was", c.name)
+		}
+	}
 }

@@ -326,7 +326,7 @@ func checkHeader(field, name string, values []string) error {
 		return invalidOp("%s name %q is not an HTTP token; nothing was journaled or sent", field, name)
 	}
 	for _, v := range values {
-		if strings.ContainsFunc(v, func(r rune) bool { return (r < 0x20 && r != '\t') || r == 0x7f }) {
+		if hasControl(v, true) {
 			return invalidOp("%s %s has a value with a control character (CR, LF, NUL...), which HTTP cannot carry; nothing was journaled or sent", field, name)
 		}
 	}
@@ -339,12 +339,38 @@ func checkName(field, v string, limit int, hint string) error {
 		return invalidOp("%s is empty; %s", field, hint)
 	case len(v) > limit:
 		return invalidOp("%s is %d bytes, the limit is %d; %s", field, len(v), limit, hint)
-	case !utf8.ValidString(v):
+	case !isASCII(v) && !utf8.ValidString(v):
 		return invalidOp("%s is not valid UTF-8", field)
-	case strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+	case hasControl(v, false):
 		return invalidOp("%s %q contains control characters", field, v)
 	}
 	return nil
+}
+
+// hasControl reports whether s holds an ASCII control character (below
+// 0x20, or DEL), a tab excepted if tabOK. It reads bytes, not runes: every
+// byte of a rune of more than one, and of invalid UTF-8, is 0x80 or
+// above, so the two readings find the same, and the bytes' is a few
+// instructions each where strings.ContainsFunc's decoding and call cost
+// dozens (every Do checks its ID, scope and header values).
+func hasControl(s string, tabOK bool) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 && (c != '\t' || !tabOK) || c == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// isASCII reports whether s is all ASCII, valid UTF-8 with no need to
+// ask utf8.ValidString.
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // resolve makes ref absolute against Config.BaseURL and checks it. The

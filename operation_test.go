@@ -74,6 +74,11 @@ func TestBadOpsAreRefusedBeforeAnythingIsJournaledOrSent(t *testing.T) {
 		{"oversized ID", withBase, idem.Op{ID: strings.Repeat("x", 600), URL: "/orders"}, idem.ErrInvalidOp, "limit is 512"},
 		{"control characters in ID", withBase, idem.Op{ID: "a\nb", URL: "/orders"}, idem.ErrInvalidOp, "control characters"},
 		{"ID not UTF-8", withBase, idem.Op{ID: "\xff\xfe", URL: "/orders"}, idem.ErrInvalidOp, "UTF-8"},
+		{"ID not UTF-8 before its control characters", withBase, idem.Op{ID: "é\n\xff", URL: "/orders"}, idem.ErrInvalidOp, "UTF-8"},
+		{"tab in ID", withBase, idem.Op{ID: "a\tb", URL: "/orders"}, idem.ErrInvalidOp, "control characters"},
+		{"DEL in scope", withBase, idem.Op{Scope: "t\x7f", ID: "a", URL: "/orders"}, idem.ErrInvalidOp, "control characters"},
+		{"DEL in a header value", withBase, idem.Op{ID: "a", URL: "/orders", Header: http.Header{"X-Note": {"ok", "a\x7f"}}}, idem.ErrInvalidOp, "control character"},
+		{"NUL in a header value", withBase, idem.Op{ID: "a", URL: "/orders", Header: http.Header{"X-Note": {"a\x00b"}}}, idem.ErrInvalidOp, "control character"},
 		{"Authorization header", withBase, idem.Op{ID: "a", URL: "/orders", Header: http.Header{"Authorization": {"Bearer s3cret"}}}, idem.ErrInvalidOp, "Config.Authorize"},
 		{"Cookie header", withBase, idem.Op{ID: "a", URL: "/orders", Header: http.Header{"cookie": {"session=1"}}}, idem.ErrInvalidOp, "Cookie"},
 		{"Proxy-Authorization header", withBase, idem.Op{ID: "a", URL: "/orders", Header: http.Header{"Proxy-Authorization": {"Basic x"}}}, idem.ErrInvalidOp, "credential"},
@@ -232,4 +237,18 @@ func TestEachOperationGoesToItsOwnURL(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, []string{"/api/orders", "/api/payments", "/api/payments", "/api/orders", "/elsewhere", "/api/orders"}, paths)
+}
+
+// TestOpNamesAndValuesTheChecksAllow: what the checks of an Op's names
+// and header values read byte by byte must still let through: an ID and a
+// scope in UTF-8 beyond ASCII, a header value with a tab.
+func TestOpNamesAndValuesTheChecksAllow(t *testing.T) {
+	t.Parallel()
+	srv, hits, _ := countingServer(t)
+	c, _ := newClient(t, idem.Config{BaseURL: srv.URL})
+	res, err := c.Do(context.Background(), idem.Op{Scope: "tenant-ü", ID: "commande/é-世界", URL: "/orders",
+		Header: http.Header{"X-Note": {"a\tb"}}})
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, res.StatusCode)
+	assert.Equal(t, int32(1), hits.Load())
 }

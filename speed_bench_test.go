@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,7 +66,9 @@ func speedRetryClient() *retryablehttp.Client {
 //   - idem-ordered-keys: idem with Config.Keys KeyTimeOrdered (UUIDv7), whose
 //     keys go to the end of the journal's key index instead of a random
 //     page of it;
-//   - memory: Client.Do on a MemoryJournal, the client's own cost.
+//   - memory: Client.Do on a MemoryJournal, the client's own cost;
+//   - memory-floor: clientFloor, the least a journaled call costs in
+//     memory under the client's contract, on plain go-retryablehttp.
 //
 // fsync is one 200-byte append and fsync of the same disk, the unit of the
 // latency target. Each configuration reports ops/s, p50-µs and p99-µs per
@@ -95,26 +98,31 @@ func BenchmarkSpeed(b *testing.B) {
 			speedDo(b, idem.NewMemoryJournal(), callers, idem.KeyRandom)
 			b.ReportMetric(0, "fsyncs/op")
 		})
+		b.Run(fmt.Sprintf("memory-floor/callers=%d", callers), func(b *testing.B) {
+			speedFloor(b, callers)
+		})
 	}
 }
 
 // BenchmarkSpeedPaired judges issue #24's target for the client alone
 // (memory at least 0.75× plain's ops/s, its CPU per call at most about
 // 1.33× plain's) on a busy machine: each of its b.N rounds runs 2,000
-// plain go-retryablehttp POSTs and 2,000 Do calls on a MemoryJournal
-// (which goes first alternates) in one process, and reports the median
-// ratio of the two halves' process CPU (see pairedRounds). One
-// MemoryJournal client serves every memory half, so that its kept
-// records grow over the run as in BenchmarkSpeed. No collection is forced
-// between the halves: the collector runs as paced, every so many bytes
-// allocated, marking the kept records each time, as it does in
-// BenchmarkSpeed (a collection forced before each half would do most of
-// that marking outside both halves once the kept records outweigh what a
-// half allocates). The plain half pays for the cycles its own
-// allocations start, which mark the kept records too: the ratio
-// understates what the collector costs memory.
+// plain go-retryablehttp POSTs, 2,000 calls of the client's contract
+// floor (clientFloor) and 2,000 Do calls on a MemoryJournal in one
+// process, the order rotating from round to round, and reports the
+// median ratios of the thirds' process CPU to plain's and memory's to
+// the floor's (see pairedThirds). One MemoryJournal client and one floor
+// serve every round, so that their kept records grow over the run as in
+// BenchmarkSpeed. No collection is forced between the thirds: the
+// collector runs as paced, every so many bytes allocated, marking the
+// kept records each time, as it does in BenchmarkSpeed (a collection
+// forced before each third would do most of that marking outside all of
+// them once the kept records outweigh what a third allocates). The plain
+// third pays for the cycles its own allocations start, which mark the
+// kept records too: the ratios understate what the collector costs the
+// other two.
 //
-//	go test -run '^$' -bench 'SpeedPaired' -benchtime 20x .
+//	go test -run '^$' -bench 'SpeedPaired' -benchtime 21x .
 func BenchmarkSpeedPaired(b *testing.B) {
 	const per = 2000
 	for _, callers := range speedCallers {
@@ -134,7 +142,7 @@ func BenchmarkSpeedPaired(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer c.Close()
-			var done int64 // operations of the halves before: each call's ID is new
+			var done int64 // operations of the rounds before: each call's ID is new
 			memory := func() time.Duration {
 				first := done
 				done += per
@@ -150,9 +158,50 @@ func BenchmarkSpeedPaired(b *testing.B) {
 					return nil
 				})
 			}
-			pairedRounds(b, per, "plain", "memory", plain, memory)
+			f := newClientFloor(speedRetryClient())
+			var floorDone int64
+			floor := func() time.Duration {
+				first := floorDone
+				floorDone += per
+				return halfCPU(b, per, callers, func(i int64) error {
+					return floorCall(f, url, fmt.Sprint("checkout/cart-", first+i))
+				})
+			}
+			pairedThirds(b, per, plain, floor, memory)
 		})
 	}
+}
+
+// pairedThirds runs b.N rounds of plain, floor and memory, per operations
+// each, the one that goes first rotating, and reports the medians over the
+// rounds of floor's and memory's CPU divided by plain's and of memory's
+// divided by floor's, and each one's median CPU per operation.
+func pairedThirds(b *testing.B, per int, plain, floor, memory func() time.Duration) {
+	names := []string{"plain", "floor", "memory"}
+	thirds := []func() time.Duration{plain, floor, memory}
+	per3 := make([][]float64, 3)
+	var fp, mp, mf []float64
+	for r := 0; r < b.N; r++ {
+		var d [3]time.Duration
+		for k := range 3 {
+			i := (r + k) % 3
+			d[i] = thirds[i]()
+		}
+		fp = append(fp, float64(d[1])/float64(d[0]))
+		mp = append(mp, float64(d[2])/float64(d[0]))
+		mf = append(mf, float64(d[2])/float64(d[1]))
+		for i := range 3 {
+			per3[i] = append(per3[i], float64(d[i])/float64(time.Microsecond)/float64(per))
+		}
+	}
+	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	b.ReportMetric(median(fp), "floor÷plain")
+	b.ReportMetric(median(mp), "memory÷plain")
+	b.ReportMetric(median(mf), "memory÷floor")
+	for i, n := range names {
+		b.ReportMetric(median(per3[i]), n+"-cpu-µs/op")
+	}
+	b.ReportMetric(0, "ns/op")
 }
 
 func speedPlain(b *testing.B, callers int) {

@@ -54,6 +54,7 @@ for i in $(seq 1 "$RUNS"); do
 done
 go run ./internal/cmd/benchratio \
 	-ratio idem:naive -ratio idem:plain -ratio memory:plain -ratio naive:plain \
+	-ratio memory-floor:plain -ratio memory:memory-floor \
 	-ratio idem-ordered-keys:idem \
 	-ratio callers=64:callers=16 \
 	-added idem/callers=1:plain/callers=1:fsync \

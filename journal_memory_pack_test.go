@@ -46,42 +46,6 @@ func TestPackedHeaderReadsBackAsGiven(t *testing.T) {
 	}
 	assert.Nil(t, packHeader(nil).header())
 	assert.Nil(t, packHeader(http.Header{}).header())
-
-	// A record packs a writer's map in one pass (packOnce) when it fits
-	// the room it is given, and says so when it does not: the same
-	// header, read back, and the room left after it.
-	for _, h := range []http.Header{
-		{"Content-Type": {"application/json"}},
-		{"Link": {"</a>; rel=next", "</b>; rel=prev"}, "X-Empty": {""}, "X-Nil": nil, "X-None": {}},
-		{strings.Repeat("K", 200): {long, "", long}, "é": {"ü"}},
-		{"A": {strings.Repeat("v", 1<<14)}},
-	} {
-		size, _ := packedHeaderSize(h)
-		for _, room := range []int{0, 8, size - 1, size, size + countsRoom, 1024, 1 << 15} {
-			if room < 0 {
-				continue
-			}
-			b, left, ok := memHeader{m: h}.packOnce(make([]byte, room))
-			if !ok {
-				assert.Less(t, room, size+countsRoom, "room %d: refused, though it fits", room)
-				continue
-			}
-			assert.GreaterOrEqual(t, room, size, "room %d: packed past it", room)
-			assert.Len(t, b, size, "room %d: as long as packHeader's", room)
-			assert.Equal(t, cap(b)-len(b), len(left), "room %d: the room left begins after it", room)
-			got := packedHeader(b).header()
-			assert.Equal(t, h, got, "room %d", room)
-			for k, vs := range h {
-				assert.Equal(t, vs == nil, got[k] == nil, "%s: nil stays nil, empty stays empty", k)
-			}
-		}
-	}
-	for _, h := range []http.Header{nil, {}} {
-		b, left, ok := memHeader{m: h}.packOnce(make([]byte, 4))
-		assert.True(t, ok)
-		assert.Nil(t, b)
-		assert.Len(t, left, 4)
-	}
 }
 
 // A settled record is kept packed (packRecord): every field of it, of its
@@ -181,28 +145,5 @@ func TestPackedRecordReadsBackAsGiven(t *testing.T) {
 		if got, _, _, _ := unpackRecord(p, nil, nil, false); ok {
 			assert.True(t, got.NextAttemptAt == c.at, "%s: reads back as it was", c.name)
 		}
-	}
-}
-
-// packRecord packs a record whose headers are a writer's maps in one
-// allocation, the packed record, whatever the request's header (none,
-// empty, small, or too large for the room packRecord has for headers).
-func TestPackedRecordIsOneAllocation(t *testing.T) {
-	rec := Record{Key: "k", Scope: "s", ID: "i", Method: "POST", URL: "http://x/y", Fingerprint: "f",
-		KeyHeader: "Idempotency-Key", State: StateSucceeded, Response: &Response{StatusCode: 201}}
-	resp := http.Header{"Content-Type": {"application/json"}, "Date": {"Thu, 03 Dec 2026 13:00:00 GMT"}}
-	big := http.Header{"Content-Security-Policy": {strings.Repeat("v", 2000)}} // past the room: packed in two passes
-	for _, h := range []http.Header{nil, {}, {"Content-Type": {"application/json"}}, big} {
-		n := testing.AllocsPerRun(20, func() {
-			_, _, ok := packRecord(rec, memHeader{m: h}, memHeader{m: resp}, []byte("{}"), nil)
-			require.True(t, ok)
-		})
-		assert.Equal(t, 1.0, n, "request header %v", h)
-		p, body, _ := packRecord(rec, memHeader{m: h}, memHeader{m: resp}, []byte("{}"), nil)
-		got, header, respHeader, _ := unpackRecord(p, nil, body, false)
-		assert.Equal(t, len(h), len(header.header()), "request header %v", h)
-		assert.Equal(t, h["Content-Security-Policy"], header.header()["Content-Security-Policy"])
-		assert.Equal(t, resp, respHeader.header())
-		assert.Equal(t, "{}", string(got.Response.Body))
 	}
 }

@@ -77,58 +77,6 @@ func (h memHeader) sizes() (size, values int) {
 	return packedHeaderSize(h.m)
 }
 
-// countsRoom is the room packHeaderOnce leaves for a header's counts of
-// names and of values, which it writes last, before the names.
-const countsRoom = 2 * binary.MaxVarintLen64
-
-// packHeaderOnce packs h as appendHeader does into room, in one pass over
-// the map where packedHeaderSize and appendHeader take two (the names and
-// values first, after room for the counts, then the counts), and returns
-// the bytes packed and the room left after them; ok is false, and the
-// bytes and room nil, when h does not fit room. A packed h is h.packed.
-func (h memHeader) packOnce(room []byte) (b, left []byte, ok bool) {
-	if h.m == nil {
-		return h.packed, room, true
-	}
-	if len(h.m) == 0 {
-		return nil, room, true
-	}
-	if len(room) < countsRoom {
-		return nil, nil, false
-	}
-	p, values := room[:countsRoom], 0
-	for k, vs := range h.m {
-		n := uvarintLen(len(k)) + len(k) + 1
-		if vs != nil {
-			n += uvarintLen(len(vs)+1) - 1
-			for _, v := range vs {
-				n += uvarintLen(len(v)) + len(v)
-			}
-		}
-		if n > cap(p)-len(p) {
-			return nil, nil, false
-		}
-		p = binary.AppendUvarint(p, uint64(len(k)))
-		p = append(p, k...)
-		if vs == nil {
-			p = append(p, 0)
-			continue
-		}
-		p = binary.AppendUvarint(p, uint64(len(vs))+1)
-		for _, v := range vs {
-			p = binary.AppendUvarint(p, uint64(len(v)))
-			p = append(p, v...)
-		}
-		values += len(vs)
-	}
-	var counts [countsRoom]byte
-	c := binary.AppendUvarint(counts[:0], uint64(len(h.m)))
-	c = binary.AppendUvarint(c, uint64(values))
-	at := countsRoom - len(c)
-	copy(p[at:], c)
-	return p[at:], p[len(p):cap(p)], true
-}
-
 // header returns a new http.Header with h's names and values, nil when
 // it has none.
 func (h memHeader) header() http.Header {
@@ -141,18 +89,14 @@ func (h memHeader) header() http.Header {
 	return h.m.Clone()
 }
 
-// header appends h, whose sizes are size and values, after its length:
-// as packed already (packed, from packOnce) if once, else from h.
-func (p *memPacker) header(h memHeader, packed []byte, once bool, size, values int) {
+// header appends h, whose sizes are size and values, after its length.
+func (p *memPacker) header(h memHeader, size, values int) {
 	p.uint(uint64(size))
-	switch {
-	case once:
-		*p = append(*p, packed...)
-	case h.m == nil:
+	if h.m == nil {
 		*p = append(*p, h.packed...)
-	default:
-		*p = appendHeader(*p, h.m, values)
+		return
 	}
+	*p = appendHeader(*p, h.m, values)
 }
 
 // packRecord returns rec, whose request header is header and whose
@@ -164,18 +108,8 @@ func (p *memPacker) header(h memHeader, packed []byte, once bool, size, values i
 // it is empty), so that a settled record with a new answer is one
 // allocation.
 func packRecord(rec Record, header, resp memHeader, respBody []byte, history []Event) (packed, body []byte, ok bool) {
-	// Two maps' passes each spared, when the headers fit a room on the
-	// stack (Go clears it: it is not larger), the request's first.
-	var room [1024]byte
-	headerBytes, left, once := header.packOnce(room[:])
-	respBytes, _, respOnce := resp.packOnce(left)
-	once = once && respOnce
-	headerSize, headerValues := len(headerBytes), 0
-	respSize, respValues := len(respBytes), 0
-	if !once {
-		headerSize, headerValues = header.sizes()
-		respSize, respValues = resp.sizes()
-	}
+	headerSize, headerValues := header.sizes()
+	respSize, respValues := resp.sizes()
 	size := 96 + len(rec.Key) + len(rec.Scope) + len(rec.ID) + len(rec.Method) + len(rec.URL) +
 		len(rec.Fingerprint) + len(rec.KeyHeader) + len(rec.Lease.Owner) + len(rec.LastError) +
 		len(rec.Note) + len(rec.Link) + headerSize + respSize + len(respBody)
@@ -188,7 +122,7 @@ func packRecord(rec Record, header, resp memHeader, respBody []byte, history []E
 	p.str(rec.ID)
 	p.str(rec.Method)
 	p.str(rec.URL)
-	p.header(header, headerBytes, once, headerSize, headerValues)
+	p.header(header, headerSize, headerValues)
 	p.str(rec.Fingerprint)
 	p.str(rec.KeyHeader)
 	p.bool(rec.KeyQuoted)
@@ -202,7 +136,7 @@ func packRecord(rec Record, header, resp memHeader, respBody []byte, history []E
 	p.bool(rec.Response != nil)
 	if r := rec.Response; r != nil {
 		p.int(int64(r.StatusCode))
-		p.header(resp, respBytes, once, respSize, respValues)
+		p.header(resp, respSize, respValues)
 		p.bool(r.Replayed)
 	}
 	p.str(rec.LastError)

@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -301,4 +303,61 @@ func TestReview11WritesAcrossTheBoundsRenewalAllCommit(t *testing.T) {
 	}
 	wg.Wait()
 	review11Created(t, j, 10)
+}
+
+// Risk pinned (passes; kept): Client.Shutdown while a call's write of its
+// answer waits on a row lock another session holds. Expected (Client.Shutdown's doc and README): it
+// returns once its context ends whatever the journal's state (the test
+// gives it 4 s more), and the call goes on with its write afterwards: the
+// answer is not dropped: it is journaled once the lock is released.
+func TestReview11ShutdownReturnsByItsContextWhileACallsWriteWaitsOnARowLock(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	j, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j.Close() })
+	arrived, answer := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-answer
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := idem.New(idem.Config{BaseURL: srv.URL, Journal: j})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+
+	done := make(chan struct{})
+	var res *idem.Result
+	var derr error
+	go func() {
+		defer close(done)
+		res, derr = c.Do(ctx, idem.Op{ID: "order-1", URL: "/orders"})
+	}()
+	<-arrived
+	rec, err := j.Lookup(ctx, "default", "order-1")
+	require.NoError(t, err)
+	holder := review11HoldRow(t, schema, rec.Key)
+	close(answer)
+	review11WaitForLockWait(t, holder, done)
+
+	sctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- c.Shutdown(sctx) }()
+	select {
+	case err := <-shut:
+		t.Logf("Shutdown: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Errorf("Shutdown's context ended 4 s ago and it has not returned: it waits for a write blocked on a row lock")
+	}
+	require.NoError(t, holder.Rollback(ctx))
+	<-done
+	t.Logf("Do: %v", derr)
+	if derr == nil {
+		assert.Equal(t, http.StatusCreated, res.StatusCode)
+	}
+	got, err := j.Get(ctx, rec.Key)
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateSucceeded, got.State, "the answer received is journaled once the lock is released")
 }

@@ -83,7 +83,8 @@ type writeReq struct {
 // arrives during a batch waits
 // for the next one, unless secondBatch writes are waiting by then: a second
 // goroutine then commits them at once, on a connection of its own, while
-// the first batch runs (see secondBatch).
+// the first batch runs (see secondBatch), or the running batch is stuck
+// (see watchBatches).
 func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	done, err := j.enterWrite(ctx)
 	if err != nil {
@@ -96,6 +97,10 @@ func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	start := j.running == 0 || (j.running < maxRunning && len(j.queue) >= secondBatch)
 	if start {
 		j.running++
+	} else if !j.watching {
+		j.watching = true
+		j.watched.Add(1)
+		go j.watchBatches()
 	}
 	j.mu.Unlock()
 	if start {
@@ -164,6 +169,7 @@ func (j *Journal) commit(inline bool) {
 		n := min(len(j.queue), j.maxBatch)
 		batch := slices.Clone(j.queue[:n])
 		j.queue = j.queue[n:]
+		j.batches++
 		j.mu.Unlock()
 		j.runBatch(batch)
 	}

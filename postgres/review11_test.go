@@ -143,12 +143,6 @@ func review11WaitForLockWait(t *testing.T, holder pgx.Tx, done <-chan struct{}) 
 // row no one locked. Not new today; the shared bound lengthens it. The
 // test releases the lock after 5 s to end.
 func TestReview11WriteOfAnUnlockedRowIsNotHeldBehindABatchBlockedOnARowLock(t *testing.T) {
-	t.Skip("open hole, for the lead (fix11 found no safe fix in its time): a write queued behind a batch blocked on " +
-		"a row lock another session holds waits for that batch to end, up to the batch's bound (30-40 s) when its " +
-		"callers have no deadline, for a row no one locked; a second batch starts only at secondBatch (32) waiting " +
-		"writes. A lock_timeout would need a statement of its own in fastBatch's one-statement transaction (the " +
-		"hot path at one caller), and a second batch started by a batch's age needs a clock read per queued write " +
-		"or a timer per batch, which the eleventh session removed; each changes 1/16/64 callers without foreign locks")
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	j, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))

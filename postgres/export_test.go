@@ -63,3 +63,8 @@ func skewClock(ctx context.Context, c *dbClock, pool *pgxpool.Pool, d time.Durat
 	c.mu.Unlock()
 	return c.refresh(ctx, pool)
 }
+
+// AfterLock makes f run between the two round trips of the journal's
+// read-then-write transaction, with its session's server process: a
+// test's stand-in for a process descheduled there.
+func AfterLock(j *Journal, f func(pid uint32)) { j.afterLock = f }

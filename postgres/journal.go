@@ -85,10 +85,13 @@ type Journal struct {
 	maxBody  int
 	maxBatch int
 	onCommit func(idem.CommitInfo) // OnCommit's, or nil
-	liveness bool
-	readOnly bool          // ReadOnly: reads in READ ONLY transactions, writes refused
-	grace    time.Duration // LivenessGrace
-	clock    *dbClock      // the database server's: see the package documentation
+	// afterLock, set by tests only, runs between readBatch's two round
+	// trips, its transaction open: where a descheduled process idles.
+	afterLock func(pid uint32)
+	liveness  bool
+	readOnly  bool          // ReadOnly: reads in READ ONLY transactions, writes refused
+	grace     time.Duration // LivenessGrace
+	clock     *dbClock      // the database server's: see the package documentation
 
 	ownersOID uint32 // the owners table's: the first key of its liveness locks
 

@@ -40,6 +40,24 @@ func onLiveSession(ctx context.Context, pool *pgxpool.Pool, fn func() error) err
 	return retryEnded(ctx, pool, endedIdle, fn)
 }
 
+// idleInTransactionTimeout is the SQLSTATE with which the server ends a
+// session that stayed idle in a transaction for
+// idle_in_transaction_session_timeout.
+const idleInTransactionTimeout = "25P03"
+
+// endedIdleInTx reports whether err is the server's notice that it had
+// ended the session for idling in a transaction past
+// idle_in_transaction_session_timeout. The server sends it while it waits
+// for the client's next statement, before reading it: the transaction was
+// rolled back and nothing sent after it ran, so a transaction that met it
+// may run again, from its beginning, on another session. A journal's
+// write meets it when its process is descheduled between the round trips
+// of a transaction (readBatch) for longer than a short timeout.
+func endedIdleInTx(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == idleInTransactionTimeout
+}
+
 // adminShutdown is the SQLSTATE with which the server ends a session
 // that pg_terminate_backend (an administrator, a tool that reaps idle
 // sessions) or a shutdown of the server ended.

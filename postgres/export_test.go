@@ -64,7 +64,8 @@ func skewClock(ctx context.Context, c *dbClock, pool *pgxpool.Pool, d time.Durat
 	return c.refresh(ctx, pool)
 }
 
-// AfterLock makes f run between the two round trips of the journal's
-// read-then-write transaction, with its session's server process: a
+// IdleInTx makes f run where the journal holds a transaction open between
+// two round trips (a write's read-then-write transaction; a claim's or a
+// renewal's before its commit), with its session's server process: a
 // test's stand-in for a process descheduled there.
-func AfterLock(j *Journal, f func(pid uint32)) { j.afterLock = f }
+func IdleInTx(j *Journal, f func(pid uint32)) { j.idleInTx = f }

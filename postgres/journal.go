@@ -85,13 +85,14 @@ type Journal struct {
 	maxBody  int
 	maxBatch int
 	onCommit func(idem.CommitInfo) // OnCommit's, or nil
-	// afterLock, set by tests only, runs between readBatch's two round
-	// trips, its transaction open: where a descheduled process idles.
-	afterLock func(pid uint32)
-	liveness  bool
-	readOnly  bool          // ReadOnly: reads in READ ONLY transactions, writes refused
-	grace     time.Duration // LivenessGrace
-	clock     *dbClock      // the database server's: see the package documentation
+	// idleInTx, set by tests only, runs where a transaction is open between
+	// two round trips (readBatch's, inTx's before its commit): where a
+	// descheduled process leaves its session idle in the transaction.
+	idleInTx func(pid uint32)
+	liveness bool
+	readOnly bool          // ReadOnly: reads in READ ONLY transactions, writes refused
+	grace    time.Duration // LivenessGrace
+	clock    *dbClock      // the database server's: see the package documentation
 
 	ownersOID uint32 // the owners table's: the first key of its liveness locks
 
@@ -557,6 +558,9 @@ func (j *Journal) inTxOnce(ctx context.Context, fn func(pgx.Tx) error) error {
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback(ctx)
 		return err
+	}
+	if j.idleInTx != nil {
+		j.idleInTx(conn.Conn().PgConn().PID())
 	}
 	return doubtful(conn.Conn(), tx.Commit(ctx))
 }

@@ -378,8 +378,8 @@ func (j *Journal) readBatch(ctx context.Context, conn *pgxpool.Conn, reqs []*wri
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return err
 	}
-	if j.afterLock != nil {
-		j.afterLock(conn.Conn().PgConn().PID())
+	if j.idleInTx != nil {
+		j.idleInTx(conn.Conn().PgConn().PID())
 	}
 
 	// The rules, in Go, in arrival order: a later write of the batch sees

@@ -58,6 +58,14 @@ func endedIdleInTx(err error) bool {
 	return errors.As(err, &pe) && pe.Code == idleInTransactionTimeout
 }
 
+// endedForTx reports whether err is that of a session the server ended
+// before a transaction on it committed anything: ended for idling (before
+// the transaction began), or for idling in the transaction, between its
+// round trips (see endedIdleInTx).
+func endedForTx(err error) bool {
+	return endedIdle(err) || endedIdleInTx(err)
+}
+
 // adminShutdown is the SQLSTATE with which the server ends a session
 // that pg_terminate_backend (an administrator, a tool that reaps idle
 // sessions) or a shutdown of the server ended.

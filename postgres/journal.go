@@ -538,11 +538,13 @@ func (j *Journal) Renew(ctx context.Context, held map[string]idem.Lease, lease t
 	return n, j.fail(ctx, "the renewal of leases", err)
 }
 
-// inTx runs fn in a transaction on a connection of the pool, and reports a
-// commit sent without an answer as a commitDoubt. (pgx.BeginFunc would
+// inTx runs fn in a transaction on a connection of the pool, again on
+// another session when the server ended its session before anything of it
+// committed (endedForTx: fn must set its results anew at each run), and
+// reports a commit sent without an answer as a commitDoubt. (pgx.BeginFunc would
 // report the rollback's "conn closed" after such a commit instead.)
 func (j *Journal) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
-	return onLiveSession(ctx, j.pool, func() error { return j.inTxOnce(ctx, fn) })
+	return retryEnded(ctx, j.pool, endedForTx, func() error { return j.inTxOnce(ctx, fn) })
 }
 
 func (j *Journal) inTxOnce(ctx context.Context, fn func(pgx.Tx) error) error {
@@ -807,7 +809,7 @@ func (j *Journal) Prune(ctx context.Context, before time.Time) (int, error) {
 	total := 0
 	for {
 		var ids []int64
-		err := onLiveSession(ctx, j.pool, func() error {
+		err := retryEnded(ctx, j.pool, endedForTx, func() error {
 			return pgx.BeginTxFunc(ctx, j.pool, readCommitted, func(tx pgx.Tx) error {
 				ids = ids[:0]
 				rows, err := tx.Query(ctx, `DELETE FROM `+j.q.operations+` WHERE id IN (

@@ -278,12 +278,12 @@ func (j *Journal) commitBatch(reqs []*writeReq, fast bool) error {
 }
 
 // A batch that meets a session the server ended for idling, before the
-// batch or in its transaction, runs again on another (see endedForBatch):
+// batch or in its transaction, runs again on another (see endedForTx):
 // nothing of it committed.
 func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
 	ctx := batchContext(&j.bound)
 	again := false
-	return retryEnded(ctx, j.pool, endedForBatch, func() error {
+	return retryEnded(ctx, j.pool, endedForTx, func() error {
 		if again {
 			// What the rules set on the try the server ended is undone
 			// with its transaction.
@@ -294,14 +294,6 @@ func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
 		again = true
 		return j.tryBatchOnce(ctx, reqs, fast)
 	})
-}
-
-// endedForBatch reports whether err is that of a session the server ended
-// before the batch's transaction committed anything: ended for idling
-// (before the batch began), or for idling in the batch's transaction,
-// between its round trips (see endedIdleInTx).
-func endedForBatch(err error) bool {
-	return endedIdle(err) || endedIdleInTx(err)
 }
 
 func (j *Journal) tryBatchOnce(ctx context.Context, reqs []*writeReq, fast bool) error {

@@ -339,7 +339,7 @@ func checkName(field, v string, limit int, hint string) error {
 		return invalidOp("%s is empty; %s", field, hint)
 	case len(v) > limit:
 		return invalidOp("%s is %d bytes, the limit is %d; %s", field, len(v), limit, hint)
-	case !isASCII(v) && !utf8.ValidString(v):
+	case !utf8.ValidString(v):
 		return invalidOp("%s is not valid UTF-8", field)
 	case hasControl(v, false):
 		return invalidOp("%s %q contains control characters", field, v)
@@ -360,17 +360,6 @@ func hasControl(s string, tabOK bool) bool {
 		}
 	}
 	return false
-}
-
-// isASCII reports whether s is all ASCII, valid UTF-8 with no need to
-// ask utf8.ValidString.
-func isASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
-			return false
-		}
-	}
-	return true
 }
 
 // resolve makes ref absolute against Config.BaseURL and checks it. The

@@ -13,7 +13,6 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,7 +110,7 @@ func BenchmarkSpeed(b *testing.B) {
 // floor (clientFloor) and 2,000 Do calls on a MemoryJournal in one
 // process, the order rotating from round to round, and reports the
 // median ratios of the thirds' process CPU to plain's and memory's to
-// the floor's (see pairedThirds). One MemoryJournal client and one floor
+// the floor's (see pairedRounds). One MemoryJournal client and one floor
 // serve every round, so that their kept records grow over the run as in
 // BenchmarkSpeed. No collection is forced between the thirds: the
 // collector runs as paced, every so many bytes allocated, marking the
@@ -167,41 +166,9 @@ func BenchmarkSpeedPaired(b *testing.B) {
 					return floorCall(f, url, fmt.Sprint("checkout/cart-", first+i))
 				})
 			}
-			pairedThirds(b, per, plain, floor, memory)
+			pairedRounds(b, per, pairedPart{"plain", plain}, pairedPart{"floor", floor}, pairedPart{"memory", memory})
 		})
 	}
-}
-
-// pairedThirds runs b.N rounds of plain, floor and memory, per operations
-// each, the one that goes first rotating, and reports the medians over the
-// rounds of floor's and memory's CPU divided by plain's and of memory's
-// divided by floor's, and each one's median CPU per operation.
-func pairedThirds(b *testing.B, per int, plain, floor, memory func() time.Duration) {
-	names := []string{"plain", "floor", "memory"}
-	thirds := []func() time.Duration{plain, floor, memory}
-	per3 := make([][]float64, 3)
-	var fp, mp, mf []float64
-	for r := 0; r < b.N; r++ {
-		var d [3]time.Duration
-		for k := range 3 {
-			i := (r + k) % 3
-			d[i] = thirds[i]()
-		}
-		fp = append(fp, float64(d[1])/float64(d[0]))
-		mp = append(mp, float64(d[2])/float64(d[0]))
-		mf = append(mf, float64(d[2])/float64(d[1]))
-		for i := range 3 {
-			per3[i] = append(per3[i], float64(d[i])/float64(time.Microsecond)/float64(per))
-		}
-	}
-	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
-	b.ReportMetric(median(fp), "floor÷plain")
-	b.ReportMetric(median(mp), "memory÷plain")
-	b.ReportMetric(median(mf), "memory÷floor")
-	for i, n := range names {
-		b.ReportMetric(median(per3[i]), n+"-cpu-µs/op")
-	}
-	b.ReportMetric(0, "ns/op")
 }
 
 func speedPlain(b *testing.B, callers int) {

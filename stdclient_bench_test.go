@@ -149,7 +149,7 @@ func benchStandardClientPaired(b *testing.B, journal string, callers, per int) {
 			return halfCPU(b, per, callers, standardBenchCall(c, hc, srv.URL, std))
 		}
 	}
-	pairedRounds(b, per, "do", "std", half(false), half(true))
+	pairedRounds(b, per, pairedPart{"do", half(false)}, pairedPart{"std", half(true)})
 }
 
 // halfCPU runs fn(1) … fn(n) on callers goroutines and returns the
@@ -167,30 +167,43 @@ func halfCPU(b *testing.B, n, callers int, fn func(i int64) error) time.Duration
 	return cpu1 - cpu0
 }
 
-// pairedRounds runs b.N rounds of two halves of per operations each, base
-// and other (which goes first alternates), each returning the process CPU
-// it used, and reports the median over the rounds of other's CPU divided
-// by base's ("other÷base"), and each half's median CPU per operation. A
-// load that comes and goes weighs on both halves of a round alike, a
-// fraction of a second apart, where the figures of separate processes
-// move by a third.
-func pairedRounds(b *testing.B, per int, base, other string, baseHalf, otherHalf func() time.Duration) {
-	var ratios, xs, ys []float64
+// pairedPart is one configuration of pairedRounds: its name, and a run
+// of per operations that returns the process CPU it used.
+type pairedPart struct {
+	name string
+	run  func() time.Duration
+}
+
+// pairedRounds runs b.N rounds of every part, the one that goes first
+// rotating from round to round, and reports the median over the rounds of
+// each later part's CPU divided by each earlier one's ("later÷earlier"),
+// and each part's median CPU per operation. A load that comes and goes
+// weighs on every part of a round alike, a fraction of a second apart,
+// where the figures of separate processes move by a third.
+func pairedRounds(b *testing.B, per int, parts ...pairedPart) {
+	n := len(parts)
+	cpu := make([][]float64, n)      // per part, µs per operation, a round each
+	ratios := make([][]float64, n*n) // [i*n+j], part i's CPU over part j's, j < i
+	d := make([]time.Duration, n)
 	for r := 0; r < b.N; r++ {
-		var x, y time.Duration
-		if r%2 == 0 {
-			x, y = baseHalf(), otherHalf()
-		} else {
-			y, x = otherHalf(), baseHalf()
+		for k := range n {
+			i := (r + k) % n
+			d[i] = parts[i].run()
 		}
-		ratios = append(ratios, float64(y)/float64(x))
-		xs = append(xs, float64(x)/float64(time.Microsecond)/float64(per))
-		ys = append(ys, float64(y)/float64(time.Microsecond)/float64(per))
+		for i := range n {
+			cpu[i] = append(cpu[i], float64(d[i])/float64(time.Microsecond)/float64(per))
+			for j := range i {
+				ratios[i*n+j] = append(ratios[i*n+j], float64(d[i])/float64(d[j]))
+			}
+		}
 	}
 	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
-	b.ReportMetric(median(ratios), other+"÷"+base)
-	b.ReportMetric(median(xs), base+"-cpu-µs/op")
-	b.ReportMetric(median(ys), other+"-cpu-µs/op")
+	for i, p := range parts {
+		for j := range i {
+			b.ReportMetric(median(ratios[i*n+j]), p.name+"÷"+parts[j].name)
+		}
+		b.ReportMetric(median(cpu[i]), p.name+"-cpu-µs/op")
+	}
 	b.ReportMetric(0, "ns/op")
 }
 

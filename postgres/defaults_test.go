@@ -68,11 +68,13 @@ func storeStorm(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
 	// The lock of the two replicas that run the slow keys. A renewal,
 	// sent at a third of it, must commit within another third, while
-	// hundreds of requests queue for the pool's six sessions: at 3 s (a
-	// third of a second to spare) a renewal on a loaded machine (the
-	// module's tests with -parallel 4) missed it, the handler was told
-	// to stop and its key ran again.
-	const lockTimeout = 6 * time.Second
+	// hundreds of requests queue for the pool's six sessions (the queue
+	// is first come, first served: a renewal waits behind every claim
+	// sent before it). At 3 s a renewal on a loaded machine (the module's
+	// tests with -parallel 4) missed it, the handler was told to stop and
+	// its key ran again; at 6 s a completion on the short-lock replica,
+	// which then shared the pool, missed its 2 s on CI.
+	const lockTimeout = 9 * time.Second
 	logs := &logTally{}
 	var (
 		mu   sync.Mutex
@@ -103,11 +105,21 @@ func storeStorm(t *testing.T, pool *pgxpool.Pool) {
 	}
 	var replicas []*httptest.Server
 	// The third replica's entries expire soon after their run (Retention
-	// must outlast LockTimeout): its keys' handler is quick.
-	for i, c := range []struct{ lock, retention time.Duration }{
-		{lockTimeout, time.Hour}, {lockTimeout, time.Hour}, {3 * time.Second, 3200 * time.Millisecond},
+	// must outlast LockTimeout): its keys' handler is quick. Its lock is
+	// short, so it has a pool of its own, on the same database, role and
+	// schema: its completions do not queue behind the storm's claims.
+	shortPoolCfg := pool.Config().Copy()
+	shortPoolCfg.MaxConns = 2
+	shortPool, err := pgxpool.NewWithConfig(ctx, shortPoolCfg)
+	require.NoError(t, err)
+	t.Cleanup(shortPool.Close)
+	for i, c := range []struct {
+		pool            *pgxpool.Pool
+		lock, retention time.Duration
+	}{
+		{pool, lockTimeout, time.Hour}, {pool, lockTimeout, time.Hour}, {shortPool, 3 * time.Second, 3200 * time.Millisecond},
 	} {
-		store := openStoreIn(t, pool, "idem")
+		store := openStoreIn(t, c.pool, "idem")
 		mw, err := server.New(server.Config{Store: store, Scope: tenantOf, LockTimeout: c.lock,
 			Retention: c.retention, SweepInterval: 300 * time.Millisecond, StorePolicy: server.SkipServerErrors,
 			Logger: slog.New(logs)})

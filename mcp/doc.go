@@ -20,6 +20,10 @@
 //     arguments, by their canonical JSON (Canonical), is CodeKeyReused.
 //     The mark is the server's key handling's: a Guard drops one a tool
 //     sets itself.
+//   - A tool that panics in a call's first round may have acted before
+//     it failed: the failure is stored as the key's outcome (a JSON-RPC
+//     internal error, replayed to every retry), and the panic goes on as
+//     a *PanicError that keeps the value and the tool's stack.
 //   - A tool that asks for input first (an input-required result,
 //     multi-round-trip) has not done its work: the rounds that bring the
 //     input run it, and the first of them that ends the call is replayed

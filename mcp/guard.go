@@ -313,7 +313,7 @@ type pending struct {
 	// continued); when it holds nothing, the tool does not run.
 	look bool
 	// panicked holds what a first round's tool panicked with, stored as
-	// the key's failure, for serve to panic with again.
+	// the key's failure, for serve to panic with again (see PanicError).
 	panicked *any
 }
 
@@ -359,6 +359,7 @@ func runTool(w http.ResponseWriter, r *http.Request) {
 			// Stored as the key's outcome: the tool may have acted
 			// before it panicked. (SkipServerErrors would release it.)
 			if v := recover(); v != nil {
+				v = newPanic(p.req.Params.Name, v)
 				p.panicked = &v
 				b, _ := json.Marshal(envelope{Error: &jsonrpc.Error{Code: jsonrpc.CodeInternalError,
 					Message: fmt.Sprintf("tool %q failed part-way (it panicked), so it is not run again for this key: this failure is the key's outcome; it may have acted before it failed", p.req.Params.Name)}})

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/postgres/internal/pgschema"
 )
 
 // idleSessionTimeout is the SQLSTATE with which the server ends a session
@@ -113,4 +115,14 @@ func retryEnded(ctx context.Context, pool *pgxpool.Pool, ended func(error) bool,
 			return err
 		}
 	}
+}
+
+// migrate runs kind's migrations in schema (pgschema.Migrate), and runs
+// them again on another session when the server ended the session before
+// the migration's transaction committed (see endedForTx): a connection
+// handed out after idling past a short idle_session_timeout, the first
+// statement of opening a journal or a store. The transaction was rolled
+// back; run again, it finds the version it left and does the rest.
+func migrate(ctx context.Context, pool *pgxpool.Pool, schema string, kind pgschema.Kind) error {
+	return retryEnded(ctx, pool, endedForTx, func() error { return pgschema.Migrate(ctx, pool, schema, kind) })
 }

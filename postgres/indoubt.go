@@ -111,8 +111,13 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 	wait := 2 * time.Millisecond
 	for {
 		var state *string
-		err := pool.QueryRow(ctx, `SELECT state FROM pg_stat_activity WHERE pid = $1 AND coalesce(client_port, -1) = $2`,
-			int32(pid), d.port).Scan(&state)
+		// Both statements may run again on another session (see
+		// endedForRead): the read changes nothing, and ending a session
+		// already ended does nothing.
+		err := onLiveSessionRead(ctx, pool, func() error {
+			return pool.QueryRow(ctx, `SELECT state FROM pg_stat_activity WHERE pid = $1 AND coalesce(client_port, -1) = $2`,
+				int32(pid), d.port).Scan(&state)
+		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return nil
@@ -121,8 +126,11 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 		case state != nil && *state == "idle":
 			return nil
 		case state != nil && (*state == "idle in transaction" || *state == "idle in transaction (aborted)"):
-			if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-				WHERE pid = $1 AND coalesce(client_port, -1) = $2 AND state LIKE 'idle in transaction%'`, int32(pid), d.port); err != nil {
+			if err := onLiveSessionRead(ctx, pool, func() error {
+				_, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+					WHERE pid = $1 AND coalesce(client_port, -1) = $2 AND state LIKE 'idle in transaction%'`, int32(pid), d.port)
+				return err
+			}); err != nil {
 				return err
 			}
 		}

@@ -121,7 +121,7 @@ func MigrateJournal(ctx context.Context, pool *pgxpool.Pool, schema string) erro
 	if pool == nil {
 		return errors.New("postgres: MigrateJournal needs a *pgxpool.Pool; open one with pgxpool.New")
 	}
-	return pgschema.Migrate(ctx, pool, schema, journalKind)
+	return migrate(ctx, pool, schema, journalKind)
 }
 
 // OpenJournal returns the journal in pool's database, migrating its tables

@@ -92,19 +92,24 @@ func (j *Journal) written(ctx context.Context, d *commitDoubt, recs []idem.Recor
 	if len(recs) == 0 {
 		return found, nil
 	}
-	b := &pgx.Batch{}
-	for i, rec := range recs {
-		b.Queue(`SELECT EXISTS (SELECT 1 FROM `+j.q.operations+` o JOIN `+j.q.events+` e ON e.op = o.id
-			WHERE o.key = $1 AND e.version = $2 AND e.at = $3 AND e.to_state = $4)
-			OR EXISTS (SELECT 1 FROM `+j.q.operations+` WHERE key = $1 AND version = $2 AND ev_at = $3
-				AND state = $4 AND ev_kind IS NOT NULL)
-			OR EXISTS (SELECT 1 FROM `+j.q.operations+` WHERE key = $1 AND $2::bigint = 1 AND cr_at = $3
-				AND cr_state = $4 AND cr_kind IS NOT NULL)`,
-			rec.Key, rec.Version, wire.Millis(rec.UpdatedAt), int16(rec.State)).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&found[i])
-		})
-	}
-	return found, j.pool.SendBatch(ctx, b).Close()
+	// A read: it runs again on another session when its own ended, with
+	// a batch of its own (a pgx.Batch keeps what the connection it was
+	// sent on prepared).
+	return found, onLiveSessionRead(ctx, j.pool, func() error {
+		b := &pgx.Batch{}
+		for i, rec := range recs {
+			b.Queue(`SELECT EXISTS (SELECT 1 FROM `+j.q.operations+` o JOIN `+j.q.events+` e ON e.op = o.id
+				WHERE o.key = $1 AND e.version = $2 AND e.at = $3 AND e.to_state = $4)
+				OR EXISTS (SELECT 1 FROM `+j.q.operations+` WHERE key = $1 AND version = $2 AND ev_at = $3
+					AND state = $4 AND ev_kind IS NOT NULL)
+				OR EXISTS (SELECT 1 FROM `+j.q.operations+` WHERE key = $1 AND $2::bigint = 1 AND cr_at = $3
+					AND cr_state = $4 AND cr_kind IS NOT NULL)`,
+				rec.Key, rec.Version, wire.Millis(rec.UpdatedAt), int16(rec.State)).QueryRow(func(row pgx.Row) error {
+				return row.Scan(&found[i])
+			})
+		}
+		return j.pool.SendBatch(ctx, b).Close()
+	})
 }
 
 // where names the journal in errors.

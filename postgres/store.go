@@ -87,7 +87,7 @@ func MigrateStore(ctx context.Context, pool *pgxpool.Pool, schema string) error 
 	if pool == nil {
 		return errors.New("postgres: MigrateStore needs a *pgxpool.Pool; open one with pgxpool.New")
 	}
-	return pgschema.Migrate(ctx, pool, schema, storeKind)
+	return migrate(ctx, pool, schema, storeKind)
 }
 
 // OpenStore returns the key store in pool's database, migrating its tables

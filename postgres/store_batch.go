@@ -259,19 +259,26 @@ func storeReadBack[W any](ctx context.Context, s *Store, d *commitDoubt, ids map
 	if err := settle(ctx, s.pool, d); err != nil {
 		return nil, err
 	}
-	out := make(map[string]server.Entry, len(ids))
-	b := &pgx.Batch{}
-	for id := range ids {
-		b.Queue(s.q.reread, []byte(id)).QueryRow(func(row pgx.Row) error {
-			e, err := scanStoreEntry(row, 0)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			if err == nil {
-				out[id] = e
-			}
-			return err
-		})
-	}
-	return out, s.pool.SendBatch(ctx, b).Close()
+	// A read: it runs again on another session when its own ended, with
+	// a batch of its own (a pgx.Batch keeps what the connection it was
+	// sent on prepared) and the entries found afresh.
+	var out map[string]server.Entry
+	err := onLiveSessionRead(ctx, s.pool, func() error {
+		out = make(map[string]server.Entry, len(ids))
+		b := &pgx.Batch{}
+		for id := range ids {
+			b.Queue(s.q.reread, []byte(id)).QueryRow(func(row pgx.Row) error {
+				e, err := scanStoreEntry(row, 0)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return nil
+				}
+				if err == nil {
+					out[id] = e
+				}
+				return err
+			})
+		}
+		return s.pool.SendBatch(ctx, b).Close()
+	})
+	return out, err
 }

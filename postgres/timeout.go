@@ -65,7 +65,8 @@ func readsBytea(ctx context.Context, pool *pgxpool.Pool, kind, schema string) er
 		return nil
 	}
 	var out string
-	if err := pool.QueryRow(ctx, `SHOW bytea_output`).Scan(&out); err != nil {
+	err := onLiveSessionRead(ctx, pool, func() error { return pool.QueryRow(ctx, `SHOW bytea_output`).Scan(&out) })
+	if err != nil {
 		return fmt.Errorf("postgres %s in schema %q: reading bytea_output: %w", kind, schema, err)
 	}
 	if out == "hex" {

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"syscall"
 
@@ -105,8 +106,13 @@ func onLiveSessionRead(ctx context.Context, pool *pgxpool.Pool, fn func() error)
 func retryEnded(ctx context.Context, pool *pgxpool.Pool, ended func(error) bool, fn func() error) error {
 	for tries := -1; ; tries-- {
 		err := fn()
-		if err == nil || !ended(err) || ctx.Err() != nil {
+		if err == nil || !ended(err) {
 			return err
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			// Nothing more ran; what stopped the call is its context,
+			// which errors.Is finds and the message ends with.
+			return fmt.Errorf("%w, and the call's context ended before it could run again on another session: %w", err, cerr)
 		}
 		if tries < 0 {
 			tries = int(pool.Config().MaxConns) + 2

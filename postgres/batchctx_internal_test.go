@@ -45,3 +45,23 @@ func TestBatchContextShared(t *testing.T) {
 	}
 	stopBatchBound(&cur)
 }
+
+// The rule that ends a batch (the store's and the journal's): at the
+// latest of its callers' deadlines when all have one within the bound;
+// at the bound otherwise.
+func TestBatchDeadline(t *testing.T) {
+	id := func(d time.Time) time.Time { return d }
+	soon, later := time.Now().Add(time.Second), time.Now().Add(2*time.Second)
+	if end, ok := batchDeadline([]time.Time{soon, later, soon}, id, batchTimeout); !ok || !end.Equal(later) {
+		t.Fatalf("callers with deadlines: %v %v, want the latest, %v", end, ok, later)
+	}
+	if _, ok := batchDeadline([]time.Time{soon, {}}, id, batchTimeout); ok {
+		t.Fatal("a caller without a deadline: the batch must run to its bound")
+	}
+	if _, ok := batchDeadline([]time.Time{soon, time.Now().Add(2 * batchTimeout)}, id, batchTimeout); ok {
+		t.Fatal("a caller's deadline past the bound: the batch must run to its bound")
+	}
+	if _, ok := batchDeadline([]time.Time(nil), id, batchTimeout); ok {
+		t.Fatal("no callers: the bound")
+	}
+}

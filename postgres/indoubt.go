@@ -110,13 +110,13 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 	pid := d.pid
 	wait := 2 * time.Millisecond
 	for {
-		var state *string
-		// Both statements may run again on another session (see
-		// endedForRead): the read changes nothing, and ending a session
-		// already ended does nothing.
+		var state, waits *string
+		// Each statement may run again on another session (see
+		// endedForRead): the read changes nothing, and ending or
+		// canceling a session already ended does nothing.
 		err := onLiveSessionRead(ctx, pool, func() error {
-			return pool.QueryRow(ctx, `SELECT state FROM pg_stat_activity WHERE pid = $1 AND coalesce(client_port, -1) = $2`,
-				int32(pid), d.port).Scan(&state)
+			return pool.QueryRow(ctx, `SELECT state, wait_event_type FROM pg_stat_activity WHERE pid = $1 AND coalesce(client_port, -1) = $2`,
+				int32(pid), d.port).Scan(&state, &waits)
 		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -125,6 +125,21 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 			return err
 		case state != nil && *state == "idle":
 			return nil
+		case state != nil && *state == "active" && waits != nil && *waits == "Lock":
+			// Waiting for a lock another session holds (a row's), as when
+			// the write's time ran out on it: its client is gone, and the
+			// server notices only once the lock is granted, which may take
+			// as long as the holder likes. A statement that waits for a
+			// lock has not committed: it is canceled, which rolls its
+			// transaction back; should the lock come first, the commit
+			// goes through, interrupts held, and the read-back finds it.
+			if err := onLiveSessionRead(ctx, pool, func() error {
+				_, err := pool.Exec(ctx, `SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+					WHERE pid = $1 AND coalesce(client_port, -1) = $2 AND state = 'active' AND wait_event_type = 'Lock'`, int32(pid), d.port)
+				return err
+			}); err != nil {
+				return err
+			}
 		case state != nil && (*state == "idle in transaction" || *state == "idle in transaction (aborted)"):
 			if err := onLiveSessionRead(ctx, pool, func() error {
 				_, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity

@@ -109,6 +109,13 @@ type Journal struct {
 	copies   map[string]rowCopy // the rows this journal wrote last (see fastBatch)
 
 	bound atomic.Pointer[batchBound] // the batches' (see batchContext)
+
+	// The watch of stuck batches (see watchBatches), guarded by mu but for
+	// unwatch and watched.
+	batches  uint64 // batches begun
+	watching bool
+	unwatch  chan struct{} // closed by Close
+	watched  sync.WaitGroup
 }
 
 var _ idem.Journal = (*Journal)(nil)
@@ -184,7 +191,7 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 	}
 	j := &Journal{ownersOID: ownersOID, pool: pool, readOnly: cfg.readOnly, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
 		liveness: cfg.liveness, grace: cfg.grace, onCommit: cfg.onCommit, clock: clock, q: newQueries(cfg.schema),
-		mine: map[string]*registration{}, copies: map[string]rowCopy{}}
+		mine: map[string]*registration{}, copies: map[string]rowCopy{}, unwatch: make(chan struct{})}
 	return j, nil
 }
 
@@ -208,6 +215,8 @@ func (j *Journal) Close() error {
 	j.closed = true
 	j.mu.Unlock()
 	j.draining.Wait()
+	close(j.unwatch)
+	j.watched.Wait()
 	stopBatchBound(&j.bound)
 	j.mu.Lock()
 	mine := j.mine

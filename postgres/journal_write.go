@@ -83,7 +83,8 @@ type writeReq struct {
 // arrives during a batch waits
 // for the next one, unless secondBatch writes are waiting by then: a second
 // goroutine then commits them at once, on a connection of its own, while
-// the first batch runs (see secondBatch).
+// the first batch runs (see secondBatch), or the running batch is stuck
+// (see watchBatches).
 func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	done, err := j.enterWrite(ctx)
 	if err != nil {
@@ -96,12 +97,33 @@ func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	start := j.running == 0 || (j.running < maxRunning && len(j.queue) >= secondBatch)
 	if start {
 		j.running++
+	} else if !j.watching {
+		j.watching = true
+		j.watched.Add(1)
+		go j.watchBatches()
 	}
 	j.mu.Unlock()
 	if start {
 		j.commit(true)
 	}
-	<-w.done
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		// A write still queued is taken back, never sent: its caller gets
+		// ctx's error, and nothing was written. One taken into a batch is
+		// answered when the batch ends, which is by the latest of its
+		// callers' deadlines when they all have one (see tryBatch): its
+		// outcome is then known, or in doubt and read back, as for any
+		// write, never guessed at.
+		j.mu.Lock()
+		if i := slices.Index(j.queue, w); i >= 0 {
+			j.queue = slices.Delete(j.queue, i, i+1)
+			j.mu.Unlock()
+			return ctx.Err()
+		}
+		j.mu.Unlock()
+		<-w.done
+	}
 	return w.err
 }
 
@@ -147,6 +169,7 @@ func (j *Journal) commit(inline bool) {
 		n := min(len(j.queue), j.maxBatch)
 		batch := slices.Clone(j.queue[:n])
 		j.queue = j.queue[n:]
+		j.batches++
 		j.mu.Unlock()
 		j.runBatch(batch)
 	}
@@ -180,12 +203,17 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 			live[0].err = j.mapWriteError(live[0], err)
 		} else {
 			for _, r := range live {
-				j.commitAlone(r, true)
+				if !j.endedBefore(r, err) {
+					j.commitAlone(r, true)
+				}
 			}
 		}
 	}
 	for _, r := range live {
 		for try := 0; r.again && try < 3; try++ {
+			if j.endedBefore(r, nil) {
+				break
+			}
 			j.commitAlone(r, false)
 		}
 		if r.again {
@@ -196,6 +224,37 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 		}
 		close(r.done)
 	}
+}
+
+// endedBefore answers r, when its caller's context has ended, with what
+// is known of it, instead of running it again on a context already ended:
+// a run of it that committed nothing, with the batch that failed (cause)
+// or alone, and no other. Its error wraps the context's, and says what
+// became of the write; a caller treats it as any failed write, whose
+// outcome it does not take as known.
+func (j *Journal) endedBefore(r *writeReq, cause error) bool {
+	cerr := r.ctx.Err()
+	if cerr == nil {
+		return false
+	}
+	what := "nothing of it was committed"
+	switch {
+	case r.doubted != nil:
+		// settle waited for the session that ran it, or canceled its wait
+		// for a lock: not committed. Behind a pooler that session cannot
+		// be found, and may commit it yet.
+		what = "its commit's acknowledgement was lost and it read back as not committed (a session behind a pooler may commit it yet: read it again)"
+	case r.op == opRelease && asDoubt(cause) != nil:
+		what = "its commit's acknowledgement was lost, and a release cannot be read back: it may or may not be committed"
+	}
+	resetResult(r)
+	r.again = false
+	if cause != nil {
+		what += fmt.Sprintf(" (%v)", cause)
+	}
+	r.err = fmt.Errorf("%s: %s: its caller's context ended (%w) before it could run again: %s",
+		j.where(), r.describe(), cerr, what)
+	return true
 }
 
 // wroteEarlier reports whether rec, the row as read, is what an earlier run
@@ -280,8 +339,20 @@ func (j *Journal) commitBatch(reqs []*writeReq, fast bool) error {
 // A batch that meets a session the server ended for idling, before the
 // batch or in its transaction, runs again on another (see endedForTx):
 // nothing of it committed.
+//
+// The batch runs on the shared bound (batchContext), with no timer of its
+// own, unless every caller's context has a deadline and the latest comes
+// sooner (batchDeadline, the store's rule): it then ends at that deadline,
+// so that a batch blocked (on a row lock another session holds, say) does
+// not hold its callers past their deadlines, nor cut any caller's write
+// before its own.
 func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
 	ctx := batchContext(&j.bound)
+	if end, ok := batchDeadline(reqs, reqDeadline, batchTimeout); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, end)
+		defer cancel()
+	}
 	again := false
 	return retryEnded(ctx, j.pool, endedForTx, func() error {
 		if again {
@@ -294,6 +365,11 @@ func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
 		again = true
 		return j.tryBatchOnce(ctx, reqs, fast)
 	})
+}
+
+func reqDeadline(r *writeReq) time.Time {
+	d, _ := r.ctx.Deadline()
+	return d
 }
 
 func (j *Journal) tryBatchOnce(ctx context.Context, reqs []*writeReq, fast bool) error {

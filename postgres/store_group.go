@@ -58,23 +58,30 @@ var errStoreBatchLost = errors.New("the batch this write was in failed in anothe
 // own deadline.
 const storeBatchTimeout = 30 * time.Second
 
-// batchDeadline is when a batch of the waiters' writes must end.
-func batchDeadline[T any](waiters []*storeWaiter[T]) time.Time {
-	end := time.Now().Add(storeBatchTimeout)
-	latest := time.Time{}
-	for _, q := range waiters {
-		if q.deadline.IsZero() {
-			return end
+// batchDeadline is the rule that ends a batch whose callers all bound
+// their calls: at the latest of their deadlines (deadline gives each
+// caller's, zero if it has none), when that comes within timeout, the
+// batch's bound; ok is false, and no deadline is read of the clock, when a
+// caller has none or the latest comes later: the batch then ends at its
+// bound. A caller's write is never cut before its own deadline, and a
+// caller that bounds it is not held to the bound.
+func batchDeadline[T any](callers []T, deadline func(T) time.Time, timeout time.Duration) (end time.Time, ok bool) {
+	for _, c := range callers {
+		d := deadline(c)
+		if d.IsZero() {
+			return time.Time{}, false
 		}
-		if q.deadline.After(latest) {
-			latest = q.deadline
+		if d.After(end) {
+			end = d
 		}
 	}
-	if latest.Before(end) {
-		return latest
+	if len(callers) == 0 || !end.Before(time.Now().Add(timeout)) {
+		return time.Time{}, false
 	}
-	return end
+	return end, true
 }
+
+func waiterDeadline[T any](q *storeWaiter[T]) time.Time { return q.deadline }
 
 // do runs w in a batch and returns once its outcome is in w, or with
 // ctx's error if w was never sent.
@@ -137,7 +144,11 @@ func (g *storeGroup[T]) do(ctx context.Context, w *T) error {
 			}
 		}
 	}()
-	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), batchDeadline(waiters))
+	end, ok := batchDeadline(waiters, waiterDeadline[T], storeBatchTimeout)
+	if !ok {
+		end = time.Now().Add(storeBatchTimeout)
+	}
+	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), end)
 	defer cancel()
 	g.run(bctx, batch)
 	ran = true

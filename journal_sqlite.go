@@ -48,6 +48,12 @@ var (
 	// than the busy timeout (SQLiteBusyTimeout): an sqlite3 shell or a
 	// backup tool left in a transaction, say. The failed call wrote nothing.
 	ErrJournalLocked = sqlitefile.ErrLocked
+	// ErrJournalHardLinks: the journal file has another name (a hard
+	// link) than the path given. SQLite keeps the -wal and -shm beside the
+	// name it opens, so processes using two names would not see each
+	// other's commits; the message names the others found beside it.
+	// Nothing was changed. A symbolic link to the file is fine.
+	ErrJournalHardLinks = sqlitefile.ErrHardLinks
 )
 
 // FileError is a failure tied to a journal file: its path, the kind of

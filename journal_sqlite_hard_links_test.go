@@ -86,6 +86,7 @@ func TestSQLiteJournalThroughASymlinkIsNotTakenForAHardLink(t *testing.T) {
 
 func assertHardLinksError(t *testing.T, err error, path string) {
 	t.Helper()
+	assert.ErrorIs(t, err, idem.ErrJournalHardLinks)
 	var fe *idem.FileError
 	if assert.True(t, errors.As(err, &fe), "%v is a *FileError", err) {
 		assert.Equal(t, path, fe.Path)

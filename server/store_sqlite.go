@@ -23,6 +23,12 @@ var (
 	// ErrStoreLocked: another process held the store's lock for longer
 	// than the busy timeout (SQLiteBusyTimeout).
 	ErrStoreLocked = sqlitefile.ErrLocked
+	// ErrStoreHardLinks: the store file has another name (a hard link)
+	// than the path given. SQLite keeps the -wal and -shm beside the name
+	// it opens, so processes using two names would not see each other's
+	// claims; the message names the others found beside it. Nothing was
+	// changed. A symbolic link to the file is fine.
+	ErrStoreHardLinks = sqlitefile.ErrHardLinks
 	// ErrStoreClosed: the store was closed.
 	ErrStoreClosed = errors.New("idem key store closed")
 )

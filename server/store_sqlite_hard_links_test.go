@@ -40,6 +40,7 @@ func TestSQLiteStoreWithASecondHardLinkIsRefused(t *testing.T) {
 			require.NoError(t, s2.Close())
 		}
 		require.Error(t, err, "opening %s, a file with two names", name)
+		assert.ErrorIs(t, err, server.ErrStoreHardLinks)
 		var fe *server.FileError
 		if assert.True(t, errors.As(err, &fe), "%v is a *FileError", err) {
 			assert.Equal(t, name, fe.Path)

@@ -91,7 +91,7 @@ func (db *DB) create(ctx context.Context, dir string) error {
 	// A short name, not the file's own with a suffix: a name near the
 	// file system's limit (255 bytes, the -wal's suffix included) must be
 	// usable as it was before files were made this way.
-	f, err := os.CreateTemp(dir, ".idem-new-*")
+	f, err := os.CreateTemp(dir, tempPrefix+"*")
 	if err != nil {
 		return bad(err)
 	}

@@ -191,8 +191,9 @@ func (db *DB) Path() string { return db.path }
 
 // Open opens or creates the file at path. It refuses, changing nothing, a
 // directory, a path whose directory does not exist or is not writable,
-// another program's database, a file that is not SQLite, and a schema newer
-// than opts.Migrations.
+// another program's database, a file that is not SQLite, a file with
+// another name (a hard link: see checkNames), and a schema newer than
+// opts.Migrations.
 func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	opts.withDefaults()
 	if path == "" {
@@ -263,6 +264,9 @@ func (db *DB) prepareFile(ctx context.Context) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: errors.New("the file is empty"),
 			Hint: "check the path; an empty file is not a " + db.what}
 	case err == nil:
+		if err := db.checkNames(fi); err != nil {
+			return err
+		}
 		if err := canReadWrite(db.path); err != nil {
 			return bad(err, "the file must be readable and writable by this process")
 		}

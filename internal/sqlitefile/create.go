@@ -119,6 +119,9 @@ func (db *DB) create(ctx context.Context, dir string) error {
 	if err != nil {
 		return db.classify(err)
 	}
+	if db.opts.OnBuilt != nil {
+		db.opts.OnBuilt(tmp)
+	}
 	if err := os.Link(tmp, db.path); err != nil && !errors.Is(err, fs.ErrExist) {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
 			Hint: "the directory must be writable by this process, on a file system with hard links (the file is made under a temporary name, then linked to its path)"}

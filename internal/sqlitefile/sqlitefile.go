@@ -76,6 +76,10 @@ type Options struct {
 	// OnCommit, if set, is called on the committer's goroutine after each
 	// commit, with what it carried.
 	OnCommit func(Commit)
+	// OnBuilt, if set, is called when a new file has been built under its
+	// temporary name tmp, before it is linked to its path (see create):
+	// the tests stop a creator there, to kill it.
+	OnBuilt func(tmp string)
 }
 
 // Commit describes one committed transaction, for Options.OnCommit.

@@ -26,13 +26,33 @@ const tempPrefix = ".idem-new-"
 // creator's (see create) and does not count. A link made after this check
 // is not seen: this refuses the mistake when it is made, not a race with
 // it.
+//
+// A creator removes its temporary name right after it links the file (see
+// create), perhaps between the Stat and the look through the directory:
+// the count is then taken again from a new Stat, until the two agree.
 func (db *DB) checkNames(fi fs.FileInfo) error {
-	n := linkCount(fi)
+	for try := 0; ; try++ {
+		n, others, wals := db.names(fi)
+		if n <= 1 {
+			return nil
+		}
+		again, err := os.Stat(db.path)
+		if err == nil && os.SameFile(fi, again) && linkCount(again) != linkCount(fi) && try < 100 {
+			fi = again
+			continue
+		}
+		return db.namesError(n, others, wals)
+	}
+}
+
+// names counts the file's names, less the creators' (tempPrefix), and
+// lists its others in its directory and those of them with a WAL beside.
+func (db *DB) names(fi fs.FileInfo) (n uint64, others, wals []string) {
+	n = linkCount(fi)
 	if n <= 1 {
-		return nil
+		return n, nil, nil
 	}
 	dir := filepath.Dir(db.path)
-	var others, wals []string
 	des, _ := os.ReadDir(dir) // unreadable: the names are not shown
 	for _, de := range des {
 		p := filepath.Join(dir, de.Name())
@@ -43,7 +63,7 @@ func (db *DB) checkNames(fi fs.FileInfo) error {
 			continue
 		}
 		if strings.HasPrefix(de.Name(), tempPrefix) {
-			n--
+			n = max(n, 2) - 1
 			continue
 		}
 		others = append(others, de.Name())
@@ -51,14 +71,16 @@ func (db *DB) checkNames(fi fs.FileInfo) error {
 			wals = append(wals, de.Name())
 		}
 	}
-	if n <= 1 {
-		return nil
-	}
-	where := "the others elsewhere on its file system"
+	return n, others, wals
+}
+
+func (db *DB) namesError(n uint64, others, wals []string) error {
+	dir := filepath.Dir(db.path)
+	where := "none of the others beside it"
 	if len(others) > 0 {
 		where = strings.Join(others, ", ") + " beside it"
 		if uint64(len(others)) < n-1 {
-			where += ", the others elsewhere on its file system"
+			where += " and others elsewhere on its file system"
 		}
 	}
 	hint := fmt.Sprintf("stop the processes using its other names, remove those names (find / -xdev -samefile %s lists them all) and open it by one name only; a symbolic link to it is fine", db.path)

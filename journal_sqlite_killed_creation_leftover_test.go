@@ -94,3 +94,59 @@ func TestSQLiteCreatorKilledAfterLinkLeavesNoSecondNameForGood(t *testing.T) {
 	require.NoError(t, openJournal(t, path).Close())
 	assert.Empty(t, leftovers(t, dir), "an open for writing removed the dead creator's name")
 }
+
+// lockDir holds flock's lock on dir, shared (as a creator at work there
+// does) or exclusive, until the test ends or the returned function runs.
+func lockDir(t *testing.T, dir string, how int) (unlock func()) {
+	t.Helper()
+	d, err := os.Open(dir)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Flock(int(d.Fd()), how|syscall.LOCK_NB))
+	t.Cleanup(func() { _ = d.Close() })
+	return func() { _ = d.Close() }
+}
+
+// A creator at work holds its directory's shared lock while its temporary
+// file exists: an open in that directory, creating or opening a journal,
+// must leave that file alone (it is not a dead creator's), and removes it
+// once the lock is gone. The test holds the lock and makes the file
+// itself, as a live creator between its steps.
+func TestSQLiteOpenLeavesALiveCreatorsTemporaryFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	live := filepath.Join(dir, ".idem-new-live")
+	unlock := lockDir(t, dir, syscall.LOCK_SH)
+	require.NoError(t, os.WriteFile(live, []byte("being built"), 0o600))
+
+	path := filepath.Join(dir, "ops.db")
+	require.NoError(t, openJournal(t, path).Close(), "a creation beside a live creator")
+	require.NoError(t, openJournal(t, path).Close(), "an open beside a live creator")
+	b, err := os.ReadFile(live)
+	require.NoError(t, err, "a live creator's file is left alone")
+	assert.Equal(t, "being built", string(b))
+	assert.Equal(t, []string{".idem-new-live"}, leftovers(t, dir), "the creations removed their own")
+
+	unlock()
+	require.NoError(t, openJournal(t, path).Close())
+	assert.Empty(t, leftovers(t, dir), "once its creator is gone, its file is removed")
+}
+
+// A creator waits for the directory's shared lock while another process
+// holds it exclusive (a remover, for as long as a few unlinks take), at
+// most the busy timeout: past it, the open fails as locked, naming the
+// directory, and creates nothing.
+func TestSQLiteCreatorWaitsForTheDirectoryAtMostTheBusyTimeout(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	lockDir(t, dir, syscall.LOCK_EX)
+	path := filepath.Join(dir, "ops.db")
+	j, err := idem.OpenSQLite(path, idem.SQLiteBusyTimeout(100*time.Millisecond))
+	if err == nil {
+		require.NoError(t, j.Close())
+	}
+	require.ErrorIs(t, err, idem.ErrJournalLocked)
+	assert.Contains(t, err.Error(), dir)
+	des, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, des, "nothing was created")
+}

@@ -219,6 +219,8 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		db.closeDBs()
 		return nil, db.openError(err)
 	}
+	// Once open, so that an open refused leaves the directory as it was.
+	removeLeftovers(filepath.Dir(db.path))
 	db.closing = make(chan struct{})
 	db.linger = time.AfterFunc(time.Hour, func() {
 		// Fails only once Close has begun, and Close commits them.

@@ -206,9 +206,13 @@ func SQLiteOnCommit(fn func(CommitInfo)) SQLiteOption {
 // It refuses, with a *FileError that names the path and what to do and
 // without changing the file: a directory, a missing or unwritable directory,
 // a file that is not an idem journal (ErrNotJournal), a journal written by a
-// newer idem (ErrSchemaTooNew), and a damaged file (ErrJournalCorrupt).
+// newer idem (ErrSchemaTooNew), a damaged file (ErrJournalCorrupt), and a
+// file with another name, a hard link (ErrJournalHardLinks).
 // A path that is a symbolic link is resolved once, here (see Path); one
 // whose target does not exist yet creates that target, mode 0600.
+// A new file is built under a temporary name (.idem-new-*) in its
+// directory, then put at its path; an open for writing removes those that
+// creators killed meanwhile left in the directory, never a live one's.
 func OpenSQLite(path string, opts ...SQLiteOption) (*SQLiteJournal, error) {
 	cfg := sqliteConfig{maxBody: DefaultMaxBodySize}
 	for _, o := range opts {

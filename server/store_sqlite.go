@@ -119,8 +119,10 @@ func SQLiteReaders(n int) SQLiteOption {
 // OpenSQLiteStore opens the key store at path, creating it (mode 0600) when
 // it does not exist and migrating an older schema. It refuses, changing
 // nothing, a directory, a missing or unwritable directory, a file that is
-// not an idem key store (ErrNotStore) and a store written by a newer idem
-// (ErrSchemaTooNew); the error names the path and what to do.
+// not an idem key store (ErrNotStore), a store written by a newer idem
+// (ErrSchemaTooNew) and a file with another name, a hard link
+// (ErrStoreHardLinks); the error names the path and what to do. A symbolic
+// link to the file is fine.
 func OpenSQLiteStore(path string, opts ...SQLiteOption) (*SQLiteStore, error) {
 	var cfg sqliteStoreConfig
 	for _, o := range opts {

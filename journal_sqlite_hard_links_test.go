@@ -65,6 +65,8 @@ func TestSQLiteJournalWithASecondHardLinkIsRefusedWhileOpenByTheOther(t *testing
 	}
 	require.Error(t, err, "opening %s while %s is open with its WAL", b, a)
 	assertHardLinksError(t, err, b)
+	assert.Contains(t, err.Error(), "ops.db beside it")
+	assert.Contains(t, err.Error(), "first let ops.db-wal, which holds commits, reach the file: sqlite3 "+a+" 'PRAGMA wal_checkpoint(TRUNCATE)'")
 	_, err = os.Stat(b + "-wal")
 	assert.ErrorIs(t, err, os.ErrNotExist, "no WAL was made beside %s", b)
 	require.NoError(t, j.Close())

@@ -58,6 +58,7 @@ func TestSQLiteCreatorKilledBeforeLinkLeavesNoTemporaryFileForGood(t *testing.T)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() }) // if the test stops before its kill
 	line, err := bufio.NewReader(out).ReadString('\n')
 	require.NoError(t, err, "the child prints its temporary file's name")
 	tmp := strings.TrimSpace(line)

@@ -48,6 +48,12 @@ var (
 	// than the busy timeout (SQLiteBusyTimeout): an sqlite3 shell or a
 	// backup tool left in a transaction, say. The failed call wrote nothing.
 	ErrJournalLocked = sqlitefile.ErrLocked
+	// ErrJournalHardLinks: the journal file has another name (a hard
+	// link) than the path given. SQLite keeps the -wal and -shm beside the
+	// name it opens, so processes using two names would not see each
+	// other's commits; the message names the others found beside it.
+	// Nothing was changed. A symbolic link to the file is fine.
+	ErrJournalHardLinks = sqlitefile.ErrHardLinks
 )
 
 // FileError is a failure tied to a journal file: its path, the kind of
@@ -200,9 +206,13 @@ func SQLiteOnCommit(fn func(CommitInfo)) SQLiteOption {
 // It refuses, with a *FileError that names the path and what to do and
 // without changing the file: a directory, a missing or unwritable directory,
 // a file that is not an idem journal (ErrNotJournal), a journal written by a
-// newer idem (ErrSchemaTooNew), and a damaged file (ErrJournalCorrupt).
+// newer idem (ErrSchemaTooNew), a damaged file (ErrJournalCorrupt), and a
+// file with another name, a hard link (ErrJournalHardLinks).
 // A path that is a symbolic link is resolved once, here (see Path); one
 // whose target does not exist yet creates that target, mode 0600.
+// A new file is built under a temporary name (.idem-new-*) in its
+// directory, then put at its path; an open for writing removes those that
+// creators killed meanwhile left in the directory, never a live one's.
 func OpenSQLite(path string, opts ...SQLiteOption) (*SQLiteJournal, error) {
 	cfg := sqliteConfig{maxBody: DefaultMaxBodySize}
 	for _, o := range opts {

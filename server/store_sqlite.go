@@ -23,6 +23,12 @@ var (
 	// ErrStoreLocked: another process held the store's lock for longer
 	// than the busy timeout (SQLiteBusyTimeout).
 	ErrStoreLocked = sqlitefile.ErrLocked
+	// ErrStoreHardLinks: the store file has another name (a hard link)
+	// than the path given. SQLite keeps the -wal and -shm beside the name
+	// it opens, so processes using two names would not see each other's
+	// claims; the message names the others found beside it. Nothing was
+	// changed. A symbolic link to the file is fine.
+	ErrStoreHardLinks = sqlitefile.ErrHardLinks
 	// ErrStoreClosed: the store was closed.
 	ErrStoreClosed = errors.New("idem key store closed")
 )
@@ -113,8 +119,10 @@ func SQLiteReaders(n int) SQLiteOption {
 // OpenSQLiteStore opens the key store at path, creating it (mode 0600) when
 // it does not exist and migrating an older schema. It refuses, changing
 // nothing, a directory, a missing or unwritable directory, a file that is
-// not an idem key store (ErrNotStore) and a store written by a newer idem
-// (ErrSchemaTooNew); the error names the path and what to do.
+// not an idem key store (ErrNotStore), a store written by a newer idem
+// (ErrSchemaTooNew) and a file with another name, a hard link
+// (ErrStoreHardLinks); the error names the path and what to do. A symbolic
+// link to the file is fine.
 func OpenSQLiteStore(path string, opts ...SQLiteOption) (*SQLiteStore, error) {
 	var cfg sqliteStoreConfig
 	for _, o := range opts {

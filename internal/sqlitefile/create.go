@@ -81,8 +81,11 @@ func resolve(path string) (string, error) {
 // its file is used. A process killed here leaves its temporary file (a
 // name beginning with ".idem-new-"), never a damaged db.path; and one
 // killed between the link and the removal leaves that name as a second
-// link to the file itself, which must not be opened as a journal (SQLite
-// names the -wal after the name it is given).
+// link to the file itself, which is never opened as a database (SQLite
+// names the -wal after the name it is given), and not counted as one of
+// its names (see checkNames). Either is removed by a later open in the
+// directory (see removeLeftovers): the creator holds the directory's
+// shared lock while its temporary file exists.
 func (db *DB) create(ctx context.Context, dir string) error {
 	bad := func(err error) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
@@ -91,7 +94,12 @@ func (db *DB) create(ctx context.Context, dir string) error {
 	// A short name, not the file's own with a suffix: a name near the
 	// file system's limit (255 bytes, the -wal's suffix included) must be
 	// usable as it was before files were made this way.
-	f, err := os.CreateTemp(dir, ".idem-new-*")
+	unlock, err := db.lockDirShared(ctx, dir) // see leftovers.go
+	if err != nil {
+		return err
+	}
+	defer unlock() // once the temporary file is removed, below
+	f, err := os.CreateTemp(dir, tempPrefix+"*")
 	if err != nil {
 		return bad(err)
 	}
@@ -118,6 +126,9 @@ func (db *DB) create(ctx context.Context, dir string) error {
 	}
 	if err != nil {
 		return db.classify(err)
+	}
+	if db.opts.OnBuilt != nil {
+		db.opts.OnBuilt(tmp)
 	}
 	if err := os.Link(tmp, db.path); err != nil && !errors.Is(err, fs.ErrExist) {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,

@@ -34,6 +34,10 @@ var (
 	// Options.BusyTimeout (an sqlite3 shell or a backup tool left in a
 	// transaction, or a process stopped while it held the lock).
 	ErrLocked = errors.New("locked by another process")
+	// ErrHardLinks: the file has another name (a hard link) than the one
+	// it was opened by; SQLite would keep a WAL beside each (see
+	// checkNames).
+	ErrHardLinks = errors.New("has more than one name")
 )
 
 // Application IDs of idem's kinds of file. They are listed here, in one

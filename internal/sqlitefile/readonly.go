@@ -71,6 +71,9 @@ func (db *DB) openReadOnly(ctx context.Context) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: errors.New("the file is empty"),
 			Hint: "check the path; an empty file is not a " + db.what}
 	}
+	if err := db.checkNames(fi); err != nil {
+		return err
+	}
 	db.readOnly = true
 	extra := []string{"_query_only", "1"}
 	if canReadWrite(db.path) != nil || !noRollbackJournal(db.path) {

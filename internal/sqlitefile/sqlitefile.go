@@ -76,6 +76,10 @@ type Options struct {
 	// OnCommit, if set, is called on the committer's goroutine after each
 	// commit, with what it carried.
 	OnCommit func(Commit)
+	// OnBuilt, if set, is called when a new file has been built under its
+	// temporary name tmp, before it is linked to its path (see create):
+	// the tests stop a creator there, to kill it.
+	OnBuilt func(tmp string)
 }
 
 // Commit describes one committed transaction, for Options.OnCommit.
@@ -191,8 +195,9 @@ func (db *DB) Path() string { return db.path }
 
 // Open opens or creates the file at path. It refuses, changing nothing, a
 // directory, a path whose directory does not exist or is not writable,
-// another program's database, a file that is not SQLite, and a schema newer
-// than opts.Migrations.
+// another program's database, a file that is not SQLite, a file with
+// another name (a hard link: see checkNames), and a schema newer than
+// opts.Migrations.
 func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	opts.withDefaults()
 	if path == "" {
@@ -214,6 +219,8 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		db.closeDBs()
 		return nil, db.openError(err)
 	}
+	// Once open, so that an open refused leaves the directory as it was.
+	removeLeftovers(filepath.Dir(db.path))
 	db.closing = make(chan struct{})
 	db.linger = time.AfterFunc(time.Hour, func() {
 		// Fails only once Close has begun, and Close commits them.
@@ -263,6 +270,9 @@ func (db *DB) prepareFile(ctx context.Context) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrForeign, Err: errors.New("the file is empty"),
 			Hint: "check the path; an empty file is not a " + db.what}
 	case err == nil:
+		if err := db.checkNames(fi); err != nil {
+			return err
+		}
 		if err := canReadWrite(db.path); err != nil {
 			return bad(err, "the file must be readable and writable by this process")
 		}

@@ -12,12 +12,14 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testserver"
+	"github.com/idemkit/idem/internal/wire"
 )
 
 // sendOther sends, straight to the server and under key, another request
@@ -75,6 +77,7 @@ func TestStatusAnswerForAnotherRequestIsNotTaken(t *testing.T) {
 			}
 			require.Error(t, err, "the status endpoint answered for another request; the operation was never applied")
 			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.ErrorIs(t, err, idem.ErrKeyHeldForAnotherRequest)
 			assert.NotErrorIs(t, err, idem.ErrRejected, "not a rejection: the key may hold an earlier attempt in a form the client cannot reproduce")
 			var oe *idem.OperationError
 			require.ErrorAs(t, err, &oe)
@@ -92,7 +95,7 @@ func TestStatusAnswerForAnotherRequestIsNotTaken(t *testing.T) {
 			// A later call checks again and stops the same way: no re-send,
 			// no other request's answer.
 			_, err = c.Do(ctx, orderOp("checkout/cart-reused", 1))
-			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			assert.ErrorIs(t, err, idem.ErrKeyHeldForAnotherRequest)
 			assert.Contains(t, err.Error(), "another request")
 			assert.Equal(t, requests+1, srv.Requests())
 		})
@@ -181,6 +184,92 @@ func TestStatusFingerprintThroughPrefixStrippingProxy(t *testing.T) {
 			assert.Equal(t, 1, srv.TotalOrders())
 			assert.Equal(t, 1, srv.Requests(), "settled by the status answer, not by a re-send")
 			assert.Equal(t, 1, srv.StatusRequests())
+		})
+	}
+}
+
+// While the other request under the key is still processed, the status
+// answer already says whose it is: the call stops at once, rather than
+// wait for the other request's answer it would not take anyway.
+func TestStatusProcessingForAnotherRequestStopsAtOnce(t *testing.T) {
+	t.Parallel()
+	srv := testserver.Start(t)
+	c, j := acceptanceClient(t, srv)
+	ctx := context.Background()
+	op, err := c.Begin(ctx, orderOp("checkout/cart-reused-busy", 1))
+	require.NoError(t, err)
+
+	// The other request is held in its handler until the server closes.
+	srv.Inject(testserver.SlowHandler(time.Hour))
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":"piano","quantity":9}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", op.Key())
+		if resp, err := srv.Client().Do(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	require.Eventually(t, func() bool {
+		resp, err := srv.Client().Get(srv.StatusURL + "/" + op.Key())
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(body), `"processing"`)
+	}, 10*time.Second, 5*time.Millisecond, "the other request holds the key")
+	checks := srv.StatusRequests()
+
+	srv.Inject(testserver.DropAfterCommit)
+	_, err = op.Send(ctx)
+	require.ErrorIs(t, err, idem.ErrKeyHeldForAnotherRequest)
+	assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+	assert.Equal(t, checks+1, srv.StatusRequests(), "one status check: the answer names another request")
+	assert.Equal(t, 2, srv.Requests(), "the other request and the operation's one attempt; nothing sent again")
+	rec, err := j.Get(ctx, op.Key())
+	require.NoError(t, err)
+	assert.Equal(t, idem.StateUnknown, rec.State)
+	assert.Equal(t, 0, srv.TotalOrders(), "the other request is still held")
+}
+
+// A StatusAdapter whose server gives the fingerprint passes it on: the
+// request's own settles, another's stops the call, and one of another
+// form is a bad status (compared as it is, it would never match).
+func TestStatusAdapterFingerprint(t *testing.T) {
+	t.Parallel()
+	body := []byte(`{"amount":100}`)
+	for name, tc := range map[string]struct {
+		fp   string
+		want error
+	}{
+		"the request's":         {wire.RequestFingerprint(http.MethodPost, "/v2/payments", body), nil},
+		"another request's":     {wire.RequestFingerprint(http.MethodPost, "/v2/payments", []byte(`{"amount":999}`)), idem.ErrKeyHeldForAnotherRequest},
+		"not the server's form": {"md5:0cc175b9c0f1b6a831c399e269772661", idem.ErrBadStatus},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			api := newPayments(t)
+			adapter := outcomeAdapter(api.URL)
+			decode := adapter.Decode
+			adapter.Decode = func(code int, h http.Header, b []byte) (idem.Status, error) {
+				st, err := decode(code, h, b)
+				st.Fingerprint = tc.fp
+				return st, err
+			}
+			policy := fastRetry()
+			policy.MaxStatusChecks = 2
+			c, _ := newClient(t, idem.Config{BaseURL: api.URL, Status: adapter, Retry: policy})
+			res, err := c.Do(context.Background(), idem.Op{ID: "pay-1", URL: "/v2/payments", Body: body})
+			if tc.want == nil {
+				require.NoError(t, err)
+				assert.JSONEq(t, `{"payment":"pay_1"}`, string(res.Body))
+				return
+			}
+			require.ErrorIs(t, err, tc.want)
+			assert.ErrorIs(t, err, idem.ErrOutcomeUnknown)
+			api.mu.Lock()
+			defer api.mu.Unlock()
+			assert.Equal(t, 1, api.posts, "nothing sent again")
 		})
 	}
 }

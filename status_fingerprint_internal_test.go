@@ -32,6 +32,12 @@ func TestSameRequestComparesTheServersFingerprint(t *testing.T) {
 	} {
 		assert.Equal(t, tc.same, sameRequest(tc.fp, rec), tc.what)
 	}
+	// A path escaped in the URL is compared escaped, as the request line
+	// carries it; an empty query ("?") is no query for either side.
+	escaped := Record{Method: "POST", URL: "https://api.example.com/api/a%2Fb/orders?", Body: []byte("x")}
+	assert.True(t, sameRequest(fp("POST", "/api/a%2Fb/orders", "x"), escaped))
+	assert.True(t, sameRequest(fp("POST", "/a%2Fb/orders", "x"), escaped))
+	assert.False(t, sameRequest(fp("POST", "/api/a/b/orders", "x"), escaped))
 	// An empty path is sent as "/".
 	root := Record{Method: "POST", URL: "https://api.example.com", Body: nil}
 	assert.True(t, sameRequest(fp("POST", "/", ""), root))

@@ -61,9 +61,6 @@
 //
 // The *OperationError of the last two carries why, as its cause, matched
 // with errors.Is: ErrBadStatus (a status answer of the wrong shape),
-// ErrKeyHeldForAnotherRequest (the server holds the key for another
-// request: its answer is not taken, nothing is sent again; check the
-// business records, then Reconcile),
 // ErrRetryBudgetExhausted (many operations fail at once), ErrLeaseLost
 // (another worker took the operation over and drives it now),
 // ErrAuthorizeFailed (Config.Authorize returned an error, which the error

@@ -296,7 +296,7 @@ func (d *driver) send(ctx context.Context) error {
 		// nothing of them was applied, so the key is held for another
 		// request, a genuine conflict, and a status check would answer
 		// with that other request's result.
-		d.cause = fmt.Errorf("%w: %s, answering a re-send: the key is an earlier attempt's, which may have been applied", ErrKeyHeldForAnotherRequest, v.Reason)
+		d.cause = fmt.Errorf("%s, answering a re-send: the key is an earlier attempt's, which may have been applied", v.Reason)
 		return d.markUnknown(ctx, v.Reason)
 	}
 	if v.Verdict == Succeeded || v.Verdict == Rejected || v.Verdict == KeyConflict {

@@ -74,14 +74,6 @@ func (d *driver) checkStatus(ctx context.Context) error {
 			}
 			continue
 		}
-		if st.Fingerprint != "" && (st.State == StatusCompleted || st.State == StatusProcessing) && !sameRequest(st.Fingerprint, d.rec) {
-			// The key is held for another request: its answer is not
-			// this operation's, and waiting or asking again changes
-			// nothing. Unknown, as the retry path leaves a 422 answering
-			// a re-send after an attempt that may have been applied.
-			d.cause = d.otherRequestCause(st)
-			return d.stop(ctx, d.cause, d.failedDue())
-		}
 		switch st.State {
 		case StatusCompleted:
 			if st.Response == nil {
@@ -247,8 +239,8 @@ func (d *driver) settleFromStatus(ctx context.Context, st Status) error {
 // operator who finds the outcome settles it with Reconcile, or it expires
 // with the server's retention.
 func (d *driver) replayConflict(ctx context.Context, v Decision) error {
-	d.cause = fmt.Errorf("status check by %s: %w: %s, answering the replay of the journaled request: the key is held for an earlier attempt of this operation, in a form the server tells apart (does Authorize change the URL or a signed header?), which may have been applied; a replay cannot learn its outcome",
-		d.c.statusName, ErrKeyHeldForAnotherRequest, v.Reason)
+	d.cause = fmt.Errorf("status check by %s: %s, answering the replay of the journaled request: the key is held for an earlier attempt of this operation, in a form the server tells apart (does Authorize change the URL or a signed header?), which may have been applied; a replay cannot learn its outcome",
+		d.c.statusName, v.Reason)
 	return d.stop(ctx, d.cause, d.failedDue())
 }
 

@@ -36,22 +36,6 @@ var (
 	// apart, such as a fresh token Authorize put in the URL), which may
 	// have been applied, so the outcome is unknown (see KeyConflict).
 	ErrKeyConflict = errors.New("idem: server reports the key was used with a different request")
-	// ErrKeyHeldForAnotherRequest: the cause of an ErrOutcomeUnknown when
-	// the server holds the operation's key for a request that is not the
-	// one the client can send now: its status endpoint's answer carries
-	// another request's fingerprint (Status.Fingerprint), or a replay
-	// (ReplayStatus) or a re-send after an attempt that may have been
-	// applied met a key conflict. Either the key was reused by another
-	// request (another client or service, an operator's replay, a chosen
-	// ID used again), and this operation was refused, or the server holds
-	// an earlier attempt of it in a form the client cannot reproduce (a
-	// URL that Config.Authorize or a proxy rewrites), which may have been
-	// applied. So it is no rejection, and the other request's answer is
-	// never taken as the operation's: nothing is sent again, the
-	// operation stays unknown, and an operator checks the business
-	// records and settles it with Reconcile (or it expires with the
-	// server's retention).
-	ErrKeyHeldForAnotherRequest = errors.New("idem: the server holds the key for another request")
 	// ErrNeedsReconciliation: the server's key retention passed before the
 	// outcome was confirmed, so the operation is expired and will not be
 	// re-sent. An operator settles it with Reconcile.

@@ -20,7 +20,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testserver"
 )
 
 // errorRow is one row of the README's error tables.
@@ -92,7 +91,7 @@ var sentinels = map[string]error{
 	"ErrNeedsReconciliation": idem.ErrNeedsReconciliation, "ErrCanceled": idem.ErrCanceled, "ErrNotSent": idem.ErrNotSent,
 	"ErrOutcomeUnknown": idem.ErrOutcomeUnknown, "ErrBadStatus": idem.ErrBadStatus,
 	"ErrRetryBudgetExhausted": idem.ErrRetryBudgetExhausted, "ErrLeaseLost": idem.ErrLeaseLost,
-	"ErrAuthorizeFailed": idem.ErrAuthorizeFailed, "ErrKeyHeldForAnotherRequest": idem.ErrKeyHeldForAnotherRequest,
+	"ErrAuthorizeFailed":       idem.ErrAuthorizeFailed,
 	"context.DeadlineExceeded": context.DeadlineExceeded, "context.Canceled": context.Canceled,
 }
 
@@ -284,15 +283,6 @@ var errorProducers = map[string]producer{
 }
 
 var causeProducers = map[string]producer{
-	"ErrKeyHeldForAnotherRequest": func(t *testing.T) (*idem.Result, error) {
-		srv := testserver.Start(t)
-		c, _ := acceptanceClient(t, srv)
-		op, err := c.Begin(context.Background(), orderOp("op", 1))
-		require.NoError(t, err)
-		sendOther(t, srv, op.Key()) // the key stored for another body
-		srv.Inject(testserver.DropAfterCommit)
-		return op.Send(context.Background())
-	},
 	"ErrBadStatus": func(t *testing.T) (*idem.Result, error) {
 		srv := newScripted(t, func(n int, w http.ResponseWriter, r *http.Request) {
 			if r.Method == http.MethodGet {

@@ -87,23 +87,6 @@ type Status struct {
 	// BodyCut reports that Response.Body was cut at MaxResponseBytes; the
 	// journal notes it.
 	BodyCut bool
-	// Fingerprint, when not empty, is the server's fingerprint of the
-	// request it holds the key for, with State StatusProcessing or
-	// StatusCompleted: the hex SHA-256 of its method, target (path and
-	// raw query, as the server received them) and body, each preceded by
-	// its length as 8 bytes big-endian, as the server package computes it
-	// (and answers 422 to a retry whose fingerprint differs). The client
-	// compares it with the journaled request's, the target also with a
-	// path prefix stripped (a reverse proxy in front of the server): when
-	// none is the same, the answer is about another request under the key,
-	// and is not taken as the operation's result. The operation stays
-	// unknown, nothing is sent again, and the call stops with an error
-	// matching ErrOutcomeUnknown and ErrKeyHeldForAnotherRequest. Empty
-	// (a server before the field, ReplayStatus, a checker that does not
-	// know it), the answer is taken as it is. A StatusAdapter's Decode
-	// sets it only for a server that computes it exactly so: one that is
-	// not 64 lowercase hex digits is a bad status (ErrBadStatus).
-	Fingerprint string
 }
 
 // ErrBadStatus is wrapped by errors from a status check whose answer does
@@ -115,17 +98,12 @@ var ErrBadStatus = wire.ErrBadStatus
 // StatusEndpoint returns a StatusChecker that asks GET {base}/{key}, with
 // the key header and Config.Authorize, and reads the idem status format:
 //
-//	200 {"key":"…","state":"processing","fingerprint":"…"}
-//	200 {"key":"…","state":"completed","fingerprint":"…","response":{"status":201,"header":{…},"body":"…"}}
+//	200 {"key":"…","state":"processing"}
+//	200 {"key":"…","state":"completed","response":{"status":201,"header":{…},"body":"…"}}
 //	404 {"key":"…","state":"not_found"}
 //
 // (the response body is base64 when "body_encoding" is "base64"). Any
 // other answer, or no answer, is an error and leaves the operation unknown.
-// A processing or completed answer may carry "fingerprint", the server's
-// fingerprint of the request it holds the key for (Status.Fingerprint; the
-// server package sends it): one that is not the operation's request's
-// leaves the operation unknown with ErrKeyHeldForAnotherRequest, rather
-// than take another request's answer as its result.
 // The answer is read up to what a stored body of Config.MaxResponseBytes
 // can take in it, escaped or in base64; a stored body longer than
 // MaxResponseBytes is cut there, and the cut noted, as an attempt's is.
@@ -170,11 +148,11 @@ func (s statusEndpoint) CheckStatus(ctx context.Context, q StatusQuery) (Status,
 		}
 		switch st.State {
 		case wire.StateProcessing:
-			return Status{State: StatusProcessing, Fingerprint: st.Fingerprint}, nil
+			return Status{State: StatusProcessing}, nil
 		case wire.StateNotFound:
 			return Status{State: StatusNotFound}, nil
 		}
-		return Status{State: StatusCompleted, Fingerprint: st.Fingerprint,
+		return Status{State: StatusCompleted,
 			Response: &Response{StatusCode: st.Response.Status, Header: st.Response.Header, Body: respBody, Replayed: true}}, nil
 	})
 }
@@ -223,11 +201,6 @@ func getStatus(ctx context.Context, q StatusQuery, u string, decode func(int, ht
 		}
 	default:
 		return failed, fmt.Errorf("%w: HTTP %d: the decoder returned no state", ErrBadStatus, resp.StatusCode)
-	}
-	if st.Fingerprint != "" && !wire.IsFingerprint(st.Fingerprint) {
-		// Compared as it is, another digest would never match: every
-		// answer would read as another request's.
-		return failed, fmt.Errorf("%w: HTTP %d: the fingerprint %.80q is not 64 lowercase hex digits (the server package's request fingerprint)", ErrBadStatus, resp.StatusCode, st.Fingerprint)
 	}
 	if st.RetryAfter == 0 {
 		st.RetryAfter = failed.RetryAfter

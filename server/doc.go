@@ -160,18 +160,6 @@
 // do. A store failure is a 503, never not_found, so that a client never
 // takes "could not look" for "never happened".
 //
-// A processing or completed answer carries "fingerprint", the entry's
-// fingerprint of the request it holds the key for (the digest above, that
-// the middleware compares to answer 422). The key is the client's word,
-// and may be stored for another request than the one asking (a key
-// reused by another client or service, an operator's replay): the idem
-// client compares the fingerprint with its own request's, and never takes
-// another request's answer as its own, as the 422 keeps a retry from it.
-// It is a plain SHA-256, not keyed: the answer goes only to the key's
-// scope, behind the routes' authentication, and already carries the stored
-// response; what a guessed body could confirm, a retry under the key
-// confirms already. A client before the field ignores it.
-//
 // # The second guard
 //
 // The middleware is one guard. A handler can still run twice for one key

@@ -59,7 +59,7 @@ func ExampleNew() {
 	// 201  {"order_id":"ord_1"}
 	// 201 true {"order_id":"ord_1"}
 	// 422  {"type":"urn:idem:problem:key-reused","title":"Idempotency key reused","status":422,"detail":"This idempotency key was already used with a different request body or query; use a new key for a new operation.","key":"8e03978e-40d5-43e8-bc93-6894a57f9324"}
-	// 200  {"key":"8e03978e-40d5-43e8-bc93-6894a57f9324","state":"completed","fingerprint":"ee83f1210ef55f426ef63842dea7fb59de034272e9539f2d57f53db7250952ae","response":{"status":201,"header":{"Content-Type":["application/json"]},"body":"{\"order_id\":\"ord_1\"}"}}
+	// 200  {"key":"8e03978e-40d5-43e8-bc93-6894a57f9324","state":"completed","response":{"status":201,"header":{"Content-Type":["application/json"]},"body":"{\"order_id\":\"ord_1\"}"}}
 	// orders created: 1
 }
 

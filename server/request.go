@@ -106,13 +106,20 @@ func (m *Middleware) problemKeyReused(w http.ResponseWriter, r *http.Request, ke
 }
 
 // target is the request's path and raw query, as the client sent them.
-func target(u *url.URL) string { return wire.Target(u) }
+func target(u *url.URL) string {
+	if u.RawQuery == "" {
+		return u.EscapedPath()
+	}
+	return u.EscapedPath() + "?" + u.RawQuery
+}
 
 // fingerprint is a digest of what makes a request the same request: its
 // method, target and body, each length-prefixed (wire.Fingerprint) so that
-// no two different requests hash the same bytes. The status endpoint
-// answers with it, and the client compares it with its own request's
-// (wire.RequestFingerprint is the one formula of both).
+// no two different requests hash the same bytes.
 func fingerprint(method, target string, body []byte) string {
-	return wire.RequestFingerprint(method, target, body)
+	f := wire.NewFingerprint()
+	f.String(method)
+	f.String(target)
+	f.Bytes(body)
+	return f.Sum()
 }

@@ -21,11 +21,10 @@ import (
 //
 // The answers:
 //
-//   - 200 {"key":…,"state":"processing","fingerprint":…} while a handler
-//     runs under the key, or its response waits to be stored, and its lock
-//     is fresh;
-//   - 200 {"key":…,"state":"completed","fingerprint":…,"response":{…}}
-//     with the stored status, headers and body;
+//   - 200 {"key":…,"state":"processing"} while a handler runs under the
+//     key, or its response waits to be stored, and its lock is fresh;
+//   - 200 {"key":…,"state":"completed","response":{…}} with the stored
+//     status, headers and body;
 //   - 404 {"key":…,"state":"not_found"} when there is no entry: the key was
 //     never seen within the retention, was swept, or was released (under
 //     SkipServerErrors, after a 5xx or a panic). A request sent now with
@@ -34,12 +33,6 @@ import (
 //     stale: its process died (or lost its store), and the next request with the key and the
 //     same payload takes the entry over and runs the handler. not_found
 //     tells the client exactly that: send the request (with the same key).
-//
-// "fingerprint" is the stored request's: the hex SHA-256 of its method,
-// target and body that the middleware compares to answer 422 to another
-// request under the key. A client tells by it whether the answer is about
-// its own request or another under the same key; it reveals no more than
-// the stored response the answer carries.
 //
 // The key is r.PathValue("key") when the route has that wildcard (mount it
 // as "GET /idempotency/{key}"), else the last segment of the path,
@@ -79,30 +72,13 @@ func (m *Middleware) serveStatus(w http.ResponseWriter, r *http.Request) {
 		m.log(r.Context(), slog.LevelError, "idempotency status lookup failed", r, scope, key, slog.Any("error", err))
 		m.problemStoreFailed(w, key, "The idempotency store could not be read; the outcome is unknown, ask again later.")
 	case e.State == Completed && e.Response != nil:
-		writeStatus(w, http.StatusOK, wire.Status{Key: key, State: wire.StateCompleted, Fingerprint: answerFingerprint(e.Fingerprint),
+		writeStatus(w, http.StatusOK, wire.Status{Key: key, State: wire.StateCompleted,
 			Response: wire.NewResponse(e.Response.Status, e.Response.Header, e.Response.Body)})
 	case e.LockedAt.Before(now.Add(-m.cfg.LockTimeout)):
 		writeStatus(w, http.StatusNotFound, wire.Status{Key: key, State: wire.StateNotFound})
 	default:
-		writeStatus(w, http.StatusOK, wire.Status{Key: key, State: wire.StateProcessing, Fingerprint: answerFingerprint(e.Fingerprint)})
+		writeStatus(w, http.StatusOK, wire.Status{Key: key, State: wire.StateProcessing})
 	}
-}
-
-// answerFingerprint is the entry's fingerprint for a status answer: the
-// digest of the request the key is stored for, so that a client can tell
-// another request's answer from its own (the middleware answers a retry of
-// another request 422 by the same comparison). It is a plain SHA-256, not
-// keyed: it tells nothing of the request that the answer, read by the same
-// tenant behind the same authentication, does not tell already (the stored
-// answer itself), and confirming a guessed body is what a retry with the
-// key already does (a replay, or 422). One of another form (an entry a
-// custom store or a test wrote) is left out: the answer is then read as a
-// server's before the field was.
-func answerFingerprint(fp string) string {
-	if !wire.IsFingerprint(fp) {
-		return ""
-	}
-	return fp
 }
 
 func statusKey(r *http.Request) (string, error) {

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"hash"
-	"net/url"
 	"sync"
 )
 
@@ -77,40 +76,4 @@ func (f *Fingerprint) Sum() string {
 		fingerprints.Put(f)
 	}
 	return string(out[:])
-}
-
-// RequestFingerprint is the server package's fingerprint of a request: its
-// method, target (Target) and body, in that order. The middleware stores
-// it with the key and refuses the key for a request of another (422, key
-// reused); the status endpoint's answer carries it (Status.Fingerprint), so
-// that a client can tell whether the key's stored answer is its request's.
-func RequestFingerprint(method, target string, body []byte) string {
-	f := NewFingerprint()
-	f.String(method)
-	f.String(target)
-	f.Bytes(body)
-	return f.Sum()
-}
-
-// Target is a request's path and raw query as the request line carries
-// them: the escaped path, and "?" and the raw query when there is one.
-func Target(u *url.URL) string {
-	if u.RawQuery == "" {
-		return u.EscapedPath()
-	}
-	return u.EscapedPath() + "?" + u.RawQuery
-}
-
-// IsFingerprint reports whether s has the form of a Fingerprint's Sum: 64
-// lowercase hex digits.
-func IsFingerprint(s string) bool {
-	if len(s) != 2*sha256.Size {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }

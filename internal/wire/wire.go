@@ -141,17 +141,10 @@ const (
 // The response is present when the state is completed. Its body is the
 // stored body as a string; when that body is not valid UTF-8 it is base64
 // and "body_encoding" is "base64". A not_found answer comes with HTTP 404.
-//
-// "fingerprint", optional, is the RequestFingerprint of the request the key
-// is stored for (processing and completed), 64 lowercase hex digits: a
-// client compares it with its own request's, so that it never takes
-// another request's answer under the key as its own. Answers without it
-// (servers before it, other implementations) are read as before.
 type Status struct {
-	Key         string    `json:"key"`
-	State       string    `json:"state"`
-	Fingerprint string    `json:"fingerprint,omitempty"`
-	Response    *Response `json:"response,omitempty"`
+	Key      string    `json:"key"`
+	State    string    `json:"state"`
+	Response *Response `json:"response,omitempty"`
 }
 
 // Response is a stored response as the status endpoint carries it.
@@ -189,9 +182,6 @@ func DecodeStatus(httpStatus int, body []byte, key string) (Status, []byte, erro
 	}
 	if s.Key != "" && s.Key != key {
 		return Status{}, nil, fmt.Errorf("%w: asked about key %q, the answer is about %q", ErrBadStatus, key, s.Key)
-	}
-	if s.Fingerprint != "" && !IsFingerprint(s.Fingerprint) {
-		return Status{}, nil, fmt.Errorf(`%w: "fingerprint" %.80q is not 64 lowercase hex digits (the server package's request fingerprint)`, ErrBadStatus, s.Fingerprint)
 	}
 	switch {
 	case s.State == StateNotFound && httpStatus == http.StatusNotFound:

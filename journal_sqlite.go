@@ -211,8 +211,10 @@ func SQLiteOnCommit(fn func(CommitInfo)) SQLiteOption {
 // A path that is a symbolic link is resolved once, here (see Path); one
 // whose target does not exist yet creates that target, mode 0600.
 // A new file is built under a temporary name (.idem-new-*) in its
-// directory, then put at its path; an open for writing removes those that
-// creators killed meanwhile left in the directory, never a live one's.
+// directory, then put at its path: the directory must be readable and
+// writable. A creator killed meanwhile leaves that name behind; nothing
+// removes it (no open can tell a dead creator's file from a live one's),
+// and it is not counted as a second name of the file.
 func OpenSQLite(path string, opts ...SQLiteOption) (*SQLiteJournal, error) {
 	cfg := sqliteConfig{maxBody: DefaultMaxBodySize}
 	for _, o := range opts {

@@ -83,22 +83,27 @@ func resolve(path string) (string, error) {
 // killed between the link and the removal leaves that name as a second
 // link to the file itself, which is never opened as a database (SQLite
 // names the -wal after the name it is given), and not counted as one of
-// its names (see checkNames). Either is removed by a later open in the
-// directory (see removeLeftovers): the creator holds the directory's
-// shared lock while its temporary file exists.
+// its names (see checkNames). Neither is removed by a later open: no open
+// can tell a dead creator's file from a live one's, or from a file of the
+// user's that happens to be named so.
 func (db *DB) create(ctx context.Context, dir string) error {
 	bad := func(err error) error {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
 			Hint: "the directory must be writable by this process"}
 	}
+	// The directory is synced once the file is linked (below), which needs
+	// it open for reading: a directory this process may write but not
+	// read (mode 0300) is refused now, before anything is made in it,
+	// rather than after the file is at its path.
+	d, err := os.Open(dir)
+	if err != nil {
+		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
+			Hint: "the directory must be readable and writable by this process (a new file is made under a temporary name, linked to its path, and the directory synced, which needs it open for reading)"}
+	}
+	defer d.Close()
 	// A short name, not the file's own with a suffix: a name near the
 	// file system's limit (255 bytes, the -wal's suffix included) must be
 	// usable as it was before files were made this way.
-	unlock, err := db.lockDirShared(ctx, dir) // see leftovers.go
-	if err != nil {
-		return err
-	}
-	defer unlock() // once the temporary file is removed, below
 	f, err := os.CreateTemp(dir, tempPrefix+"*")
 	if err != nil {
 		return bad(err)
@@ -127,9 +132,6 @@ func (db *DB) create(ctx context.Context, dir string) error {
 	if err != nil {
 		return db.classify(err)
 	}
-	if db.opts.OnBuilt != nil {
-		db.opts.OnBuilt(tmp)
-	}
 	if err := os.Link(tmp, db.path); err != nil && !errors.Is(err, fs.ErrExist) {
 		return &Error{What: db.what, Path: db.path, Kind: ErrBadPath, Err: err,
 			Hint: "the directory must be writable by this process, on a file system with hard links (the file is made under a temporary name, then linked to its path)"}
@@ -137,7 +139,7 @@ func (db *DB) create(ctx context.Context, dir string) error {
 	// The file's name must survive a power cut: SQLite fsyncs the
 	// directory when it first syncs the WAL, but the journal does not rest
 	// its first intent on that detail.
-	if err := syncDir(dir); err != nil {
+	if err := syncDir(d); err != nil {
 		return bad(err)
 	}
 	return nil

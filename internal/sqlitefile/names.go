@@ -10,8 +10,7 @@ import (
 
 // tempPrefix begins the name under which create builds a new file. Such a
 // name is never opened as a database once the file is linked to its path
-// (see create), so it is not counted among the file's names, and one left
-// behind by a creator that died is removed (see removeLeftovers).
+// (see create), so it is not counted among the file's names.
 const tempPrefix = ".idem-new-"
 
 // checkNames refuses the file at db.path, whose Stat is fi, if it has
@@ -32,7 +31,7 @@ const tempPrefix = ".idem-new-"
 // the count is then taken again from a new Stat, until the two agree.
 func (db *DB) checkNames(fi fs.FileInfo) error {
 	for try := 0; ; try++ {
-		n, others, wals := db.names(fi)
+		n, others, wals, listed := db.names(fi)
 		if n <= 1 {
 			return nil
 		}
@@ -41,19 +40,22 @@ func (db *DB) checkNames(fi fs.FileInfo) error {
 			fi = again
 			continue
 		}
-		return db.namesError(n, others, wals)
+		return db.namesError(n, others, wals, listed)
 	}
 }
 
 // names counts the file's names, less the creators' (tempPrefix), and
-// lists its others in its directory and those of them with a WAL beside.
-func (db *DB) names(fi fs.FileInfo) (n uint64, others, wals []string) {
+// lists its others in its directory and those of them with a WAL beside;
+// listed is false when the directory could not be read (a directory the
+// process may write but not list), where none is told apart.
+func (db *DB) names(fi fs.FileInfo) (n uint64, others, wals []string, listed bool) {
 	n = linkCount(fi)
 	if n <= 1 {
-		return n, nil, nil
+		return n, nil, nil, true
 	}
 	dir := filepath.Dir(db.path)
-	des, _ := os.ReadDir(dir) // unreadable: the names are not shown
+	des, err := os.ReadDir(dir)
+	listed = err == nil
 	for _, de := range des {
 		p := filepath.Join(dir, de.Name())
 		if p == db.path || !de.Type().IsRegular() {
@@ -71,13 +73,19 @@ func (db *DB) names(fi fs.FileInfo) (n uint64, others, wals []string) {
 			wals = append(wals, de.Name())
 		}
 	}
-	return n, others, wals
+	return n, others, wals, listed
 }
 
-func (db *DB) namesError(n uint64, others, wals []string) error {
+func (db *DB) namesError(n uint64, others, wals []string, listed bool) error {
 	dir := filepath.Dir(db.path)
 	where := "none of the others beside it"
-	if len(others) > 0 {
+	switch {
+	case !listed:
+		// A creator killed between linking a new file and removing its
+		// temporary name leaves that name (tempPrefix): not a name SQLite
+		// opens, but only a listing tells it apart.
+		where = fmt.Sprintf("which cannot be told apart, as this process may not list the directory %s (one may be a %s* name a creator killed while it built the file left, which is safe to remove)", dir, tempPrefix)
+	case len(others) > 0:
 		where = strings.Join(others, ", ") + " beside it"
 		if uint64(len(others)) < n-1 {
 			where += " and others elsewhere on its file system"

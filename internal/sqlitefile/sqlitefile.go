@@ -76,10 +76,6 @@ type Options struct {
 	// OnCommit, if set, is called on the committer's goroutine after each
 	// commit, with what it carried.
 	OnCommit func(Commit)
-	// OnBuilt, if set, is called when a new file has been built under its
-	// temporary name tmp, before it is linked to its path (see create):
-	// the tests stop a creator there, to kill it.
-	OnBuilt func(tmp string)
 }
 
 // Commit describes one committed transaction, for Options.OnCommit.
@@ -219,8 +215,6 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		db.closeDBs()
 		return nil, db.openError(err)
 	}
-	// Once open, so that an open refused leaves the directory as it was.
-	removeLeftovers(filepath.Dir(db.path))
 	db.closing = make(chan struct{})
 	db.linger = time.AfterFunc(time.Hour, func() {
 		// Fails only once Close has begun, and Close commits them.
@@ -638,12 +632,7 @@ func (db *DB) Classify(err error) error { return db.classify(err) }
 // syncDir fsyncs a directory, so that the entries made in it are durable.
 // A file system that cannot sync a directory (some refuse it) is taken at
 // its word: there is nothing more to do.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
+func syncDir(d *os.File) error {
 	if err := d.Sync(); err != nil && !errors.Is(err, errors.ErrUnsupported) && !errors.Is(err, syscall.EINVAL) {
 		return err
 	}

@@ -1,0 +1,172 @@
+package postgres_test
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/postgres"
+	"github.com/idemkit/idem/postgres/internal/pgtest"
+)
+
+// review12Answer is the next record of rec: answered.
+func review12Answer(rec idem.Record) idem.Record {
+	rec.State = idem.StateSucceeded
+	rec.Response = &idem.Response{StatusCode: 201}
+	return rec
+}
+
+// Risk pinned (passes; kept): a batch that a caller's deadline ends while its first round trip waits
+// for a row lock an operator holds (SELECT ... FOR UPDATE on row A) has,
+// by then, locked the rows of its other writes that sort before A (row B,
+// no one else's lock). What a user sees: their Update of B fails at its
+// deadline ("nothing of it was committed", true), and every later write
+// of B, by any caller, of this process or another, now waits for the
+// operator's lock on A, which B's write never needed: the journal's
+// session still runs the batch's SELECT ... FOR UPDATE on the server
+// (pgx closes the connection on the context's end and sends no cancel;
+// the server notices only once it has the lock of A), holding B's lock
+// meanwhile, unless something cancels it. settle cancels such a lock
+// wait for a commit in doubt, but nothing in the journal does for the
+// read-and-lock round trip of readBatch: today pgx does, sending a
+// CancelRequest as it closes a connection whose context ended
+// (pgconn.asyncClose, v5.12.0); a pgx that stops doing so, or a
+// context-watcher handler that does not, makes this fail. Expected:
+// once the first Update of B has returned, a new Update of B commits
+// promptly (the test gives it 5 s).
+func TestReview12RowLockedByABatchTheCallersDeadlineEndedIsNotKeptBehindAnotherRowsLock(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	j1, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j1.Close() })
+	recs := review11Created(t, j1, 3)
+	// A journal with no copies of the rows: every write reads and locks
+	// its rows first (readBatch).
+	j2, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j2.Close() })
+	x := recs[0]
+	ab := []idem.Record{recs[1], recs[2]}
+	sort.Slice(ab, func(i, k int) bool { return ab[i].Key < ab[k].Key })
+	b, a := ab[0], ab[1] // b sorts before a: the batch locks b first
+
+	holder, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
+	tbl := pgx.Identifier{schema, "operations"}.Sanitize()
+	_, err = holder.Exec(ctx, `SELECT key FROM `+tbl+` WHERE key = ANY($1) FOR UPDATE`, []string{x.Key, a.Key})
+	require.NoError(t, err)
+
+	// The first batch: stuck on x.
+	xctx, xcancel := context.WithTimeout(ctx, 6*time.Second)
+	defer xcancel()
+	xDone := make(chan struct{})
+	go func() {
+		defer close(xDone)
+		_, _ = j2.Update(xctx, review12Answer(x), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	}()
+	review11WaitForLockWait(t, holder, xDone)
+
+	// a and b queued behind it, taken together by the watcher's second
+	// batch, which locks b and waits for a, until their deadline.
+	abctx, abcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer abcancel()
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, r := range []idem.Record{a, b} {
+		wg.Go(func() {
+			_, errs[i] = j2.Update(abctx, review12Answer(r), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+		})
+	}
+	wg.Wait()
+	require.Error(t, errs[1], "b's write in a batch stuck on a's lock past its deadline")
+
+	// b again, by another caller: no one but the journal holds its lock.
+	bctx, bcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer bcancel()
+	got, err := j2.Update(bctx, review12Answer(b), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	if assert.NoError(t, err, "an Update of row b, which only the operator's lock on row a, through the journal's own abandoned session, could keep from committing") {
+		assert.Equal(t, b.Version+1, got.Version)
+	}
+	require.NoError(t, holder.Rollback(ctx))
+	<-xDone
+}
+
+// A caller with a deadline whose write of an unlocked row B is taken into
+// one batch with another caller's write that has no deadline (a call on
+// context.Background(), the common case) of a row A an operator holds
+// locked (SELECT ... FOR UPDATE). What a user sees: Update of B, on a
+// 3 s context, does not return by its deadline: it waits for the batch's
+// shared bound (30 to 40 s) or the operator's commit, whichever comes
+// first, and the row it writes is no one's but its own. Why it is wrong:
+// the fix of the eleventh review (a batch ends by its callers' latest
+// deadline) holds only when every caller of the batch has one
+// (batchDeadline returns ok=false as soon as one has none), and a
+// caller's context ending no longer takes its write back once a batch has
+// it; so one caller without a deadline holds every caller of its batch as
+// long as a lock on its own row lasts, which review11's
+// CallerWhoseContextEnds... test meant to rule out. Expected: Update of B
+// returns by its context's end or soon after (the test gives it 4 s more).
+// The test releases the lock after that to end.
+func TestReview12CallerWithADeadlineIsNotHeldPastItByABatchmateWithoutOneOnALockedRow(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	j, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j.Close() })
+	recs := review11Created(t, j, 3)
+	x, a, b := recs[0], recs[1], recs[2]
+
+	holder, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
+	tbl := pgx.Identifier{schema, "operations"}.Sanitize()
+	_, err = holder.Exec(ctx, `SELECT key FROM `+tbl+` WHERE key = ANY($1) FOR UPDATE`, []string{x.Key, a.Key})
+	require.NoError(t, err)
+
+	// A first batch, stuck on x until its caller's deadline, so that the
+	// next two writes queue and are taken together.
+	xctx, xcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer xcancel()
+	xDone := make(chan struct{})
+	go func() {
+		defer close(xDone)
+		_, _ = j.Update(xctx, review12Answer(x), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	}()
+	review11WaitForLockWait(t, holder, xDone)
+
+	aDone := make(chan struct{})
+	go func() {
+		defer close(aDone)
+		_, _ = j.Update(context.Background(), review12Answer(a), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	}()
+	bctx, bcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer bcancel()
+	bDone := make(chan struct{})
+	var berr error
+	go func() {
+		defer close(bDone)
+		_, berr = j.Update(bctx, review12Answer(b), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	}()
+	select {
+	case <-bDone:
+		t.Logf("b: %v", berr)
+	case <-time.After(7 * time.Second):
+		t.Errorf("Update of an unlocked row on a 3 s context has not returned after 7 s: its batchmate, with no deadline, waits for the operator's lock on another row")
+	}
+	require.NoError(t, holder.Rollback(ctx))
+	<-bDone
+	<-aDone
+	<-xDone
+	if berr != nil {
+		t.Logf("b, once the lock was released: %v", berr)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -168,5 +169,104 @@ func TestReview12CallerWithADeadlineIsNotHeldPastItByABatchmateWithoutOneOnALock
 	<-xDone
 	if berr != nil {
 		t.Logf("b, once the lock was released: %v", berr)
+	}
+}
+
+// Risk pinned (passes; kept): a journal's session terminated
+// (pg_terminate_backend, an operator's tool, or a fast shutdown of the
+// server, which ends sessions the same way) while its commit waits for a
+// synchronous standby that does not answer (synchronous_standby_names
+// naming one that never connects, as after a standby's loss). The server
+// has committed the transaction locally by then. Were the server to send
+// its FATAL 57P01, doubtful (indoubt.go) would take it, as any error the
+// server sent, for proof that nothing committed, and report a committed
+// write as failed. Today the server, in that wait, sends nothing more to
+// the client (whereToSendOutput = DestNone), the connection just ends,
+// and the write is read back as committed, on both paths of the journal.
+// Expected: the Update returns the updated record, or at worst an error
+// matching ErrCommitInDoubt. Runs only with IDEM_PG_SERVERS set (a server
+// of its own: synchronous_standby_names is the server's).
+func TestReview12WriteTerminatedWhileItsCommitWaitsForAStandbyIsNotReportedFailed(t *testing.T) {
+	for _, readFirst := range []bool{false, true} {
+		name := "fast"
+		if readFirst {
+			name = "read_first"
+		}
+		t.Run(name, func(t *testing.T) { review12TerminatedInSyncRep(t, readFirst) })
+	}
+}
+
+func review12TerminatedInSyncRep(t *testing.T, readFirst bool) {
+	srv := pgtest.StartServer(t)
+	pool, err := pgxpool.New(ctx, srv.DSN())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	j, err := postgres.OpenJournal(ctx, pool)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j.Close() })
+	rec := newRecord("shop")
+	rec.State, rec.Attempts = idem.StateInFlight, 1
+	rec, _, err = j.Create(ctx, rec)
+	require.NoError(t, err)
+
+	admin, err := pgx.Connect(ctx, srv.DSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	_, err = admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = 'ghost'`)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	for { // the reload reaches each session by a signal, in its own time
+		var v string
+		require.NoError(t, pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&v))
+		if v == "ghost" {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	done := make(chan struct{})
+	var got idem.Record
+	var uerr error
+	// A journal with no copy of the row: it reads and locks it first, and
+	// commits in a transaction of its own (readBatch).
+	j2, err := postgres.OpenJournal(ctx, pool)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j2.Close() })
+	w := j
+	if readFirst {
+		w = j2
+	}
+	go func() {
+		defer close(done)
+		got, uerr = w.Update(ctx, review12Answer(rec), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	}()
+	var pid int32
+	for pid == 0 {
+		err := admin.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&pid)
+		require.NoError(t, err)
+		select {
+		case <-done:
+			t.Fatalf("the Update returned before its commit waited for the standby: %v", uerr)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	_, err = admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+	// Writes need no standby from here: the read-back, should there be
+	// one, and the check below.
+	_, err = admin.Exec(ctx, `ALTER SYSTEM RESET synchronous_standby_names`)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	<-done
+
+	read, err := j.Get(ctx, rec.Key)
+	require.NoError(t, err)
+	require.Equal(t, rec.Version+1, read.Version, "the update committed (locally) before its session was terminated")
+	if uerr != nil {
+		assert.ErrorIs(t, uerr, postgres.ErrCommitInDoubt, "the error of an Update that committed")
+	} else {
+		assert.Equal(t, read.Version, got.Version)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgbouncer"
 	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
@@ -268,5 +269,89 @@ func review12TerminatedInSyncRep(t *testing.T, readFirst bool) {
 		assert.ErrorIs(t, uerr, postgres.ErrCommitInDoubt, "the error of an Update that committed")
 	} else {
 		assert.Equal(t, read.Version, got.Version)
+	}
+}
+
+// A journal behind PgBouncer (transaction mode) whose server session is
+// terminated (pg_terminate_backend, or a fast shutdown of the server)
+// while its commit waits for a synchronous standby that does not answer.
+// The server has committed the transaction locally, and just closes the
+// connection; PgBouncer then answers the client itself, with an
+// ErrorResponse: "server conn crashed?" (SQLSTATE 08P01). What a user sees:
+// the Update fails with that error, a plain failure, not ErrCommitInDoubt,
+// and the row holds the update all the same. Why it is wrong: doubtful
+// (indoubt.go) takes any *pgconn.PgError for the server's own answer,
+// which proves the commit did not happen; a pooler's error is no such
+// proof, and the write, which committed, is never read back. The same
+// write straight to the server reads back as committed
+// (TestReview12WriteTerminatedWhileItsCommitWaitsForAStandbyIsNotReportedFailed).
+// Expected: the Update returns the updated record, or at worst an error
+// matching ErrCommitInDoubt.
+func TestReview12WriteBehindAPoolerWhoseSessionEndsInItsCommitIsNotReportedFailed(t *testing.T) {
+	srv := pgtest.StartServer(t)
+	bouncer := pgbouncer.Start(t, srv.DSN())
+	pool, err := pgxpool.New(ctx, bouncer.DSN())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	j, err := postgres.OpenJournal(ctx, pool)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j.Close() })
+	rec := newRecord("shop")
+	rec.State, rec.Attempts = idem.StateInFlight, 1
+	rec, _, err = j.Create(ctx, rec)
+	require.NoError(t, err)
+
+	admin, err := pgx.Connect(ctx, srv.DSN())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close(context.Background()) })
+	review12SetStandby(t, admin, pool, "ghost")
+
+	done := make(chan struct{})
+	var got idem.Record
+	var uerr error
+	go func() {
+		defer close(done)
+		got, uerr = j.Update(ctx, review12Answer(rec), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	}()
+	var pid int32
+	for pid == 0 {
+		err := admin.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE wait_event = 'SyncRep'`).Scan(&pid)
+		require.NoError(t, err)
+		select {
+		case <-done:
+			t.Fatalf("the Update returned before its commit waited for the standby: %v", uerr)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	_, err = admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid)
+	require.NoError(t, err)
+	review12SetStandby(t, admin, nil, "")
+	<-done
+
+	read, err := j.Get(ctx, rec.Key)
+	require.NoError(t, err)
+	require.Equal(t, rec.Version+1, read.Version, "the update committed (locally) before its session was terminated")
+	if uerr != nil {
+		assert.ErrorIs(t, uerr, postgres.ErrCommitInDoubt, "the error of an Update that committed")
+	} else {
+		assert.Equal(t, read.Version, got.Version)
+	}
+}
+
+// review12SetStandby sets synchronous_standby_names on admin's server and,
+// given a pool, waits until its sessions see it.
+func review12SetStandby(t *testing.T, admin *pgx.Conn, pool *pgxpool.Pool, name string) {
+	t.Helper()
+	_, err := admin.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = '`+name+`'`)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, `SELECT pg_reload_conf()`)
+	require.NoError(t, err)
+	for pool != nil { // the reload reaches each session by a signal, in its own time
+		var v string
+		require.NoError(t, pool.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&v))
+		if v == name {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

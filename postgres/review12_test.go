@@ -2,7 +2,9 @@ package postgres_test
 
 import (
 	"context"
+	"net"
 	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -354,4 +356,171 @@ func review12SetStandby(t *testing.T, admin *pgx.Conn, pool *pgxpool.Pool, name 
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// review12Partition is a TCP proxy to the test server whose network can
+// be partitioned: while cut, nothing passes either way, on any session,
+// and a side that closes is not heard of by the other (its FIN is lost,
+// as in a partition), so the server keeps the session of a client that
+// gave up, as a real server does until its TCP keepalive (two hours by
+// default) or idle_in_transaction_session_timeout ends it.
+type review12Partition struct {
+	ln  net.Listener
+	mu  sync.Mutex
+	cut bool
+}
+
+func review12StartPartition(t *testing.T, target string) *review12Partition {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &review12Partition{ln: ln}
+	var conns []net.Conn
+	var cmu sync.Mutex
+	t.Cleanup(func() {
+		_ = ln.Close()
+		cmu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		cmu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			cmu.Lock()
+			conns = append(conns, c, s)
+			cmu.Unlock()
+			go p.pipe(c, s)
+			go p.pipe(s, c)
+		}
+	}()
+	return p
+}
+
+// pipe copies from src to dst while the network is whole; a src that
+// closes while it is cut leaves dst open.
+func (p *review12Partition) pipe(src, dst net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		p.mu.Lock()
+		cut := p.cut
+		p.mu.Unlock()
+		if err != nil {
+			if !cut {
+				_ = dst.Close()
+			}
+			return
+		}
+		if !cut {
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func (p *review12Partition) setCut(cut bool) {
+	p.mu.Lock()
+	p.cut = cut
+	p.mu.Unlock()
+}
+
+// A network partition between the journal and the server while a batch's
+// first round trip (BEGIN; SELECT ... FOR UPDATE of its rows) waits for a
+// row lock an operator holds: the operator commits, the server takes the
+// lock and answers, and the answer is lost. The caller's deadline ends
+// the write ("nothing of it was committed": true). What a user sees once
+// the network is whole again: every write of that operation's row, by
+// this process or any other, waits, and fails at its deadline, for as
+// long as the server keeps the abandoned session, idle in its
+// transaction, holding the row's lock: until its TCP keepalive gives up
+// on the client (two hours by default) or idle_in_transaction_session_
+// timeout, which is off by default. Why it is wrong: the journal knows
+// that session (its server process and client port, as settle does for a
+// commit in doubt, which it terminates when it finds it idle in its
+// transaction "rather than left to hold its row locks until the server
+// notices the client gone"), but a batch that failed before its commit
+// is left as is. Expected: a new Update of the row, once the network is
+// whole, commits (the test gives it 5 s).
+func TestReview12RowLockOfABatchCutOffBeforeItsCommitIsNotKeptByTheServer(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	j1, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j1.Close() })
+	a := review11Created(t, j1, 1)[0]
+
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN())
+	require.NoError(t, err)
+	part := review12StartPartition(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(part.ln.Addr().(*net.TCPAddr).Port)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	// No copy of the row: the write reads and locks it first (readBatch).
+	j2, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = j2.Close() })
+
+	holder := review11HoldRow(t, schema, a.Key)
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer wcancel()
+	done := make(chan struct{})
+	var werr error
+	go func() {
+		defer close(done)
+		_, werr = j2.Update(wctx, review12Answer(a), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	}()
+	review11WaitForLockWait(t, holder, done)
+	part.setCut(true)
+	require.NoError(t, holder.Rollback(ctx))
+	<-done
+	t.Logf("the cut write: %v", werr)
+	part.setCut(false)
+
+	var orphan int32
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
+		WHERE state LIKE 'idle in transaction%' AND query LIKE '%unnest%' AND query LIKE '%`+schema+`%'`).Scan(&orphan))
+	t.Logf("the journal's session left idle in its transaction: %d", orphan)
+
+	uctx, ucancel := context.WithTimeout(ctx, 5*time.Second)
+	defer ucancel()
+	udone := make(chan struct{})
+	var got idem.Record
+	go func() {
+		defer close(udone)
+		got, err = j2.Update(uctx, review12Answer(a), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+	}()
+	blocked := false
+	for !blocked {
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE $1 = ANY (pg_blocking_pids(pid)))`, orphan).Scan(&blocked))
+		if blocked {
+			t.Logf("the new Update waits for the abandoned session's lock")
+		}
+		select {
+		case <-udone:
+			blocked = true
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	<-udone
+	if assert.NoError(t, err, "an Update of the row once the network is whole") {
+		assert.Equal(t, a.Version+1, got.Version)
+	}
+	// End the abandoned session: the test server is shared.
+	_, _ = pgtest.Pool(t).Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE state LIKE 'idle in transaction%' AND query LIKE '%`+schema+`%'`)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgbouncer"
@@ -523,4 +524,50 @@ func TestReview12RowLockOfABatchCutOffBeforeItsCommitIsNotKeptByTheServer(t *tes
 	// End the abandoned session: the test server is shared.
 	_, _ = pgtest.Pool(t).Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 		WHERE state LIKE 'idle in transaction%' AND query LIKE '%`+schema+`%'`)
+}
+
+// Risk pinned (passes; kept): Close while a batch is stuck on a row lock
+// an operator holds, the watcher runs, and writes with short deadlines
+// come and go (some queued, taken back at their deadline, some taken by
+// the watcher's second batch). Expected: every write is answered (none
+// hangs once the lock goes), Close returns once the stuck write is, and
+// once the pool is closed nothing of the journal is left running.
+func TestReview12CloseWhileABatchIsStuckAndTheWatcherRunsLeavesNothingRunning(t *testing.T) {
+	schema := pgtest.Schema(t)
+	before := goleak.IgnoreCurrent()
+	pool := review11Pool(t)
+	j, err := postgres.OpenJournal(ctx, pool, postgres.Schema(schema))
+	require.NoError(t, err)
+	recs := review11Created(t, j, 21)
+	holder := review11HoldRow(t, schema, recs[0].Key)
+
+	stuck := make(chan struct{})
+	go func() {
+		defer close(stuck)
+		_, err := j.Update(context.Background(), review12Answer(recs[0]), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+		assert.NoError(t, err, "the stuck write, once the lock goes")
+	}()
+	review11WaitForLockWait(t, holder, stuck)
+	var wg sync.WaitGroup
+	for i, r := range recs[1:] {
+		wg.Go(func() {
+			d := time.Duration(1+i%5) * 300 * time.Millisecond
+			wctx, cancel := context.WithTimeout(ctx, d)
+			defer cancel()
+			_, _ = j.Update(wctx, review12Answer(r), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+		})
+	}
+	wg.Wait()
+	closed := make(chan error, 1)
+	go func() { closed <- j.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a write was still stuck", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	require.NoError(t, holder.Rollback(ctx))
+	<-stuck
+	require.NoError(t, <-closed)
+	pool.Close()
+	goleak.VerifyNone(t, before)
 }

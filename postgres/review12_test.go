@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -360,15 +361,16 @@ func review12SetStandby(t *testing.T, admin *pgx.Conn, pool *pgxpool.Pool, name 
 }
 
 // review12Partition is a TCP proxy to the test server whose network can
-// be partitioned: while cut, nothing passes either way, on any session,
-// and a side that closes is not heard of by the other (its FIN is lost,
-// as in a partition), so the server keeps the session of a client that
-// gave up, as a real server does until its TCP keepalive (two hours by
-// default) or idle_in_transaction_session_timeout ends it.
+// forget the sessions open at a moment (forget), as a NAT or firewall that
+// drops its state does: nothing of theirs passes either way from then on,
+// and a side that closes is not heard of by the other (its FIN is lost),
+// so the server keeps the session of a client that gave up, as a real
+// server does until its TCP keepalive (two hours by default) or
+// idle_in_transaction_session_timeout ends it. New sessions pass.
 type review12Partition struct {
-	ln  net.Listener
-	mu  sync.Mutex
-	cut bool
+	ln       net.Listener
+	mu       sync.Mutex
+	sessions []*atomic.Bool // each session's "forgotten"
 }
 
 func review12StartPartition(t *testing.T, target string) *review12Partition {
@@ -377,14 +379,13 @@ func review12StartPartition(t *testing.T, target string) *review12Partition {
 	require.NoError(t, err)
 	p := &review12Partition{ln: ln}
 	var conns []net.Conn
-	var cmu sync.Mutex
 	t.Cleanup(func() {
 		_ = ln.Close()
-		cmu.Lock()
+		p.mu.Lock()
 		for _, c := range conns {
 			_ = c.Close()
 		}
-		cmu.Unlock()
+		p.mu.Unlock()
 	})
 	go func() {
 		for {
@@ -397,32 +398,31 @@ func review12StartPartition(t *testing.T, target string) *review12Partition {
 				_ = c.Close()
 				continue
 			}
-			cmu.Lock()
+			gone := new(atomic.Bool)
+			p.mu.Lock()
 			conns = append(conns, c, s)
-			cmu.Unlock()
-			go p.pipe(c, s)
-			go p.pipe(s, c)
+			p.sessions = append(p.sessions, gone)
+			p.mu.Unlock()
+			go review12Pipe(c, s, gone)
+			go review12Pipe(s, c, gone)
 		}
 	}()
 	return p
 }
 
-// pipe copies from src to dst while the network is whole; a src that
-// closes while it is cut leaves dst open.
-func (p *review12Partition) pipe(src, dst net.Conn) {
+// review12Pipe copies from src to dst until the session is forgotten;
+// from then on what comes is dropped, and src's end is not passed on.
+func review12Pipe(src, dst net.Conn, gone *atomic.Bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		p.mu.Lock()
-		cut := p.cut
-		p.mu.Unlock()
 		if err != nil {
-			if !cut {
+			if !gone.Load() {
 				_ = dst.Close()
 			}
 			return
 		}
-		if !cut {
+		if !gone.Load() {
 			if _, err := dst.Write(buf[:n]); err != nil {
 				return
 			}
@@ -430,29 +430,34 @@ func (p *review12Partition) pipe(src, dst net.Conn) {
 	}
 }
 
-func (p *review12Partition) setCut(cut bool) {
+// forget makes the network forget every session open now.
+func (p *review12Partition) forget() {
 	p.mu.Lock()
-	p.cut = cut
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	for _, g := range p.sessions {
+		g.Store(true)
+	}
 }
 
-// A network partition between the journal and the server while a batch's
-// first round trip (BEGIN; SELECT ... FOR UPDATE of its rows) waits for a
-// row lock an operator holds: the operator commits, the server takes the
-// lock and answers, and the answer is lost. The caller's deadline ends
-// the write ("nothing of it was committed": true). What a user sees once
-// the network is whole again: every write of that operation's row, by
-// this process or any other, waits, and fails at its deadline, for as
-// long as the server keeps the abandoned session, idle in its
-// transaction, holding the row's lock: until its TCP keepalive gives up
-// on the client (two hours by default) or idle_in_transaction_session_
-// timeout, which is off by default. Why it is wrong: the journal knows
-// that session (its server process and client port, as settle does for a
-// commit in doubt, which it terminates when it finds it idle in its
-// transaction "rather than left to hold its row locks until the server
-// notices the client gone"), but a batch that failed before its commit
-// is left as is. Expected: a new Update of the row, once the network is
-// whole, commits (the test gives it 5 s).
+// The network between the journal and the server forgets its sessions
+// (a NAT's or firewall's state lost) while a batch's first round trip
+// (BEGIN; SELECT ... FOR UPDATE of its rows) waits for a row lock an
+// operator holds: the operator commits, the server takes the lock and
+// answers, and the answer is lost, as is everything the client sends on
+// that session after (its Terminate). The caller's deadline ends the
+// write (an error: nothing of it was committed, true). What a user sees
+// on new sessions, which the network lets through: every write of that
+// operation's row, by this process or any other, waits, and fails at its
+// deadline, for as long as the server keeps the abandoned session, idle
+// in its transaction, holding the row's lock: until its TCP keepalive
+// gives up on the client (two hours by default) or
+// idle_in_transaction_session_timeout, off by default. Why it is wrong:
+// the journal knows that session (its server process and client port),
+// and settle terminates such a session when it finds it idle in its
+// transaction after a commit in doubt, "rather than left to hold its row
+// locks until the server notices the client gone"; a batch that failed
+// before its commit is left as is. Expected: a new Update of the row, on
+// a new session, commits (the test gives it 5 s).
 func TestReview12RowLockOfABatchCutOffBeforeItsCommitIsNotKeptByTheServer(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
@@ -485,11 +490,10 @@ func TestReview12RowLockOfABatchCutOffBeforeItsCommitIsNotKeptByTheServer(t *tes
 		_, werr = j2.Update(wctx, review12Answer(a), idem.Durable, idem.Event{Kind: idem.EventAnswer})
 	}()
 	review11WaitForLockWait(t, holder, done)
-	part.setCut(true)
+	part.forget()
 	require.NoError(t, holder.Rollback(ctx))
 	<-done
 	t.Logf("the cut write: %v", werr)
-	part.setCut(false)
 
 	var orphan int32
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM pg_stat_activity
@@ -518,7 +522,7 @@ func TestReview12RowLockOfABatchCutOffBeforeItsCommitIsNotKeptByTheServer(t *tes
 		}
 	}
 	<-udone
-	if assert.NoError(t, err, "an Update of the row once the network is whole") {
+	if assert.NoError(t, err, "an Update of the row on a new session") {
 		assert.Equal(t, a.Version+1, got.Version)
 	}
 	// End the abandoned session: the test server is shared.

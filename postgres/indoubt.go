@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,12 +46,16 @@ func (e *commitDoubt) Unwrap() error { return e.err }
 // its own (which aborted the transaction), or in full with no row. pgconn.SafeToRetry cannot tell
 // that the commit was not sent: a COMMIT whose answer was lost on a
 // simple query comes back as "conn closed", which it calls safe.
+//
+// Not every ErrorResponse is the server's answer to the statement: one
+// that says the session was lost (see sessionLost) proves nothing about
+// the commit, and is in doubt as a broken connection is.
 func doubtful(conn *pgx.Conn, err error) error {
 	if err == nil {
 		return nil
 	}
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) || errors.Is(err, pgx.ErrNoRows) {
+	if (errors.As(err, &pe) && !sessionLost(pe)) || errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
 	d := &commitDoubt{pid: conn.PgConn().PID(), port: -1, err: err}
@@ -58,6 +63,34 @@ func doubtful(conn *pgx.Conn, err error) error {
 		d.port = int32(a.Port)
 	}
 	return d
+}
+
+// sessionLost reports whether pe says the session it came on ended, or
+// lost its server, at a moment that proves nothing about a commit sent on
+// it. A pooler between the journal and the server answers for a server
+// connection it lost itself: PgBouncer sends "server conn crashed?" (and
+// "query timeout", "server login retry", "unexpected eof" ...) with
+// SQLSTATE 08P01, FATAL, when the server closed the connection, which the
+// server does when its session is terminated during a commit, or after
+// it; so is any connection exception (class 08). A FATAL ends the session
+// whoever sent it, and the server's own (57P01, a terminated session) may
+// come after a COMMIT ran, before the round trip's end: only the two the
+// server sends before it reads the next statement (57P05, 25P03: nothing
+// of it ran, see endedForTx) are proof. Read back, a write that did not
+// commit reads so, at the cost of one read.
+func sessionLost(pe *pgconn.PgError) bool {
+	if strings.HasPrefix(pe.Code, "08") {
+		return true
+	}
+	if pe.Code == idleSessionTimeout || pe.Code == idleInTransactionTimeout {
+		return false
+	}
+	// The server sends its severity unlocalized too (V), a pooler may not.
+	sev := pe.SeverityUnlocalized
+	if sev == "" {
+		sev = pe.Severity
+	}
+	return sev == "FATAL" || sev == "PANIC"
 }
 
 // asDoubt returns err's commitDoubt, or nil.

@@ -36,6 +36,23 @@ type commitDoubt struct {
 	pid  uint32
 	port int32
 	err  error
+	// byPID: found by its server process alone when the server sees
+	// another client port (a TCP proxy or a NAT between them, which pass
+	// the server's process number on, unlike a pooler), if it began
+	// before began (microseconds since the epoch, on the server's clock)
+	// and its last statement names table; see endAbandoned.
+	byPID bool
+	began int64
+	table string
+}
+
+// sessionIs is the condition on pg_stat_activity that finds the session
+// of a commitDoubt: its parameters are sessionOf's.
+const sessionIs = `pid = $1 AND (coalesce(client_port, -1) = $2 OR
+	($3 AND (extract(epoch FROM backend_start) * 1000000)::bigint < $4 AND position($5 IN query) > 0))`
+
+func (d *commitDoubt) sessionOf() []any {
+	return []any{int32(d.pid), d.port, d.byPID, d.began, d.table}
 }
 
 func (e *commitDoubt) Error() string { return e.err.Error() }
@@ -148,8 +165,8 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 		// endedForRead): the read changes nothing, and ending or
 		// canceling a session already ended does nothing.
 		err := onLiveSessionRead(ctx, pool, func() error {
-			return pool.QueryRow(ctx, `SELECT state, wait_event_type FROM pg_stat_activity WHERE pid = $1 AND coalesce(client_port, -1) = $2`,
-				int32(pid), d.port).Scan(&state, &waits)
+			return pool.QueryRow(ctx, `SELECT state, wait_event_type FROM pg_stat_activity WHERE `+sessionIs,
+				d.sessionOf()...).Scan(&state, &waits)
 		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -168,7 +185,7 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 			// goes through, interrupts held, and the read-back finds it.
 			if err := onLiveSessionRead(ctx, pool, func() error {
 				_, err := pool.Exec(ctx, `SELECT pg_cancel_backend(pid) FROM pg_stat_activity
-					WHERE pid = $1 AND coalesce(client_port, -1) = $2 AND state = 'active' AND wait_event_type = 'Lock'`, int32(pid), d.port)
+					WHERE `+sessionIs+` AND state = 'active' AND wait_event_type = 'Lock'`, d.sessionOf()...)
 				return err
 			}); err != nil {
 				return err
@@ -176,7 +193,7 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 		case state != nil && (*state == "idle in transaction" || *state == "idle in transaction (aborted)"):
 			if err := onLiveSessionRead(ctx, pool, func() error {
 				_, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-					WHERE pid = $1 AND coalesce(client_port, -1) = $2 AND state LIKE 'idle in transaction%'`, int32(pid), d.port)
+					WHERE `+sessionIs+` AND state LIKE 'idle in transaction%'`, d.sessionOf()...)
 				return err
 			}); err != nil {
 				return err

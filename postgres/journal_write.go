@@ -420,12 +420,14 @@ func (j *Journal) tryBatchOnce(ctx context.Context, reqs []*writeReq, fast bool)
 		return err
 	}
 	defer conn.Release()
-	if fast {
-		if j.copiesFor(reqs) {
-			return j.fastBatch(ctx, conn, reqs)
-		}
+	began := j.clock.local() // after its session began (see endAbandoned)
+	if fast && j.copiesFor(reqs) {
+		err = j.fastBatch(ctx, conn, reqs)
+	} else {
+		err = j.readBatch(ctx, conn, reqs)
 	}
-	return j.readBatch(ctx, conn, reqs)
+	j.endAbandoned(conn.Conn(), began, err)
+	return err
 }
 
 // readBatch runs reqs in one transaction, in two round trips: the first

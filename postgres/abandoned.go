@@ -29,7 +29,9 @@ import (
 // alone if this journal's connections carry the server's process numbers
 // (serverPIDs: no pooler, which makes up its own, between them), the
 // session began before the transaction did (began, on this process's
-// clock: not a later session given the same number), and its last
+// clock moved onto the server's: not a later session given the same
+// number; one opened by this very Acquire began at least a round trip
+// before it returned, more than the clock's error, half of one), and its last
 // statement was on this journal's table. Behind a pooler it is not found:
 // the pooler ends its server session as the client's ends.
 //

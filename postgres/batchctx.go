@@ -52,3 +52,19 @@ func stopBatchBound(cur *atomic.Pointer[batchBound]) {
 		b.cancel()
 	}
 }
+
+// firstDeadline returns the soonest of callers' deadlines (a zero one is
+// none), and false when none has one sooner than timeout from now, which
+// the shared bound serves: at most one timer per batch, and none when no
+// caller has a deadline.
+func firstDeadline[T any](callers []T, deadline func(T) time.Time, timeout time.Duration) (end time.Time, ok bool) {
+	for _, c := range callers {
+		if d := deadline(c); !d.IsZero() && (end.IsZero() || d.Before(end)) {
+			end = d
+		}
+	}
+	if end.IsZero() || !end.Before(time.Now().Add(timeout)) {
+		return time.Time{}, false
+	}
+	return end, true
+}

@@ -46,7 +46,7 @@ func TestBatchContextShared(t *testing.T) {
 	stopBatchBound(&cur)
 }
 
-// The rule that ends a batch (the store's and the journal's): at the
+// The rule that ends a store.s batch: at the
 // latest of its callers' deadlines when all have one within the bound;
 // at the bound otherwise.
 func TestBatchDeadline(t *testing.T) {
@@ -63,5 +63,22 @@ func TestBatchDeadline(t *testing.T) {
 	}
 	if _, ok := batchDeadline([]time.Time(nil), id, batchTimeout); ok {
 		t.Fatal("no callers: the bound")
+	}
+}
+
+// The rule that ends a journal's batch: at the soonest of its callers'
+// deadlines, whether or not every caller has one; at the bound when none
+// has one within it.
+func TestFirstDeadline(t *testing.T) {
+	id := func(d time.Time) time.Time { return d }
+	soon, later := time.Now().Add(time.Second), time.Now().Add(2*time.Second)
+	if end, ok := firstDeadline([]time.Time{later, soon, {}}, id, batchTimeout); !ok || !end.Equal(soon) {
+		t.Fatalf("callers with and without deadlines: %v %v, want the soonest, %v", end, ok, soon)
+	}
+	if _, ok := firstDeadline([]time.Time{{}, {}}, id, batchTimeout); ok {
+		t.Fatal("no caller with a deadline: the batch must run to its bound, with no timer of its own")
+	}
+	if _, ok := firstDeadline([]time.Time{{}, time.Now().Add(2 * batchTimeout)}, id, batchTimeout); ok {
+		t.Fatal("a caller's deadline past the bound: the batch must run to its bound")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,6 +36,23 @@ type commitDoubt struct {
 	pid  uint32
 	port int32
 	err  error
+	// byPID: found by its server process alone when the server sees
+	// another client port (a TCP proxy or a NAT between them, which pass
+	// the server's process number on, unlike a pooler), if it began
+	// before began (microseconds since the epoch, on the server's clock)
+	// and its last statement names table; see endAbandoned.
+	byPID bool
+	began int64
+	table string
+}
+
+// sessionIs is the condition on pg_stat_activity that finds the session
+// of a commitDoubt: its parameters are sessionOf's.
+const sessionIs = `pid = $1 AND (coalesce(client_port, -1) = $2 OR
+	($3 AND (extract(epoch FROM backend_start) * 1000000)::bigint < $4 AND position($5 IN query) > 0))`
+
+func (d *commitDoubt) sessionOf() []any {
+	return []any{int32(d.pid), d.port, d.byPID, d.began, d.table}
 }
 
 func (e *commitDoubt) Error() string { return e.err.Error() }
@@ -45,12 +63,16 @@ func (e *commitDoubt) Unwrap() error { return e.err }
 // its own (which aborted the transaction), or in full with no row. pgconn.SafeToRetry cannot tell
 // that the commit was not sent: a COMMIT whose answer was lost on a
 // simple query comes back as "conn closed", which it calls safe.
+//
+// Not every ErrorResponse is the server's answer to the statement: one
+// that says the session was lost (see sessionLost) proves nothing about
+// the commit, and is in doubt as a broken connection is.
 func doubtful(conn *pgx.Conn, err error) error {
 	if err == nil {
 		return nil
 	}
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) || errors.Is(err, pgx.ErrNoRows) {
+	if (errors.As(err, &pe) && !sessionLost(pe)) || errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
 	d := &commitDoubt{pid: conn.PgConn().PID(), port: -1, err: err}
@@ -58,6 +80,34 @@ func doubtful(conn *pgx.Conn, err error) error {
 		d.port = int32(a.Port)
 	}
 	return d
+}
+
+// sessionLost reports whether pe says the session it came on ended, or
+// lost its server, at a moment that proves nothing about a commit sent on
+// it. A pooler between the journal and the server answers for a server
+// connection it lost itself: PgBouncer sends "server conn crashed?" (and
+// "query timeout", "server login retry", "unexpected eof" ...) with
+// SQLSTATE 08P01, FATAL, when the server closed the connection, which the
+// server does when its session is terminated during a commit, or after
+// it; so is any connection exception (class 08). A FATAL ends the session
+// whoever sent it, and the server's own (57P01, a terminated session) may
+// come after a COMMIT ran, before the round trip's end: only the two the
+// server sends before it reads the next statement (57P05, 25P03: nothing
+// of it ran, see endedForTx) are proof. Read back, a write that did not
+// commit reads so, at the cost of one read.
+func sessionLost(pe *pgconn.PgError) bool {
+	if strings.HasPrefix(pe.Code, "08") {
+		return true
+	}
+	if pe.Code == idleSessionTimeout || pe.Code == idleInTransactionTimeout {
+		return false
+	}
+	// The server sends its severity unlocalized too (V), a pooler may not.
+	sev := pe.SeverityUnlocalized
+	if sev == "" {
+		sev = pe.Severity
+	}
+	return sev == "FATAL" || sev == "PANIC"
 }
 
 // asDoubt returns err's commitDoubt, or nil.
@@ -115,8 +165,8 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 		// endedForRead): the read changes nothing, and ending or
 		// canceling a session already ended does nothing.
 		err := onLiveSessionRead(ctx, pool, func() error {
-			return pool.QueryRow(ctx, `SELECT state, wait_event_type FROM pg_stat_activity WHERE pid = $1 AND coalesce(client_port, -1) = $2`,
-				int32(pid), d.port).Scan(&state, &waits)
+			return pool.QueryRow(ctx, `SELECT state, wait_event_type FROM pg_stat_activity WHERE `+sessionIs,
+				d.sessionOf()...).Scan(&state, &waits)
 		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -135,7 +185,7 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 			// goes through, interrupts held, and the read-back finds it.
 			if err := onLiveSessionRead(ctx, pool, func() error {
 				_, err := pool.Exec(ctx, `SELECT pg_cancel_backend(pid) FROM pg_stat_activity
-					WHERE pid = $1 AND coalesce(client_port, -1) = $2 AND state = 'active' AND wait_event_type = 'Lock'`, int32(pid), d.port)
+					WHERE `+sessionIs+` AND state = 'active' AND wait_event_type = 'Lock'`, d.sessionOf()...)
 				return err
 			}); err != nil {
 				return err
@@ -143,7 +193,7 @@ func settle(ctx context.Context, pool *pgxpool.Pool, d *commitDoubt) error {
 		case state != nil && (*state == "idle in transaction" || *state == "idle in transaction (aborted)"):
 			if err := onLiveSessionRead(ctx, pool, func() error {
 				_, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-					WHERE pid = $1 AND coalesce(client_port, -1) = $2 AND state LIKE 'idle in transaction%'`, int32(pid), d.port)
+					WHERE `+sessionIs+` AND state LIKE 'idle in transaction%'`, d.sessionOf()...)
 				return err
 			}); err != nil {
 				return err

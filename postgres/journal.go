@@ -116,6 +116,12 @@ type Journal struct {
 	watching bool
 	unwatch  chan struct{} // closed by Close
 	watched  sync.WaitGroup
+
+	// The endings of abandoned sessions (see endAbandoned), counted in
+	// watched: life ends at Close.
+	life     context.Context
+	stopLife context.CancelFunc
+	pids     atomic.Int32 // see serverPIDs
 }
 
 var _ idem.Journal = (*Journal)(nil)
@@ -192,6 +198,7 @@ func OpenJournal(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Jour
 	j := &Journal{ownersOID: ownersOID, pool: pool, readOnly: cfg.readOnly, schema: cfg.schema, maxBody: cfg.maxBody, maxBatch: cfg.maxBatch,
 		liveness: cfg.liveness, grace: cfg.grace, onCommit: cfg.onCommit, clock: clock, q: newQueries(cfg.schema),
 		mine: map[string]*registration{}, copies: map[string]rowCopy{}, unwatch: make(chan struct{})}
+	j.life, j.stopLife = context.WithCancel(context.Background())
 	return j, nil
 }
 
@@ -216,6 +223,7 @@ func (j *Journal) Close() error {
 	j.mu.Unlock()
 	j.draining.Wait()
 	close(j.unwatch)
+	j.stopLife()
 	j.watched.Wait()
 	stopBatchBound(&j.bound)
 	j.mu.Lock()
@@ -562,12 +570,14 @@ func (j *Journal) inTxOnce(ctx context.Context, fn func(pgx.Tx) error) error {
 		return err
 	}
 	defer conn.Release()
+	began := j.clock.local()
 	tx, err := conn.BeginTx(ctx, readCommitted) // see beginTx
 	if err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {
 		_ = tx.Rollback(ctx)
+		j.endAbandoned(conn.Conn(), began, err)
 		return err
 	}
 	if j.idleInTx != nil {

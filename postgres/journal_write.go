@@ -111,10 +111,9 @@ func (j *Journal) write(ctx context.Context, w *writeReq) error {
 	case <-ctx.Done():
 		// A write still queued is taken back, never sent: its caller gets
 		// ctx's error, and nothing was written. One taken into a batch is
-		// answered when the batch ends, which is by the latest of its
-		// callers' deadlines when they all have one (see tryBatch): its
-		// outcome is then known, or in doubt and read back, as for any
-		// write, never guessed at.
+		// answered when the batch ends, which is by the soonest of its
+		// callers' deadlines (see tryBatch): its outcome is then known,
+		// or in doubt and read back, as for any write, never guessed at.
 		j.mu.Lock()
 		if i := slices.Index(j.queue, w); i >= 0 {
 			j.queue = slices.Delete(j.queue, i, i+1)
@@ -177,6 +176,14 @@ func (j *Journal) commit(inline bool) {
 
 // runBatch commits reqs in one transaction, or, when that transaction
 // fails as a whole, each on its own, and answers every caller.
+//
+// A write whose outcome is known is answered at once, not once the whole
+// batch is done: the writes that run again alone (see commitAlone) may
+// wait long, for a row lock another session holds, say, and no caller
+// waits for another's. Those run in the order of their callers' deadlines,
+// the soonest first, and those of callers without one last: each run
+// alone ends by its own caller's deadline (tryBatch), so a caller with a
+// deadline waits for no write but those whose deadlines come sooner.
 func (j *Journal) runBatch(reqs []*writeReq) {
 	live := reqs[:0:0]
 	for _, r := range reqs {
@@ -198,18 +205,42 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 		// Not committed: each write runs again, as after a batch that
 		// failed as a whole.
 	}
-	if err != nil {
-		if len(live) == 1 && asDoubt(err) == nil {
-			live[0].err = j.mapWriteError(live[0], err)
-		} else {
-			for _, r := range live {
-				if !j.endedBefore(r, err) {
-					j.commitAlone(r, true)
-				}
-			}
-		}
+	if err != nil && len(live) == 1 && asDoubt(err) == nil {
+		live[0].err = j.mapWriteError(live[0], err)
+		err = nil
 	}
+	failed := err != nil
+	rest := live[:0:0]
 	for _, r := range live {
+		switch {
+		case failed && j.endedBefore(r, err):
+			// A write whose caller's context ended is not run again
+			// alone: answered now (the batch was cut at that deadline,
+			// as likely as not; see tryBatch).
+		case failed || r.again:
+			rest = append(rest, r)
+			continue
+		}
+		close(r.done)
+	}
+	if len(rest) > 1 {
+		slices.SortStableFunc(rest, func(a, b *writeReq) int {
+			da, db := reqDeadline(a), reqDeadline(b)
+			switch {
+			case da.IsZero() || db.IsZero():
+				return cmp.Compare(boolInt(da.IsZero()), boolInt(db.IsZero()))
+			}
+			return da.Compare(db)
+		})
+	}
+	for _, r := range rest {
+		if failed {
+			if j.endedBefore(r, err) {
+				close(r.done)
+				continue
+			}
+			j.commitAlone(r, true)
+		}
 		for try := 0; r.again && try < 3; try++ {
 			if j.endedBefore(r, nil) {
 				break
@@ -224,6 +255,13 @@ func (j *Journal) runBatch(reqs []*writeReq) {
 		}
 		close(r.done)
 	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // endedBefore answers r, when its caller's context has ended, with what
@@ -341,14 +379,18 @@ func (j *Journal) commitBatch(reqs []*writeReq, fast bool) error {
 // nothing of it committed.
 //
 // The batch runs on the shared bound (batchContext), with no timer of its
-// own, unless every caller's context has a deadline and the latest comes
-// sooner (batchDeadline, the store's rule): it then ends at that deadline,
-// so that a batch blocked (on a row lock another session holds, say) does
-// not hold its callers past their deadlines, nor cut any caller's write
-// before its own.
+// own, unless a caller's context has a deadline that comes sooner
+// (firstDeadline): it then ends at the soonest, so that a batch blocked
+// (on a row lock another session holds, say) holds no caller past its
+// deadline, whatever its batchmates' (a caller without one, the common
+// case, included). A batch so cut fails as a whole (runBatch): its
+// callers whose context ended are answered with what is known of their
+// write (nothing committed, or read back as not committed, or committed),
+// and the others' writes run again, each alone, a write blocked on its
+// lock holding no one else's.
 func (j *Journal) tryBatch(reqs []*writeReq, fast bool) error {
 	ctx := batchContext(&j.bound)
-	if end, ok := batchDeadline(reqs, reqDeadline, batchTimeout); ok {
+	if end, ok := firstDeadline(reqs, reqDeadline, batchTimeout); ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, end)
 		defer cancel()
@@ -378,12 +420,14 @@ func (j *Journal) tryBatchOnce(ctx context.Context, reqs []*writeReq, fast bool)
 		return err
 	}
 	defer conn.Release()
-	if fast {
-		if j.copiesFor(reqs) {
-			return j.fastBatch(ctx, conn, reqs)
-		}
+	began := j.clock.local() // after its session began (see endAbandoned)
+	if fast && j.copiesFor(reqs) {
+		err = j.fastBatch(ctx, conn, reqs)
+	} else {
+		err = j.readBatch(ctx, conn, reqs)
 	}
-	return j.readBatch(ctx, conn, reqs)
+	j.endAbandoned(conn.Conn(), began, err)
+	return err
 }
 
 // readBatch runs reqs in one transaction, in two round trips: the first

@@ -18,8 +18,9 @@ import (
 // and its own.
 //
 // A caller whose context ends while its write is still queued takes it
-// back, and it is never sent; once its write is in a running batch, it
-// waits for that batch's outcome, which is then its own.
+// back, and it is never sent, even when it is handed the lead as its
+// context ends (it hands the lead on); once its write is in a running
+// batch, it waits for that batch's outcome, which is then its own.
 type storeGroup[T any] struct {
 	max int
 	// run runs one batch and records each write's outcome in it. ctx
@@ -81,6 +82,18 @@ func batchDeadline[T any](callers []T, deadline func(T) time.Time, timeout time.
 	return end, true
 }
 
+// passLead hands the lead to the first caller queued, or leaves the group
+// idle. g.mu is held.
+func (g *storeGroup[T]) passLead() {
+	if len(g.queue) == 0 {
+		g.running = false
+		return
+	}
+	next := g.queue[0]
+	next.leads = true
+	next.wake <- struct{}{}
+}
+
 func waiterDeadline[T any](q *storeWaiter[T]) time.Time { return q.deadline }
 
 // do runs w in a batch and returns once its outcome is in w, or with
@@ -112,6 +125,14 @@ func (g *storeGroup[T]) do(ctx context.Context, w *T) error {
 			}
 			return nil
 		}
+		if err := ctx.Err(); err != nil {
+			// Handed the lead as its context ended: its write is still
+			// queued, and is never sent; the lead goes on.
+			g.queue = slices.DeleteFunc(g.queue, func(q *storeWaiter[T]) bool { return q == me })
+			g.passLead()
+			g.mu.Unlock()
+			return err
+		}
 	}
 	g.running = true
 	n := min(len(g.queue), g.max)
@@ -129,13 +150,7 @@ func (g *storeGroup[T]) do(ctx context.Context, w *T) error {
 	ran := false
 	defer func() {
 		g.mu.Lock()
-		if len(g.queue) == 0 {
-			g.running = false
-		} else {
-			next := g.queue[0]
-			next.leads = true
-			next.wake <- struct{}{}
-		}
+		g.passLead()
 		g.mu.Unlock()
 		for _, q := range waiters {
 			if q != me {

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,4 +144,70 @@ func TestStoreGroupGoesOnAfterAPanic(t *testing.T) {
 	later := groupWrite{n: 4}
 	require.NoError(t, g.do(context.Background(), &later))
 	assert.True(t, later.done, "the group still runs writes")
+}
+
+// endedCtx is a context whose Err reports Canceled once ended is set,
+// before its Done channel (never closed) says so: a caller whose context
+// ended at the moment it is handed the lead, which its select then sees
+// first.
+type endedCtx struct {
+	context.Context
+	ended atomic.Bool
+}
+
+func (c *endedCtx) Err() error {
+	if c.ended.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestStoreGroupLeadWhoseContextEndedPassesItOnUnsent: a caller handed the
+// lead after its context ended does not send its write (it was still
+// queued: the group's promise), gets its context's error, and hands the
+// lead on to the caller behind it, whose write runs.
+func TestStoreGroupLeadWhoseContextEndedPassesItOnUnsent(t *testing.T) {
+	t.Parallel()
+	var (
+		mu      sync.Mutex
+		ran     []int
+		entered = make(chan struct{}, 1)
+		hold    = make(chan struct{})
+	)
+	ectx := &endedCtx{Context: context.Background()}
+	g := storeGroup[groupWrite]{max: 1, run: func(_ context.Context, batch []*groupWrite) {
+		mu.Lock()
+		for _, w := range batch {
+			ran = append(ran, w.n)
+			w.done = true
+		}
+		mu.Unlock()
+		select {
+		case entered <- struct{}{}:
+			<-hold
+			ectx.ended.Store(true) // as the lead is handed on
+		default:
+		}
+	}}
+	queued := func(n int) bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.queue) == n
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { assert.NoError(t, g.do(context.Background(), &groupWrite{n: 1})) })
+	<-entered
+	ended := make(chan error, 1)
+	wg.Go(func() { ended <- g.do(ectx, &groupWrite{n: 2}) })
+	require.Eventually(t, func() bool { return queued(1) }, 10*time.Second, time.Millisecond)
+	behind := groupWrite{n: 3}
+	wg.Go(func() { assert.NoError(t, g.do(context.Background(), &behind)) })
+	require.Eventually(t, func() bool { return queued(2) }, 10*time.Second, time.Millisecond)
+
+	close(hold)
+	require.ErrorIs(t, <-ended, context.Canceled)
+	wg.Wait()
+	assert.Equal(t, []int{1, 3}, ran, "the write whose caller's context ended never ran; the one behind it did")
+	assert.True(t, behind.done)
+	assert.False(t, g.running, "the group is idle once every write is done")
 }

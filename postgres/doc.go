@@ -160,6 +160,26 @@
 // again, as for any in_flight operation. Other workers wait for the lease
 // to lapse, or for the client to be gone.
 //
+// An error a pooler sends for a server connection it lost (PgBouncer's
+// "server conn crashed?", SQLSTATE 08P01), and any connection exception
+// or FATAL but the two the server sends before it reads a statement
+// (57P05, 25P03), proves nothing about the commit: it is read back as a
+// lost acknowledgement is. A write whose connection broke before its
+// commit went out did not commit; but its server session may not know
+// (a network that lost its state carries neither the close nor pgx's
+// cancel request), and would keep its rows locked for hours, idle in its
+// transaction: the journal ends that session in the background, found by
+// its server process and client port (or, without a pooler, by its
+// process, start and last statement).
+//
+// Deadlines. The journal's writes go in batches; a batch runs until the
+// soonest deadline of its callers' contexts, then ends, and its callers
+// whose context ended are answered with their context's error and what
+// is known of their write; the others' writes run again, each alone, in
+// the order of their deadlines. A caller with a deadline is so never held
+// past it by another's write that waits for a row lock (an operator's
+// transaction, a session left holding one).
+//
 // Fail-over. A fleet follows the promotion of a standby when its pools
 // connect with every server in the DSN and target_session_attrs=read-write
 // (postgres://app@db1,db2/app?target_session_attrs=read-write). With a

@@ -26,9 +26,12 @@ import (
 // back by readBatch's deferred ROLLBACK) and goes back to the pool. doubtful
 // does not look at that (SafeToRetry) and makes it a commit in doubt of
 // that live session (pid + its own client port), and settle then waits
-// for a pooled session that runs other batches ("active") until its 30 s
-// are gone, or, catching it "idle in transaction" inside another batch,
-// terminates it (pg_terminate_backend). The write was never sent: it
+// for that pooled session to be idle: its own pg_stat_activity query,
+// given that very connection by the pool, sees it "active" (while the test
+// was stuck in settle, no session of its schema was anything but idle), so
+// it polls until its 30 s are gone; had it caught the session "idle in
+// transaction" inside another batch, it would have terminated it
+// (pg_terminate_backend; not seen in these runs). The write was never sent: it
 // should run again alone and succeed, as the brief's rule 1 says.
 func TestReview12bCallerWithoutADeadlineIsNotFailedByABatchmatesShortDeadline(t *testing.T) {
 	j, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(pgtest.Schema(t)))

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/postgres"
 	"github.com/idemkit/idem/postgres/internal/pgtest"
 )
@@ -61,5 +63,48 @@ func TestReview12bCallerWithoutADeadlineIsNotFailedByABatchmatesShortDeadline(t 
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
 		t.Fatalf("a create on a context without a deadline failed because a batchmate had a short one: %v", err)
+	}
+}
+
+// Hole: a lone caller whose short deadline ends between the two round trips
+// of its write (readBatch: the read-and-lock, then the changes and the
+// commit) is held for 30 s, not until its deadline, and is told its commit
+// is in doubt though nothing of the commit was ever sent. What the user
+// sees (an Update on a 500 µs context): after 30.0 s, "...: the update of
+// operation ... to succeeded, version 2: commit sent, acknowledgement lost
+// (timeout: context already done: context deadline exceeded), and reading
+// it back failed: the session that ran it (server process N) still runs
+// it: context deadline exceeded" — errors.Is(err, postgres.ErrCommitInDoubt)
+// true, errors.Is(err, context.DeadlineExceeded) false. Why it is wrong:
+// pgconn refused to send the second round trip (its context was already
+// done), the connection stayed open and went back to the pool, and settle,
+// looking for that live session by pid and port, is given that very
+// connection by the pool and sees itself "active" until readBackTimeout.
+// Expected: the caller's deadline error, at about its deadline (the test
+// gives it 5 s), and nothing "in doubt".
+func TestReview12bLoneCallerWhoseDeadlineEndsBetweenRoundTripsIsNotHeld30sAsInDoubt(t *testing.T) {
+	schema := pgtest.Schema(t)
+	j1, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))
+	require.NoError(t, err)
+	defer j1.Close()
+	for i := range 300 {
+		rec := newRecord("shop")
+		rec.State, rec.Attempts = idem.StateInFlight, 1
+		rec, _, err = j1.Create(ctx, rec)
+		require.NoError(t, err)
+		// A journal with no copy of the row: the Update reads and locks
+		// it first (readBatch, two round trips).
+		j2, err := postgres.OpenJournal(ctx, pgtest.Pool(t), postgres.Schema(schema))
+		require.NoError(t, err)
+		d := time.Duration(200+(i%30)*100) * time.Microsecond
+		c, cancel := context.WithTimeout(ctx, d)
+		start := time.Now()
+		_, err = j2.Update(c, review12Answer(rec), idem.Durable, idem.Event{Kind: idem.EventAnswer})
+		took := time.Since(start)
+		cancel()
+		_ = j2.Close()
+		require.Falsef(t, errors.Is(err, postgres.ErrCommitInDoubt),
+			"try %d: an Update on a %v context, never sent past its read, reported in doubt after %v: %v", i, d, took, err)
+		require.Lessf(t, took, 5*time.Second, "try %d: an Update on a %v context returned after %v: %v", i, d, took, err)
 	}
 }

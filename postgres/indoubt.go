@@ -47,8 +47,10 @@ type commitDoubt struct {
 }
 
 // sessionIs is the condition on pg_stat_activity that finds the session
-// of a commitDoubt: its parameters are sessionOf's.
-const sessionIs = `pid = $1 AND (coalesce(client_port, -1) = $2 OR
+// of a commitDoubt: its parameters are sessionOf's. The session asking is
+// never it: a connection back in the pool may be handed to settle itself,
+// and it is then running settle's query, nothing of the write.
+const sessionIs = `pid = $1 AND pid <> pg_backend_pid() AND (coalesce(client_port, -1) = $2 OR
 	($3 AND (extract(epoch FROM backend_start) * 1000000)::bigint < $4 AND position($5 IN query) > 0))`
 
 func (d *commitDoubt) sessionOf() []any {
@@ -73,6 +75,13 @@ func doubtful(conn *pgx.Conn, err error) error {
 	}
 	var pe *pgconn.PgError
 	if (errors.As(err, &pe) && !sessionLost(pe)) || errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	if pgconn.SafeToRetry(err) && !conn.IsClosed() {
+		// Refused before anything was written (the context ended before
+		// the round trip began), on a connection that lives on: the
+		// commit was never sent. (A COMMIT whose answer was lost comes
+		// back "safe" too, but on a closed connection.)
 		return err
 	}
 	d := &commitDoubt{pid: conn.PgConn().PID(), port: -1, err: err}

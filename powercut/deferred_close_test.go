@@ -20,7 +20,10 @@ import (
 	"github.com/idemkit/idem"
 )
 
-func init() { children["sqlite-reader"] = childSQLiteReader }
+func init() {
+	children["sqlite-reader"] = childSQLiteReader
+	children["close-beside-reader"] = childCloseBesideReader
+}
 
 // childSQLiteReader opens the file at PC_JOURNAL as any SQLite program
 // would (an operator's sqlite3 shell, a backup tool), begins a read
@@ -42,6 +45,48 @@ func childSQLiteReader() error {
 	select {} // killed
 }
 
+// childCloseBesideReader works on the journal at PC_JOURNAL, in a process
+// of its own: the journal maps its -shm, and a process that maps a file of
+// the mount it serves itself can hang for good (a fault on the mapping
+// waits for the file system, whose goroutines wait for the fault's thread
+// at the garbage collector's stop of the world). With PC_PHASE=create it
+// records an operation in flight, durably, and closes the journal; with
+// PC_PHASE=settle it settles the operation with a Deferred update and
+// closes the journal, and Close's error is the child's.
+func childCloseBesideReader() error {
+	ctx := context.Background()
+	j, err := idem.OpenSQLite(os.Getenv("PC_JOURNAL"))
+	if err != nil {
+		return err
+	}
+	if os.Getenv("PC_PHASE") == "create" {
+		body := []byte(`{"item":"book"}`)
+		sum := sha256.Sum256(body)
+		if _, _, err := j.Create(ctx, idem.Record{
+			Key: "pc-close", Scope: "pc", ID: "op-close", Method: http.MethodPost,
+			URL: "http://127.0.0.1:9/orders", Body: body, Fingerprint: hex.EncodeToString(sum[:]),
+			KeyHeader: "Idempotency-Key", State: idem.StateInFlight, Attempts: 1,
+			Lease: idem.Lease{Owner: "pc", ExpiresAt: time.Now().Add(time.Hour)},
+		}); err != nil {
+			_ = j.Close()
+			return err
+		}
+		return j.Close()
+	}
+	rec, err := j.Get(ctx, "pc-close")
+	if err != nil {
+		_ = j.Close()
+		return err
+	}
+	rec.State = idem.StateSucceeded
+	rec.Response = &idem.Response{StatusCode: 201}
+	if _, err := j.Update(ctx, rec, idem.Deferred, idem.Event{Kind: idem.EventAnswer}); err != nil {
+		_ = j.Close()
+		return err
+	}
+	return j.Close()
+}
+
 // SQLiteJournal.Close "makes every deferred write durable". It stops the
 // flusher and relies on a PASSIVE checkpoint to sync what deferred
 // commits left in the WAL; a checkpoint that cannot run (another
@@ -54,20 +99,12 @@ func childSQLiteReader() error {
 func TestPowerCutDeferredSettleSurvivesCloseBesideAReader(t *testing.T) {
 	f := mountCutFS(t)
 	path := filepath.Join(f.Dir(), "journal.db")
-	ctx := context.Background()
-
-	j, err := idem.OpenSQLite(path)
-	require.NoError(t, err)
-	body := []byte(`{"item":"book"}`)
-	sum := sha256.Sum256(body)
-	_, _, err = j.Create(ctx, idem.Record{
-		Key: "pc-close", Scope: "pc", ID: "op-close", Method: http.MethodPost,
-		URL: "http://127.0.0.1:9/orders", Body: body, Fingerprint: hex.EncodeToString(sum[:]),
-		KeyHeader: "Idempotency-Key", State: idem.StateInFlight, Attempts: 1,
-		Lease: idem.Lease{Owner: "pc", ExpiresAt: time.Now().Add(time.Hour)},
-	})
-	require.NoError(t, err)
-	require.NoError(t, j.Close())
+	phase := func(name string) {
+		t.Helper()
+		lines, err := startChild(t, "", "close-beside-reader", "PC_JOURNAL="+path, "PC_PHASE="+name).wait()
+		require.NoError(t, err, "the %s phase: %s", name, strings.Join(lines, "\n"))
+	}
+	phase("create")
 
 	reader := startChild(t, "", "sqlite-reader", "PC_JOURNAL="+path)
 	if _, ok := reader.waitFor("reading"); !ok {
@@ -76,18 +113,9 @@ func TestPowerCutDeferredSettleSurvivesCloseBesideAReader(t *testing.T) {
 	}
 	defer reader.kill()
 
-	j, err = idem.OpenSQLite(path)
-	require.NoError(t, err)
-	rec, err := j.Get(ctx, "pc-close")
-	require.NoError(t, err)
-	rec.State = idem.StateSucceeded
-	rec.Response = &idem.Response{StatusCode: 201}
-	_, err = j.Update(ctx, rec, idem.Deferred, idem.Event{Kind: idem.EventAnswer})
-	require.NoError(t, err)
-	require.NoError(t, j.Close(), "Close made the deferred settle durable")
-
+	phase("settle") // Close made the deferred settle durable, or the child failed
 	reader.kill()
-	_, err = f.Cut(nil)
+	_, err := f.Cut(nil)
 	require.NoError(t, err)
 	recs := snapshotJournal(t, filepath.Join(f.Backing(), "journal.db"))
 	require.Contains(t, recs, "op-close", "the durable create survived the cut")

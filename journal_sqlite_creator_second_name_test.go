@@ -1,7 +1,6 @@
 package idem_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -31,26 +30,4 @@ func TestSQLiteCreatorsLeftoverNameDoesNotLockTheJournalOut(t *testing.T) {
 	require.NoError(t, openJournal(t, path).Close())
 	_, err = os.Stat(leftover)
 	require.NoError(t, err, "an open removes no file of the directory")
-}
-
-// A user's journal whose name begins like a creator's temporary file is an
-// ordinary journal: its open, and another journal's beside it, leave it
-// and its contents where they are.
-func TestSQLiteJournalNamedLikeATemporaryFileIsKept(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	path := filepath.Join(dir, ".idem-new-ops.db")
-	j := openJournal(t, path)
-	_, _, err := j.Create(context.Background(), testRecord("kept", "1", []byte("{}")))
-	require.NoError(t, err)
-	require.NoError(t, openJournal(t, filepath.Join(dir, "other.db")).Close())
-	require.NoError(t, j.Close())
-	_, err = os.Stat(path)
-	require.NoError(t, err)
-	j = openJournal(t, path)
-	counts, err := j.Count(context.Background())
-	require.NoError(t, err)
-	require.Len(t, counts, 1, "the journal kept its record")
-	require.Equal(t, 1, counts[0].N, "the journal kept its record")
-	require.NoError(t, j.Close())
 }

@@ -13,10 +13,14 @@ import (
 	"github.com/idemkit/idem"
 )
 
+// An outside review of the SQLite file creation (twelfth session). The
+// first two tests hold against a removal of creators' leftovers that was
+// merged and withdrawn the same session; their comments say what it did.
+
 // A user may name a journal anything, ".idem-new-ops.db" included (a
 // hidden file, a name a deploy script derived). Every open for writing
-// removes the regular files whose names begin with ".idem-new-" when it
-// can take the directory's exclusive flock, taking them for the
+// removed the regular files whose names begin with ".idem-new-" when it
+// could take the directory's exclusive flock, taking them for the
 // temporary files of creators that died: the journal's own file, and its
 // -wal and -shm, are unlinked right after OpenSQLite returned it. What the
 // user sees: OpenSQLite succeeds, writes succeed (into an unlinked
@@ -81,35 +85,54 @@ func childReview12OpenJournal() error {
 	return j.Close()
 }
 
-// A creator killed between the link of its new file and the removal of
-// its temporary name leaves that name, .idem-new-<n>, as a second hard
-// link of the journal. The hard-link check does not count it only if it
-// can list the directory; a process that may write and search the
-// directory but not read it (mode 0300, a drop box kept unlistable on
-// purpose) cannot, counts 2 names, and refuses the journal; and nothing
-// ever removes the leftover there (the removal needs to list the
-// directory too). What the user sees after one crash at the wrong
-// instant: the application never opens its journal again, 'has more than
-// one name: it has 2 names (hard links), none of the others beside it',
-// and must go looking for a name it never made with find -samefile.
-// Wrong: the temporary name is the package's own and the check exists to
-// catch a user's second name; the same miscount refuses, spuriously, an
-// open that races a live creator's link-then-remove in such a directory.
-//
-// Run as root, the test makes the directory nobody's and opens it in a
-// child running as nobody: root reads any directory, so as root this
-// path is never taken (the tests of this package all run as root, which
-// hides it).
-func TestReview12LeftoverSecondNameInAnUnreadableDirectoryLocksTheJournalOut(t *testing.T) {
-	t.Parallel()
+// nobody is the user the tests below open journals as: root reads any
+// directory, so as root (as these tests run) an unlistable directory's
+// paths are never taken.
+const nobody = 65534
+
+// nobodyBase returns a directory of the test's own that nobody may enter,
+// or skips the test when it does not run as root.
+func nobodyBase(t *testing.T) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to run a child as another user")
 	}
-	const nobody = 65534
 	base := t.TempDir()
 	for _, d := range []string{filepath.Dir(base), base} {
 		require.NoError(t, os.Chmod(d, 0o755))
 	}
+	return base
+}
+
+// openAsNobody opens and closes the journal at path in a child running as
+// nobody, from a copy of the test binary in base, and returns what it
+// wrote and how it ended.
+func openAsNobody(t *testing.T, base, path string) ([]byte, error) {
+	t.Helper()
+	bin := filepath.Join(base, "idem.test")
+	exe, err := os.ReadFile(os.Args[0])
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, exe, 0o755))
+	cmd := childCommand(t, "review12-open-journal", "IDEM_TEST_JOURNAL="+path)
+	cmd.Path, cmd.Args[0] = bin, bin
+	cmd.Stderr = nil
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	return cmd.CombinedOutput()
+}
+
+// A creator killed between the link of its new file and the removal of
+// its temporary name leaves that name, .idem-new-<n>, as a second hard
+// link of the journal. The hard-link check leaves it out only if it can
+// list the directory; a process that may write and search the directory
+// but not read it (mode 0300, a drop box kept unlistable on purpose)
+// cannot tell it from a user's second name, and refuses the journal. It
+// said 'it has 2 names (hard links), none of the others beside it',
+// sending the user after a name it never made; the refusal now says the
+// names cannot be told apart and that a creator's leftover is safe to
+// remove.
+func TestReview12LeftoverSecondNameInAnUnreadableDirectoryLocksTheJournalOut(t *testing.T) {
+	t.Parallel()
+	base := nobodyBase(t)
 	dir := filepath.Join(base, "drop")
 	require.NoError(t, os.Mkdir(dir, 0o700))
 	path := filepath.Join(dir, "ops.db")
@@ -124,20 +147,7 @@ func TestReview12LeftoverSecondNameInAnUnreadableDirectoryLocksTheJournalOut(t *
 	}
 	require.NoError(t, os.Chmod(dir, 0o300))
 
-	// The test binary, where nobody may run it.
-	bin := filepath.Join(base, "idem.test")
-	exe, err := os.ReadFile(os.Args[0])
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(bin, exe, 0o755))
-
-	cmd := childCommand(t, "review12-open-journal", "IDEM_TEST_JOURNAL="+path)
-	cmd.Path, cmd.Args[0] = bin, bin
-	cmd.Stderr = nil
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	out, err := cmd.CombinedOutput()
-	// Still refused: only a listing tells the creator's name from a
-	// user's second name. But the message says so, and what to remove,
-	// instead of "none of the others beside it".
+	out, err := openAsNobody(t, base, path)
 	require.Error(t, err, "nobody opening its journal in its 0300 directory after a creator's crash: %s", out)
 	assert.Contains(t, string(out), "cannot be told apart", "the refusal says why it cannot tell the names apart")
 	assert.Contains(t, string(out), ".idem-new-*", "and names the creator's leftover, safe to remove")
@@ -145,45 +155,20 @@ func TestReview12LeftoverSecondNameInAnUnreadableDirectoryLocksTheJournalOut(t *
 }
 
 // A process that may write and search its directory but not list it
-// (mode 0300) cannot create its journal there: create links the new file
-// to its path and then opens the directory to fsync it, which needs read
-// permission, and reports the open's EACCES as 'unusable path: open
-// <dir>: permission denied; the directory must be writable by this
-// process' (it is writable) although the journal is already at its path;
-// the next open then succeeds. (Older than the last changes: the fsync
-// came with 52e38bb; the new directory flock is skipped there silently.)
-// Eight such processes opening the same new path at once, as nobody, also
-// showed 2 spurious refusals in 120: 'has more than one name: it has 2
-// names (hard links), none of the others beside it' (a live creator's
-// .idem-new-* name, uncountable unlisted; see the test above). Wrong: the
-// first open fails, with a message that sends the user after the wrong
-// permission, and leaves the file it says it could not make.
+// (mode 0300) could not create its journal there, and found out too late:
+// create links the new file to its path, then opens the directory to
+// fsync it, which needs read permission; the open's EACCES came back as
+// 'the directory must be writable by this process' (it is), with the
+// journal already at its path. Creation now opens the directory first,
+// and refuses before anything is made, naming the permission missing.
 func TestReview12CreatingAJournalInADirectoryItCannotList(t *testing.T) {
 	t.Parallel()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run a child as another user")
-	}
-	const nobody = 65534
-	base := t.TempDir()
-	for _, d := range []string{filepath.Dir(base), base} {
-		require.NoError(t, os.Chmod(d, 0o755))
-	}
+	base := nobodyBase(t)
 	dir := filepath.Join(base, "drop")
 	require.NoError(t, os.Mkdir(dir, 0o300))
 	require.NoError(t, os.Chown(dir, nobody, nobody))
-	bin := filepath.Join(base, "idem.test")
-	exe, err := os.ReadFile(os.Args[0])
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(bin, exe, 0o755))
 
-	cmd := childCommand(t, "review12-open-journal", "IDEM_TEST_JOURNAL="+filepath.Join(dir, "ops.db"))
-	cmd.Path, cmd.Args[0] = bin, bin
-	cmd.Stderr = nil
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	out, err := cmd.CombinedOutput()
-	// Refused before anything is made: the directory is synced once the
-	// file is linked, which needs it open for reading. The message names
-	// that permission, and nothing is left in the directory.
+	out, err := openAsNobody(t, base, filepath.Join(dir, "ops.db"))
 	require.Error(t, err, "nobody creating its journal in its own 0300 directory: %s", out)
 	assert.Contains(t, string(out), "must be readable and writable", "the refusal names the permission missing")
 	des, err := os.ReadDir(dir)
